@@ -1,0 +1,56 @@
+//! The engine's typed errors. Each carries the file, key or shape at fault.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{path}: invalid JSON: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    #[error("model config: missing required field `{0}`")]
+    MissingConfigField(String),
+
+    #[error("model config: {0}")]
+    BadConfig(String),
+
+    #[error("weights: missing tensor `{key}` (expected shape {expected:?})")]
+    MissingTensor { key: String, expected: Vec<usize> },
+
+    #[error("weights: tensor `{key}` has shape {found:?}, expected {expected:?}")]
+    ShapeMismatch {
+        key: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+
+    #[error("weights: unexpected tensor(s) not used by the model: {}", .0.join(", "))]
+    UnexpectedTensors(Vec<String>),
+
+    #[error("adapter {path}: {reason}")]
+    Adapter { path: PathBuf, reason: String },
+
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
