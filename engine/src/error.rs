@@ -37,6 +37,9 @@ pub enum Error {
     #[error("weights: unexpected tensor(s) not used by the model: {}", .0.join(", "))]
     UnexpectedTensors(Vec<String>),
 
+    #[error("{path}: {reason}")]
+    BadFile { path: PathBuf, reason: String },
+
     #[error("adapter {path}: {reason}")]
     Adapter { path: PathBuf, reason: String },
 

@@ -2,6 +2,7 @@
 //! the training step and runs. No UI dependencies; front ends consume `Event`s.
 
 pub mod error;
+pub mod lora;
 pub mod model;
 
 pub use error::{Error, Result};

@@ -28,6 +28,9 @@ pub struct DitConfig {
     pub in_channels: usize,
     /// Channels of the audio latent the DiT predicts (64).
     pub audio_acoustic_hidden_dim: usize,
+    /// Width of the condition encoder's output fed to `condition_embedder`
+    /// (equal to `hidden_size` except on wider variants).
+    pub encoder_hidden_size: usize,
     pub patch_size: usize,
     pub sliding_window: usize,
     pub use_sliding_window: bool,
@@ -47,6 +50,7 @@ struct RawConfig {
     head_dim: Option<usize>,
     in_channels: Option<usize>,
     audio_acoustic_hidden_dim: Option<usize>,
+    encoder_hidden_size: Option<usize>,
     patch_size: Option<usize>,
     sliding_window: Option<usize>,
     use_sliding_window: Option<bool>,
@@ -115,6 +119,7 @@ impl DitConfig {
                 raw.audio_acoustic_hidden_dim,
                 "audio_acoustic_hidden_dim",
             )?,
+            encoder_hidden_size: raw.encoder_hidden_size.unwrap_or(hidden_size),
             patch_size: required(raw.patch_size, "patch_size")?,
             sliding_window: raw.sliding_window.unwrap_or(128),
             use_sliding_window: raw.use_sliding_window.unwrap_or(true),

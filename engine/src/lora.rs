@@ -1,0 +1,414 @@
+//! LoRA adapters: injection by target-module suffix (as PEFT matches), PEFT's
+//! initialisation, the forward delta with train-only dropout, PEFT directory read/write
+//! and merging into base weights.
+//!
+//! The adapter lives beside the model, not inside it: loading another adapter replaces
+//! this one and never touches the base weights.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor, Var};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::model::{ops, DitModel};
+use crate::{Error, Result};
+
+/// PEFT's key prefix for a model wrapped by `get_peft_model` (ACE-Step's decoder).
+const PEFT_PREFIX: &str = "base_model.model.";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraConfig {
+    /// Rank r of each adapter.
+    pub r: usize,
+    /// Scaling numerator: the delta is multiplied by alpha / r (alpha / sqrt(r) with rsLoRA).
+    pub alpha: f64,
+    /// Dropout on the adapter's input, in training only.
+    pub dropout: f64,
+    /// Module-name suffixes to adapt, matched as PEFT does (`name == t` or ends with `.t`).
+    pub target_modules: Vec<String>,
+    pub use_rslora: bool,
+}
+
+impl Default for LoraConfig {
+    /// ACE-Step's UI defaults: r 64, alpha 128, dropout 0.1 on q/k/v/o.
+    fn default() -> Self {
+        Self {
+            r: 64,
+            alpha: 128.0,
+            dropout: 0.1,
+            target_modules: ["q_proj", "k_proj", "v_proj", "o_proj"].map(String::from).to_vec(),
+            use_rslora: false,
+        }
+    }
+}
+
+impl LoraConfig {
+    pub fn scaling(&self) -> f64 {
+        if self.use_rslora {
+            self.alpha / (self.r as f64).sqrt()
+        } else {
+            self.alpha / self.r as f64
+        }
+    }
+
+    fn targets(&self, module: &str) -> bool {
+        self.target_modules
+            .iter()
+            .any(|t| module == t || module.ends_with(&format!(".{t}")))
+    }
+}
+
+/// One adapted linear module: `delta(x) = B(A(dropout(x))) * scaling`.
+pub struct LoraModule {
+    /// `[r, in]`, f32.
+    pub a: Var,
+    /// `[out, r]`, f32.
+    pub b: Var,
+}
+
+pub struct LoraAdapter {
+    pub config: LoraConfig,
+    modules: BTreeMap<String, LoraModule>,
+}
+
+/// How the adapter takes part in a forward pass.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LoraMode {
+    /// No dropout; the graph is recorded (inference, parity checks).
+    Eval,
+    /// Dropout with masks derived from `dropout_seed` and the module name, so a
+    /// recomputed block (gradient checkpointing) draws exactly the same masks.
+    Train { dropout_seed: u64 },
+}
+
+/// The adapter as seen by one forward pass.
+#[derive(Clone, Copy)]
+pub struct LoraCtx<'a> {
+    adapter: &'a LoraAdapter,
+    mode: LoraMode,
+    /// Whether the LoRA tensors record a graph. Off for the no-graph forward of
+    /// gradient checkpointing.
+    tracked: bool,
+}
+
+impl LoraAdapter {
+    /// Adapters on every module of `model` matched by `config.target_modules`,
+    /// initialised as PEFT does: A kaiming-uniform (a = sqrt(5)), i.e. U(-1/sqrt(in),
+    /// 1/sqrt(in)); B zero. Deterministic in `seed`.
+    pub fn new(config: LoraConfig, model: &DitModel, seed: u64) -> Result<Self> {
+        let targets = Self::matched_modules(&config, model)?;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let device = model.device();
+        let mut modules = BTreeMap::new();
+        for (name, (inp, out)) in targets {
+            let bound = 1.0 / (inp as f64).sqrt();
+            let a: Vec<f32> = (0..config.r * inp)
+                .map(|_| rng.random_range(-bound..bound) as f32)
+                .collect();
+            let a = Var::from_tensor(&Tensor::from_vec(a, (config.r, inp), device)?)?;
+            let b = Var::zeros((out, config.r), DType::F32, device)?;
+            modules.insert(name, LoraModule { a, b });
+        }
+        Ok(Self { config, modules })
+    }
+
+    /// Adapters from tensors named `<module>.lora_A.weight` / `<module>.lora_B.weight`.
+    pub fn from_tensors(
+        config: LoraConfig,
+        model: &DitModel,
+        tensors: &HashMap<String, Tensor>,
+        origin: &Path,
+    ) -> Result<Self> {
+        let bad = |reason: String| Error::Adapter {
+            path: origin.to_path_buf(),
+            reason,
+        };
+        let targets = Self::matched_modules(&config, model).map_err(|e| bad(e.to_string()))?;
+        let mut modules = BTreeMap::new();
+        for (name, (inp, out)) in &targets {
+            let fetch = |which: &str, shape: [usize; 2]| -> Result<Var> {
+                let key = format!("{name}.{which}.weight");
+                let t = tensors
+                    .get(&key)
+                    .ok_or_else(|| bad(format!("missing tensor `{key}`")))?;
+                if t.dims() != shape {
+                    return Err(bad(format!(
+                        "tensor `{key}` has shape {:?}, expected {:?}",
+                        t.dims(),
+                        shape
+                    )));
+                }
+                Ok(Var::from_tensor(&t.to_dtype(DType::F32)?.to_device(model.device())?)?)
+            };
+            let a = fetch("lora_A", [config.r, *inp])?;
+            let b = fetch("lora_B", [*out, config.r])?;
+            modules.insert(name.clone(), LoraModule { a, b });
+        }
+        let known: Vec<String> = targets
+            .keys()
+            .flat_map(|n| [format!("{n}.lora_A.weight"), format!("{n}.lora_B.weight")])
+            .collect();
+        let mut extra: Vec<&String> = tensors.keys().filter(|k| !known.contains(k)).collect();
+        if !extra.is_empty() {
+            extra.sort();
+            return Err(bad(format!("tensors for modules this model does not adapt: {extra:?}")));
+        }
+        Ok(Self { config, modules })
+    }
+
+    /// Reads a PEFT adapter directory (`adapter_config.json` + `adapter_model.safetensors`),
+    /// as ACE-Step's `PeftModel.from_pretrained(decoder, dir)` writes it.
+    pub fn load_peft(dir: &Path, model: &DitModel) -> Result<Self> {
+        let config_path = dir.join("adapter_config.json");
+        let config = peft_config_from_file(&config_path)?;
+        let weights_path = dir.join("adapter_model.safetensors");
+        if !weights_path.is_file() {
+            return Err(Error::Adapter {
+                path: weights_path,
+                reason: "file not found".into(),
+            });
+        }
+        let raw = candle_core::safetensors::load(&weights_path, &Device::Cpu).map_err(|e| Error::Adapter {
+            path: weights_path.clone(),
+            reason: format!("cannot read safetensors: {e}"),
+        })?;
+        let tensors = raw
+            .into_iter()
+            .map(|(k, t)| (k.strip_prefix(PEFT_PREFIX).unwrap_or(&k).to_string(), t))
+            .collect();
+        Self::from_tensors(config, model, &tensors, &weights_path)
+    }
+
+    /// Writes a PEFT adapter directory that ACE-Step, diffusers and PEFT load.
+    pub fn save_peft(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let config_path = dir.join("adapter_config.json");
+        let json = serde_json::to_string_pretty(&self.peft_config_json()).expect("config serialises");
+        std::fs::write(&config_path, json).map_err(|e| Error::io(&config_path, e))?;
+        let tensors: HashMap<String, Tensor> = self
+            .named_tensors()
+            .into_iter()
+            .map(|(k, t)| (format!("{PEFT_PREFIX}{k}"), t))
+            .collect();
+        let weights_path = dir.join("adapter_model.safetensors");
+        candle_core::safetensors::save(&tensors, &weights_path)?;
+        Ok(())
+    }
+
+    fn peft_config_json(&self) -> serde_json::Value {
+        let c = &self.config;
+        serde_json::json!({
+            "peft_type": "LORA",
+            "task_type": "FEATURE_EXTRACTION",
+            "r": c.r,
+            "lora_alpha": c.alpha,
+            "lora_dropout": c.dropout,
+            "target_modules": c.target_modules,
+            "bias": "none",
+            "use_rslora": c.use_rslora,
+            "use_dora": false,
+            "fan_in_fan_out": false,
+            "init_lora_weights": true,
+            "inference_mode": true,
+            "modules_to_save": null,
+            "base_model_name_or_path": null,
+            "rank_pattern": {},
+            "alpha_pattern": {},
+        })
+    }
+
+    /// `<module>.lora_A.weight` / `.lora_B.weight` -> tensor (f32), sorted by module.
+    pub fn named_tensors(&self) -> Vec<(String, Tensor)> {
+        self.modules
+            .iter()
+            .flat_map(|(name, m)| {
+                [
+                    (format!("{name}.lora_A.weight"), m.a.as_tensor().clone()),
+                    (format!("{name}.lora_B.weight"), m.b.as_tensor().clone()),
+                ]
+            })
+            .collect()
+    }
+
+    /// The trainable variables in a stable order (module name, then A before B).
+    pub fn vars(&self) -> Vec<Var> {
+        self.modules
+            .values()
+            .flat_map(|m| [m.a.clone(), m.b.clone()])
+            .collect()
+    }
+
+    pub fn module_names(&self) -> impl Iterator<Item = &String> {
+        self.modules.keys()
+    }
+
+    pub fn num_parameters(&self) -> usize {
+        self.vars().iter().map(|v| v.elem_count()).sum()
+    }
+
+    /// `W + scaling * B A` for an adapted module; `None` if `name` is not adapted.
+    pub fn merged_weight(&self, name: &str, base: &Tensor) -> Result<Option<Tensor>> {
+        let Some(m) = self.modules.get(name) else {
+            return Ok(None);
+        };
+        let delta = (m.b.as_tensor().matmul(m.a.as_tensor())? * self.config.scaling())?;
+        Ok(Some((base.to_dtype(DType::F32)? + delta)?.to_dtype(base.dtype())?))
+    }
+
+    pub fn ctx(&self, mode: LoraMode, tracked: bool) -> LoraCtx<'_> {
+        LoraCtx {
+            adapter: self,
+            mode,
+            tracked,
+        }
+    }
+
+    fn matched_modules(config: &LoraConfig, model: &DitModel) -> Result<BTreeMap<String, (usize, usize)>> {
+        if config.r == 0 {
+            return Err(Error::BadConfig("LoRA rank r must be at least 1".into()));
+        }
+        if !(0.0..1.0).contains(&config.dropout) {
+            return Err(Error::BadConfig(format!("LoRA dropout {} must be in [0, 1)", config.dropout)));
+        }
+        let matched: BTreeMap<_, _> = model
+            .adaptable_linears()
+            .into_iter()
+            .filter(|(name, _)| config.targets(name))
+            .collect();
+        if matched.is_empty() {
+            return Err(Error::BadConfig(format!(
+                "LoRA target_modules {:?} match no module of the DiT's layers",
+                config.target_modules
+            )));
+        }
+        Ok(matched)
+    }
+}
+
+fn peft_config_from_file(path: &Path) -> Result<LoraConfig> {
+    let bad = |reason: String| Error::Adapter {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+    if v["peft_type"].as_str() != Some("LORA") {
+        return Err(bad(format!("peft_type is {}, expected \"LORA\"", v["peft_type"])));
+    }
+    if v["use_dora"].as_bool() == Some(true) {
+        return Err(bad("DoRA adapters are not supported".into()));
+    }
+    if v.get("bias").and_then(|b| b.as_str()).is_some_and(|b| b != "none") {
+        return Err(bad(format!("bias = {} is not supported (only \"none\")", v["bias"])));
+    }
+    for pattern in ["rank_pattern", "alpha_pattern"] {
+        if v[pattern].as_object().is_some_and(|o| !o.is_empty()) {
+            return Err(bad(format!("{pattern} is not supported")));
+        }
+    }
+    let target_modules = match &v["target_modules"] {
+        serde_json::Value::Array(items) => items
+            .iter()
+            .map(|t| t.as_str().map(String::from).ok_or_else(|| bad("target_modules must be strings".into())))
+            .collect::<Result<Vec<_>>>()?,
+        other => return Err(bad(format!("target_modules must be a list of names, found {other}"))),
+    };
+    let r = v["r"].as_u64().ok_or_else(|| bad("missing integer `r`".into()))? as usize;
+    Ok(LoraConfig {
+        r,
+        alpha: v["lora_alpha"].as_f64().unwrap_or(8.0),
+        dropout: v["lora_dropout"].as_f64().unwrap_or(0.0),
+        target_modules,
+        use_rslora: v["use_rslora"].as_bool().unwrap_or(false),
+    })
+}
+
+impl LoraCtx<'_> {
+    /// The adapter's contribution for module `name` on input `x`, or `None` when the
+    /// module is not adapted. LoRA tensors are f32 and cast to the compute dtype here.
+    pub fn delta(&self, name: &str, x: &Tensor) -> Result<Option<Tensor>> {
+        let Some(m) = self.adapter.modules.get(name) else {
+            return Ok(None);
+        };
+        let config = &self.adapter.config;
+        let x = match self.mode {
+            LoraMode::Train { dropout_seed } if config.dropout > 0.0 => {
+                let mask = dropout_mask(dropout_seed, name, x, config.dropout)?;
+                ops::mul(x, &mask)?
+            }
+            _ => x.clone(),
+        };
+        let weight = |v: &Var| -> Result<Tensor> {
+            let t = if self.tracked { v.as_tensor().clone() } else { v.as_tensor().detach() };
+            Ok(t.to_dtype(x.dtype())?)
+        };
+        let h = ops::linear(&x, &weight(&m.a)?, None)?;
+        let y = ops::linear(&h, &weight(&m.b)?, None)?;
+        Ok(Some((y * config.scaling())?))
+    }
+}
+
+/// Inverted-dropout mask (0 or 1/(1-p)) shaped like `x`, a pure function of
+/// (seed, module name, element index): the same masks on every recompute.
+fn dropout_mask(seed: u64, name: &str, x: &Tensor, p: f64) -> Result<Tensor> {
+    let mut h = seed ^ 0x9E37_79B9_7F4A_7C15;
+    for byte in name.bytes() {
+        h = splitmix64(h ^ byte as u64);
+    }
+    let keep = 1.0 - p;
+    let threshold = (keep * (1u64 << 53) as f64) as u64;
+    let scale = (1.0 / keep) as f32;
+    let values: Vec<f32> = (0..x.elem_count() as u64)
+        .map(|i| if splitmix64(h.wrapping_add(i)) >> 11 < threshold { scale } else { 0.0 })
+        .collect();
+    Ok(Tensor::from_vec(values, x.shape(), x.device())?.to_dtype(x.dtype())?)
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suffix_matching_follows_peft() {
+        let c = LoraConfig::default();
+        assert!(c.targets("layers.0.self_attn.q_proj"));
+        assert!(c.targets("layers.3.cross_attn.o_proj"));
+        assert!(!c.targets("layers.0.mlp.up_proj"));
+        assert!(!c.targets("layers.0.self_attn.xq_proj"));
+    }
+
+    #[test]
+    fn rslora_scaling() {
+        let mut c = LoraConfig { r: 16, alpha: 32.0, ..Default::default() };
+        assert_eq!(c.scaling(), 2.0);
+        c.use_rslora = true;
+        assert_eq!(c.scaling(), 8.0);
+    }
+
+    #[test]
+    fn dropout_mask_is_deterministic_and_has_the_right_rate() -> Result<()> {
+        let x = Tensor::zeros((4, 1000), DType::F32, &Device::Cpu)?;
+        let m1 = dropout_mask(7, "layers.0.self_attn.q_proj", &x, 0.1)?;
+        let m2 = dropout_mask(7, "layers.0.self_attn.q_proj", &x, 0.1)?;
+        let m3 = dropout_mask(7, "layers.0.self_attn.k_proj", &x, 0.1)?;
+        let v1 = m1.flatten_all()?.to_vec1::<f32>()?;
+        assert_eq!(v1, m2.flatten_all()?.to_vec1::<f32>()?);
+        assert_ne!(v1, m3.flatten_all()?.to_vec1::<f32>()?);
+        let dropped = v1.iter().filter(|v| **v == 0.0).count() as f64 / v1.len() as f64;
+        assert!((dropped - 0.1).abs() < 0.02, "dropped fraction {dropped}");
+        assert!(v1.iter().all(|v| *v == 0.0 || (*v - 1.0 / 0.9).abs() < 1e-6));
+        Ok(())
+    }
+}

@@ -1,0 +1,280 @@
+//! One DiT layer: AdaLN self-attention (GQA, q/k RMSNorm, RoPE, sliding band) ->
+//! cross-attention -> AdaLN SwiGLU MLP. Plus the shared pieces: `Linear`, RoPE.
+
+use candle_core::{DType, Device, Tensor, D};
+
+use super::ops;
+use super::weights::DecoderWeights;
+use super::DitConfig;
+use crate::lora::LoraCtx;
+use crate::Result;
+
+/// A frozen linear layer that a LoRA adapter may extend, known by its module name.
+pub struct Linear {
+    pub name: String,
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn load(w: &DecoderWeights, name: &str, bias: bool) -> Result<Self> {
+        Ok(Self {
+            name: name.to_string(),
+            weight: w.get(&format!("{name}.weight"))?,
+            bias: if bias { Some(w.get(&format!("{name}.bias"))?) } else { None },
+        })
+    }
+
+    /// A linear layer from an already reshaped `[out, in]` weight (the patch convolutions).
+    pub fn from_weight(name: &str, weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self {
+            name: name.to_string(),
+            weight,
+            bias,
+        }
+    }
+
+    /// `[.., in] -> [.., out]`.
+    pub fn forward(&self, x: &Tensor, lora: Option<&LoraCtx>) -> Result<Tensor> {
+        let y = ops::linear(x, &self.weight, self.bias.as_ref())?;
+        match lora.map(|l| l.delta(&self.name, x)).transpose()?.flatten() {
+            Some(delta) => Ok(ops::add(&y, &delta)?),
+            None => Ok(y),
+        }
+    }
+
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    /// `(in, out)` features.
+    pub fn features(&self) -> (usize, usize) {
+        let (out, inp) = self.weight.dims2().expect("linear weights are 2-D");
+        (inp, out)
+    }
+}
+
+/// Rotate-half RoPE tables over patch positions: `cos`, `sin` of shape `[P, head_dim]`
+/// with the frequencies repeated (`cat([f, f])`), as Qwen3 and ACE-Step lay them out.
+pub struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rope {
+    pub fn new(cfg: &DitConfig, positions: usize, dtype: DType, device: &Device) -> Result<Self> {
+        let half = cfg.head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f64 / cfg.head_dim as f64) as f32)
+            .collect();
+        let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+        let pos = Tensor::arange(0u32, positions as u32, device)?
+            .to_dtype(DType::F32)?
+            .reshape((positions, 1))?;
+        let freqs = pos.broadcast_mul(&inv_freq)?;
+        let emb = Tensor::cat(&[&freqs, &freqs], D::Minus1)?; // (P, head_dim)
+        Ok(Self {
+            cos: emb.cos()?.to_dtype(dtype)?,
+            sin: emb.sin()?.to_dtype(dtype)?,
+        })
+    }
+
+    /// `x * cos + rotate_half(x) * sin` for `x [B, heads, P, head_dim]`.
+    fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        let d = x.dim(D::Minus1)?;
+        let x1 = x.narrow(D::Minus1, 0, d / 2)?;
+        let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
+        let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+        Ok(ops::add(&ops::mul(x, &self.cos)?, &ops::mul(&rotated, &self.sin)?)?)
+    }
+}
+
+/// The additive sliding-window mask `[P, P]`: 0 where `|i - j| <= window`, else the f32
+/// minimum (not -inf, as ACE-Step: a row with no valid key stays finite). `None` when
+/// every pair is inside the band.
+pub fn sliding_mask(positions: usize, window: usize, device: &Device) -> Result<Option<Tensor>> {
+    if positions <= window + 1 {
+        return Ok(None);
+    }
+    let values: Vec<f32> = (0..positions)
+        .flat_map(|i| (0..positions).map(move |j| if i.abs_diff(j) <= window { 0.0 } else { f32::MIN }))
+        .collect();
+    Ok(Some(Tensor::from_vec(values, (positions, positions), device)?))
+}
+
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Tensor,
+    k_norm: Tensor,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    eps: f64,
+}
+
+impl Attention {
+    fn load(cfg: &DitConfig, w: &DecoderWeights, prefix: &str) -> Result<Self> {
+        Ok(Self {
+            q_proj: Linear::load(w, &format!("{prefix}.q_proj"), false)?,
+            k_proj: Linear::load(w, &format!("{prefix}.k_proj"), false)?,
+            v_proj: Linear::load(w, &format!("{prefix}.v_proj"), false)?,
+            o_proj: Linear::load(w, &format!("{prefix}.o_proj"), false)?,
+            q_norm: w.get(&format!("{prefix}.q_norm.weight"))?,
+            k_norm: w.get(&format!("{prefix}.k_norm.weight"))?,
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+            eps: cfg.rms_norm_eps,
+        })
+    }
+
+    /// `x [B, P, H]` attends to `kv_input [B, S, H]` (itself for self-attention).
+    fn forward(
+        &self,
+        x: &Tensor,
+        kv_input: &Tensor,
+        rope: Option<&Rope>,
+        mask: Option<&Tensor>,
+        lora: Option<&LoraCtx>,
+    ) -> Result<Tensor> {
+        let (b, p, _) = x.dims3()?;
+        let s = kv_input.dim(1)?;
+        let (hd, rep) = (self.head_dim, self.heads / self.kv_heads);
+
+        // 1. Project, split heads, RMSNorm q and k over head_dim.
+        let q = self.q_proj.forward(x, lora)?.reshape((b, p, self.heads, hd))?;
+        let k = self.k_proj.forward(kv_input, lora)?.reshape((b, s, self.kv_heads, hd))?;
+        let v = self.v_proj.forward(kv_input, lora)?.reshape((b, s, self.kv_heads, hd))?;
+        let q = ops::rms_norm(&q, &self.q_norm, self.eps)?.transpose(1, 2)?; // (B, Hq, P, D)
+        let k = ops::rms_norm(&k, &self.k_norm, self.eps)?.transpose(1, 2)?; // (B, KV, S, D)
+        let v = v.transpose(1, 2)?.contiguous()?; // (B, KV, S, D)
+
+        // 2. RoPE (self-attention only).
+        let (q, k) = match rope {
+            Some(rope) => (rope.apply(&q)?, rope.apply(&k)?),
+            None => (q, k),
+        };
+
+        // 3. GQA without repeating K/V: the `rep` query heads sharing a KV head are
+        //    stacked along the row axis, (B, KV, rep * P, D).
+        let q = q.contiguous()?.reshape((b, self.kv_heads, rep * p, hd))?;
+        let k = k.contiguous()?;
+        let scores = (ops::matmul(&q, &k.t()?)? * (hd as f64).powf(-0.5))?; // (B, KV, rep*P, S)
+
+        // 4. Mask and softmax in f32, as the reference does.
+        let mut scores = scores.to_dtype(DType::F32)?;
+        if let Some(mask) = mask {
+            let grouped = scores.reshape((b, self.kv_heads, rep, p, s))?;
+            scores = ops::add(&grouped, mask)?.reshape((b, self.kv_heads, rep * p, s))?;
+        }
+        let probs = ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
+
+        // 5. Weighted values, merge heads, output projection.
+        let out = ops::matmul(&probs, &v)? // (B, KV, rep*P, D)
+            .reshape((b, self.heads, p, hd))?
+            .transpose(1, 2)?
+            .reshape((b, p, self.heads * hd))?;
+        self.o_proj.forward(&out, lora)
+    }
+
+    fn linears(&self) -> [&Linear; 4] {
+        [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj]
+    }
+}
+
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    fn forward(&self, x: &Tensor, lora: Option<&LoraCtx>) -> Result<Tensor> {
+        let gate = self.gate_proj.forward(x, lora)?.silu()?;
+        let up = self.up_proj.forward(x, lora)?;
+        self.down_proj.forward(&ops::mul(&gate, &up)?, lora)
+    }
+}
+
+/// What every layer reads besides its input: per-batch conditioning, built once per forward.
+pub struct LayerContext {
+    /// `[B, 6, H]`: the summed AdaLN projections of t and t - r.
+    pub timestep_proj: Tensor,
+    /// `[B, L, H]`: `condition_embedder(encoder_hidden_states)`.
+    pub encoder_states: Tensor,
+    pub rope: Rope,
+    /// Sliding-window mask for sliding layers (`None` when the band covers everything).
+    pub sliding_mask: Option<Tensor>,
+}
+
+pub struct DitLayer {
+    sliding: bool,
+    eps: f64,
+    self_attn_norm: Tensor,
+    self_attn: Attention,
+    cross_attn_norm: Tensor,
+    cross_attn: Attention,
+    mlp_norm: Tensor,
+    mlp: Mlp,
+    /// `[1, 6, H]`.
+    scale_shift_table: Tensor,
+}
+
+impl DitLayer {
+    pub fn load(cfg: &DitConfig, w: &DecoderWeights, i: usize) -> Result<Self> {
+        let l = format!("layers.{i}");
+        Ok(Self {
+            sliding: cfg.is_sliding(i),
+            eps: cfg.rms_norm_eps,
+            self_attn_norm: w.get(&format!("{l}.self_attn_norm.weight"))?,
+            self_attn: Attention::load(cfg, w, &format!("{l}.self_attn"))?,
+            cross_attn_norm: w.get(&format!("{l}.cross_attn_norm.weight"))?,
+            cross_attn: Attention::load(cfg, w, &format!("{l}.cross_attn"))?,
+            mlp_norm: w.get(&format!("{l}.mlp_norm.weight"))?,
+            mlp: Mlp {
+                gate_proj: Linear::load(w, &format!("{l}.mlp.gate_proj"), false)?,
+                up_proj: Linear::load(w, &format!("{l}.mlp.up_proj"), false)?,
+                down_proj: Linear::load(w, &format!("{l}.mlp.down_proj"), false)?,
+            },
+            scale_shift_table: w.get(&format!("{l}.scale_shift_table"))?,
+        })
+    }
+
+    /// `x [B, P, H] -> [B, P, H]`.
+    pub fn forward(&self, x: &Tensor, ctx: &LayerContext, lora: Option<&LoraCtx>) -> Result<Tensor> {
+        // 1. AdaLN parameters: shift, scale, gate for attention, then for the MLP.
+        let m = ops::add(&self.scale_shift_table, &ctx.timestep_proj)?; // (B, 6, H)
+        let chunk = |i: usize| m.narrow(1, i, 1); // (B, 1, H)
+        let (shift, scale, gate) = (chunk(0)?, (chunk(1)? + 1.0)?, chunk(2)?);
+        let (c_shift, c_scale, c_gate) = (chunk(3)?, (chunk(4)? + 1.0)?, chunk(5)?);
+
+        // 2. Modulated self-attention, gated residual.
+        let h = ops::rms_norm(x, &self.self_attn_norm, self.eps)?;
+        let h = ops::add(&ops::mul(&h, &scale)?, &shift)?;
+        let mask = if self.sliding { ctx.sliding_mask.as_ref() } else { None };
+        let attn = self.self_attn.forward(&h, &h, Some(&ctx.rope), mask, lora)?;
+        let x = ops::add(x, &ops::mul(&attn, &gate)?)?;
+
+        // 3. Cross-attention to the condition, plain residual.
+        let h = ops::rms_norm(&x, &self.cross_attn_norm, self.eps)?;
+        let cross = self.cross_attn.forward(&h, &ctx.encoder_states, None, None, lora)?;
+        let x = ops::add(&x, &cross)?;
+
+        // 4. Modulated SwiGLU MLP, gated residual.
+        let h = ops::rms_norm(&x, &self.mlp_norm, self.eps)?;
+        let h = ops::add(&ops::mul(&h, &c_scale)?, &c_shift)?;
+        let ff = self.mlp.forward(&h, lora)?;
+        Ok(ops::add(&x, &ops::mul(&ff, &c_gate)?)?)
+    }
+
+    /// The layer's linear modules, named as in the checkpoint.
+    pub fn linears(&self) -> Vec<&Linear> {
+        let mut all: Vec<&Linear> = self.self_attn.linears().into();
+        all.extend(self.cross_attn.linears());
+        all.extend([&self.mlp.gate_proj, &self.mlp.up_proj, &self.mlp.down_proj]);
+        all
+    }
+}

@@ -1,0 +1,106 @@
+//! Fixture discovery shared by the engine's integration tests.
+
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use ostinato_engine::lora::LoraConfig;
+use ostinato_engine::model::{DitConfig, DitInputs};
+
+/// `OSTINATO_FIXTURES`, else `../shared/fixtures` beside the repository.
+pub fn fixtures_dir() -> PathBuf {
+    let dir = std::env::var_os("OSTINATO_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures"));
+    assert!(
+        dir.is_dir(),
+        "fixture directory {} not found: set OSTINATO_FIXTURES to the folder holding dit_*.safetensors",
+        dir.display()
+    );
+    dir
+}
+
+pub struct Fixture {
+    pub name: String,
+    pub weights: PathBuf,
+    pub json: serde_json::Value,
+    pub tensors: HashMap<String, Tensor>,
+}
+
+impl Fixture {
+    pub fn config(&self) -> DitConfig {
+        DitConfig::from_value(&self.json).expect("fixture config parses")
+    }
+
+    pub fn lora_config(&self) -> LoraConfig {
+        let l = &self.json["lora"];
+        LoraConfig {
+            r: l["r"].as_u64().expect("lora.r") as usize,
+            alpha: l["alpha"].as_f64().expect("lora.alpha"),
+            dropout: l["dropout"].as_f64().unwrap_or(0.0),
+            target_modules: serde_json::from_value(l["target_modules"].clone()).expect("targets"),
+            use_rslora: false,
+        }
+    }
+
+    pub fn t(&self, key: &str) -> &Tensor {
+        self.tensors.get(key).unwrap_or_else(|| panic!("{}: fixture lacks `{key}`", self.name))
+    }
+
+    pub fn inputs(&self) -> DitInputs {
+        DitInputs {
+            hidden_states: self.t("in.hidden_states").clone(),
+            context_latents: self.t("in.context_latents").clone(),
+            encoder_hidden_states: self.t("in.encoder_hidden_states").clone(),
+            timestep: self.t("in.timestep").clone(),
+            timestep_r: self.t("in.timestep_r").clone(),
+        }
+    }
+
+    /// Tensors under `prefix`, with the prefix removed.
+    pub fn group(&self, prefix: &str) -> HashMap<String, Tensor> {
+        self.tensors
+            .iter()
+            .filter_map(|(k, t)| k.strip_prefix(prefix).map(|k| (k.to_string(), t.clone())))
+            .collect()
+    }
+}
+
+/// Every `dit_*.safetensors` with a same-named `.json` in the fixture directory.
+pub fn dit_fixtures() -> Vec<Fixture> {
+    let dir = fixtures_dir();
+    let mut found: Vec<Fixture> = std::fs::read_dir(&dir)
+        .expect("fixture directory readable")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.starts_with("dit_") && name.ends_with(".safetensors") && p.with_extension("json").is_file()
+        })
+        .map(|weights| {
+            let json = std::fs::read_to_string(weights.with_extension("json")).expect("fixture json");
+            Fixture {
+                name: weights.file_stem().unwrap().to_string_lossy().into_owned(),
+                json: serde_json::from_str(&json).expect("fixture json parses"),
+                tensors: candle_core::safetensors::load(&weights, &Device::Cpu).expect("fixture loads"),
+                weights,
+            }
+        })
+        .collect();
+    found.sort_by(|a, b| a.name.cmp(&b.name));
+    assert!(!found.is_empty(), "no dit_*.safetensors + .json fixtures in {}", dir.display());
+    found
+}
+
+/// max |a - b|.
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    let d = (a.to_dtype(candle_core::DType::F32).unwrap() - b.to_dtype(candle_core::DType::F32).unwrap()).unwrap();
+    d.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+}
+
+/// max |a - b| / max |b|: the error relative to the tensor's scale.
+pub fn max_rel_diff(a: &Tensor, reference: &Tensor) -> f32 {
+    let scale = reference.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+    max_abs_diff(a, reference) / scale.max(f32::MIN_POSITIVE)
+}
