@@ -4,5 +4,6 @@
 pub mod error;
 pub mod lora;
 pub mod model;
+pub mod train;
 
 pub use error::{Error, Result};
