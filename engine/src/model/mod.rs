@@ -6,6 +6,7 @@
 
 pub mod block;
 pub mod config;
+pub mod demo;
 pub mod ops;
 pub mod weights;
 
