@@ -1,7 +1,11 @@
 //! Ostinato's training engine: the ACE-Step 1.5 DiT in candle, LoRA adapters,
 //! the training step and runs. No UI dependencies; front ends consume `Event`s.
 
+pub mod charts;
 pub mod error;
+pub mod events;
+pub mod metrics;
 pub mod model;
+pub mod train;
 
 pub use error::{Error, Result};
