@@ -43,6 +43,22 @@ pub enum Error {
     #[error("adapter {path}: {reason}")]
     Adapter { path: PathBuf, reason: String },
 
+    #[error("training state: `{key}`: {reason}")]
+    TrainingState { key: String, reason: String },
+
+    #[error("optimizer: {params} parameters but {grads} gradients")]
+    GradientCount { params: usize, grads: usize },
+
+    #[error("{path}:{line}: {reason}")]
+    EventLog {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+
+    #[error("chart: {0}")]
+    Chart(String),
+
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

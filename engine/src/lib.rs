@@ -1,9 +1,12 @@
 //! Ostinato's training engine: the ACE-Step 1.5 DiT in candle, LoRA adapters,
 //! the training step and runs. No UI dependencies; front ends consume `Event`s.
 
+pub mod charts;
 pub mod device;
 pub mod error;
+pub mod events;
 pub mod lora;
+pub mod metrics;
 pub mod model;
 pub mod train;
 

@@ -1,4 +1,8 @@
-//! Training: the flow-matching objective, gradients (plain or checkpointed).
+//! Training: the objective, gradients (plain or checkpointed), and the step's
+//! mechanisms (optimizer, schedules, loss scaling), each in its own module.
 
 pub mod flow;
 pub mod grads;
+pub mod loss_scale;
+pub mod optim;
+pub mod schedule;

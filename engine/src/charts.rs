@@ -1,0 +1,366 @@
+//! Charts of a run's metrics, drawn from its events: SVG strings for the app, PNG
+//! files for reports. The same drawing code serves both backends.
+//!
+//! Text is measured (and, in PNGs, drawn) with DejaVu Sans embedded in the binary,
+//! so no system fonts are needed. SVGs name the font family `sans-serif`; the viewer
+//! draws it with its own sans-serif font.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::{register_font, FontStyle};
+
+use crate::events::Event;
+use crate::metrics::LossSmoother;
+use crate::{Error, Result};
+
+/// Which metric a chart shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chart {
+    /// Loss per step, raw and smoothed.
+    Loss,
+    /// Samples per second.
+    Throughput,
+    /// Memory in use now and at peak, in MiB.
+    Memory,
+}
+
+/// Colours to match the app's light or dark appearance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Theme {
+    Light,
+    Dark,
+}
+
+struct Palette {
+    background: RGBColor,
+    text: RGBColor,
+    grid: RGBColor,
+    series: [RGBColor; 2],
+}
+
+impl Theme {
+    fn palette(self) -> Palette {
+        match self {
+            Theme::Light => Palette {
+                background: RGBColor(255, 255, 255),
+                text: RGBColor(40, 40, 40),
+                grid: RGBColor(225, 225, 225),
+                series: [RGBColor(160, 190, 230), RGBColor(20, 90, 200)],
+            },
+            Theme::Dark => Palette {
+                background: RGBColor(30, 30, 32),
+                text: RGBColor(220, 220, 220),
+                grid: RGBColor(60, 60, 64),
+                series: [RGBColor(70, 100, 150), RGBColor(110, 170, 255)],
+            },
+        }
+    }
+}
+
+/// Smoothing weight of the "smoothed" loss line.
+const LOSS_SMOOTHING: f64 = 0.9;
+/// Most points drawn per line: longer runs are thinned, keeping the last point.
+const MAX_POINTS: usize = 1500;
+const FONT: &str = "sans-serif";
+
+/// One named line of a chart, as (step, value) points.
+struct Series {
+    name: &'static str,
+    points: Vec<(f64, f64)>,
+}
+
+/// What the charts draw from one `step` event.
+struct StepPoint {
+    step: f64,
+    loss: f64,
+    samples_per_sec: f64,
+    memory_now_mib: f64,
+    memory_peak_mib: f64,
+}
+
+/// The `step` events of a replay as they stand at its end. After a crash the run
+/// resumes from its last checkpoint and logs some steps again: the later ones replace
+/// the earlier.
+fn step_points(events: &[Event]) -> Vec<StepPoint> {
+    const MIB: f64 = 1024.0 * 1024.0;
+    let mut out: Vec<StepPoint> = Vec::new();
+    for event in events {
+        if let Event::Step {
+            step,
+            loss,
+            samples_per_sec,
+            memory_now_bytes,
+            memory_peak_bytes,
+            ..
+        } = *event
+        {
+            let step = step as f64;
+            while out.last().is_some_and(|p| p.step >= step) {
+                out.pop();
+            }
+            out.push(StepPoint {
+                step,
+                loss,
+                samples_per_sec,
+                memory_now_mib: memory_now_bytes as f64 / MIB,
+                memory_peak_mib: memory_peak_bytes as f64 / MIB,
+            });
+        }
+    }
+    out
+}
+
+fn series(chart: Chart, events: &[Event]) -> Vec<Series> {
+    let points = step_points(events);
+    let line = |name, value: fn(&StepPoint) -> f64| Series {
+        name,
+        points: points.iter().map(|p| (p.step, value(p))).collect(),
+    };
+    match chart {
+        Chart::Loss => {
+            let raw = line("loss", |p| p.loss);
+            let mut smoother = LossSmoother::new(LOSS_SMOOTHING);
+            let smoothed = Series {
+                name: "smoothed",
+                points: raw
+                    .points
+                    .iter()
+                    .map(|&(x, y)| (x, smoother.push(y)))
+                    .collect(),
+            };
+            vec![raw, smoothed]
+        }
+        Chart::Throughput => vec![line("samples/s", |p| p.samples_per_sec)],
+        Chart::Memory => vec![
+            line("now", |p| p.memory_now_mib),
+            line("peak", |p| p.memory_peak_mib),
+        ],
+    }
+}
+
+/// Every n-th point so that at most `MAX_POINTS` remain, plus the last.
+fn thin(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let stride = points.len().div_ceil(MAX_POINTS).max(1);
+    let mut out: Vec<_> = points.iter().copied().step_by(stride).collect();
+    if let (Some(&last), Some(&kept)) = (points.last(), out.last()) {
+        if last != kept {
+            out.push(last);
+        }
+    }
+    out
+}
+
+/// A range that shows `values` with a margin; a sensible default when there is
+/// nothing (or only one value) to show.
+fn padded_range(values: impl Iterator<Item = f64>, pad_fraction: f64) -> std::ops::Range<f64> {
+    let (lo, hi) = values
+        .filter(|v| v.is_finite())
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        });
+    if lo > hi {
+        return 0.0..1.0;
+    }
+    let pad = if hi > lo {
+        (hi - lo) * pad_fraction
+    } else {
+        lo.abs().max(1.0) * 0.1
+    };
+    (lo - pad)..(hi + pad)
+}
+
+fn chart_error(e: impl std::fmt::Display) -> Error {
+    Error::Chart(e.to_string())
+}
+
+fn ensure_font() -> Result<()> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED
+        .get_or_init(|| register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_ok());
+    ok.then_some(())
+        .ok_or_else(|| Error::Chart("the embedded font could not be loaded".into()))
+}
+
+fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    chart: Chart,
+    events: &[Event],
+    theme: Theme,
+) -> Result<()> {
+    let palette = theme.palette();
+    let lines = series(chart, events);
+    let (title, y_desc) = match chart {
+        Chart::Loss => ("Loss", "loss"),
+        Chart::Throughput => ("Throughput", "samples/s"),
+        Chart::Memory => ("Memory", "MiB"),
+    };
+    let all = || lines.iter().flat_map(|s| s.points.iter());
+    let x_range = padded_range(all().map(|p| p.0), 0.0);
+    let y_range = padded_range(all().map(|p| p.1), 0.05);
+    let text = |size: u32| (FONT, size).into_font().color(&palette.text);
+
+    root.fill(&palette.background).map_err(chart_error)?;
+    let mut cc = ChartBuilder::on(root)
+        .caption(title, text(16))
+        .margin(10)
+        .x_label_area_size(32)
+        .y_label_area_size(56)
+        .build_cartesian_2d(x_range, y_range)
+        .map_err(chart_error)?;
+    cc.configure_mesh()
+        .x_desc("step")
+        .y_desc(y_desc)
+        .label_style(text(12))
+        .axis_desc_style(text(12))
+        .axis_style(palette.text)
+        .bold_line_style(palette.grid)
+        .light_line_style(palette.background)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .draw()
+        .map_err(chart_error)?;
+    // With two lines the second is the main one (smoothed loss, peak memory): draw it
+    // last, thicker, in the stronger colour.
+    let colours = &palette.series[palette.series.len() - lines.len()..];
+    for (i, (line, &colour)) in lines.iter().zip(colours).enumerate() {
+        let style = colour.stroke_width(if i + 1 == lines.len() { 2 } else { 1 });
+        cc.draw_series(LineSeries::new(thin(&line.points), style))
+            .map_err(chart_error)?
+            .label(line.name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
+    }
+    cc.configure_series_labels()
+        // Away from where the lines usually run: loss falls, memory climbs.
+        .position(match chart {
+            Chart::Memory => SeriesLabelPosition::LowerRight,
+            _ => SeriesLabelPosition::UpperRight,
+        })
+        .label_font(text(12))
+        .background_style(palette.background.mix(0.8))
+        .border_style(palette.grid)
+        .draw()
+        .map_err(chart_error)?;
+    root.present().map_err(chart_error)
+}
+
+/// Draws `chart` of a run's events as an SVG document of `size` pixels.
+pub fn render_svg(
+    chart: Chart,
+    events: &[Event],
+    size: (u32, u32),
+    theme: Theme,
+) -> Result<String> {
+    ensure_font()?;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        draw(&root, chart, events, theme)?;
+    }
+    Ok(svg)
+}
+
+/// Draws `chart` of a run's events into a PNG file of `size` pixels.
+pub fn render_png(
+    chart: Chart,
+    events: &[Event],
+    size: (u32, u32),
+    theme: Theme,
+    path: &Path,
+) -> Result<()> {
+    ensure_font()?;
+    let root = BitMapBackend::new(path, size).into_drawing_area();
+    draw(&root, chart, events, theme).map_err(|e| Error::Chart(format!("{}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(step: u64, loss: f64) -> Event {
+        Event::Step {
+            step,
+            epoch: 0,
+            loss,
+            lr: 1e-4,
+            grad_norm: 1.0,
+            samples_per_sec: 3.0 + step as f64,
+            memory_now_bytes: 100 << 20,
+            memory_peak_bytes: (120 + step) << 20,
+            elapsed_s: step as f64,
+            eta_s: Some(10.0),
+        }
+    }
+
+    fn run(n: u64) -> Vec<Event> {
+        let mut events = vec![Event::Paused { step: 0 }];
+        events.extend((1..=n).map(|i| step(i, 1.0 / i as f64)));
+        events
+    }
+
+    const SIZE: (u32, u32) = (640, 360);
+
+    #[test]
+    fn svg_contains_every_series() {
+        let events = run(50);
+        for (chart, names) in [
+            (Chart::Loss, &["loss", "smoothed"][..]),
+            (Chart::Throughput, &["samples/s"][..]),
+            (Chart::Memory, &["now", "peak"][..]),
+        ] {
+            let svg = render_svg(chart, &events, SIZE, Theme::Light).unwrap();
+            assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+            // One polyline per series carries all 50 points (others are the mesh and legend).
+            let data_lines = (svg.split("<polyline").skip(1))
+                .filter(|el| el.split("/>").next().unwrap().matches(',').count() == 50)
+                .count();
+            assert_eq!(data_lines, names.len(), "{chart:?}");
+            let texts: Vec<&str> = (svg.split("</text>"))
+                .filter_map(|t| t.rsplit_once('>').map(|(_, text)| text.trim()))
+                .collect();
+            for name in names {
+                assert!(texts.contains(name), "{chart:?}: {name} in {texts:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn empty_and_single_point_inputs_render() {
+        for events in [vec![], run(1)] {
+            for chart in [Chart::Loss, Chart::Throughput, Chart::Memory] {
+                let svg = render_svg(chart, &events, SIZE, Theme::Dark).unwrap();
+                assert!(svg.contains("</svg>"));
+            }
+        }
+    }
+
+    #[test]
+    fn redone_steps_replace_earlier_ones() {
+        // Crash after step 5, resume from the checkpoint at step 3.
+        let mut events = run(5);
+        events.extend([step(4, 0.7), step(5, 0.6), step(6, 0.5)]);
+        let loss = &series(Chart::Loss, &events)[0].points;
+        let steps: Vec<f64> = loss.iter().map(|p| p.0).collect();
+        assert_eq!(steps, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(loss[3].1, 0.7);
+    }
+
+    #[test]
+    fn long_runs_are_thinned() {
+        let points: Vec<_> = (0..10_000).map(|i| (i as f64, 0.0)).collect();
+        let thinned = thin(&points);
+        assert!(thinned.len() <= MAX_POINTS + 1);
+        assert_eq!(thinned.last(), points.last());
+        assert_eq!(thin(&points[..3]), points[..3]);
+    }
+
+    #[test]
+    fn png_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("loss.png");
+        render_png(Chart::Loss, &run(20), SIZE, Theme::Light, &path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+    }
+}

@@ -1,0 +1,441 @@
+//! The events every front end consumes, and the run's append-only `events.jsonl`.
+//!
+//! Each line of the log is one event: `{"v": 1, "type": "step", "step": 12, ...}`.
+//! A past run is replayed from its log alone, so charts need no engine.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// The schema version written on every line (`"v"`). Bump it when a field changes
+/// meaning or a required field is added.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Which memory-saving mechanisms a run uses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryFeatures {
+    /// Blocks are recomputed in backward from their saved inputs instead of keeping
+    /// every activation.
+    pub gradient_checkpointing: bool,
+    /// Block inputs are made tracked leaves during recompute, so gradients reach every
+    /// block (ACE-Step's `xt.requires_grad_(True)` fallback).
+    pub block_input_grad_path: bool,
+    /// Latents and conditioning come from the content-addressed cache.
+    pub latent_cache: bool,
+}
+
+/// What preparing the dataset found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DatasetSummary {
+    /// Audio files found in the folder.
+    pub files: u64,
+    /// Files that became training samples.
+    pub usable: u64,
+    /// Files left out (each reported by a `dataset_issue` event).
+    pub skipped: u64,
+    /// Samples read from the latent cache.
+    pub cache_hits: u64,
+    /// Samples encoded (and then cached).
+    pub cache_misses: u64,
+    /// Total audio duration of the usable files, in seconds.
+    pub total_seconds: f64,
+}
+
+/// One thing that happened in a run. Serialized with `"type"` as the tag, in
+/// snake_case (`run_started`, `step`, ...). Numbers are finite: a non-finite step is
+/// reported by `step_skipped`, never by `step`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// Training begins (also after a resume).
+    RunStarted {
+        /// The resolved run configuration (as in run.toml).
+        config: serde_json::Value,
+        /// The device trained on, with the reason for the choice, e.g. "cpu (Metal unavailable)".
+        device: String,
+        /// The compute dtype of the base model: "f32", "bf16" or "f16".
+        precision: String,
+        /// Memory-saving mechanisms in use.
+        memory: MemoryFeatures,
+        /// Elements in the trained LoRA tensors.
+        trainable_params: u64,
+        /// Elements in the whole model, base plus LoRA.
+        total_params: u64,
+        /// What the dataset preparation found.
+        dataset: DatasetSummary,
+    },
+    /// A file of the dataset was prepared.
+    DatasetProgress {
+        /// Files prepared so far, this one included.
+        done: u64,
+        /// Files to prepare.
+        total: u64,
+        /// The file just prepared.
+        file: PathBuf,
+    },
+    /// A file of the dataset cannot be used.
+    DatasetIssue {
+        /// The file at fault.
+        file: PathBuf,
+        /// Why, in words for the user.
+        reason: String,
+    },
+    /// An optimizer update was applied.
+    Step {
+        /// Updates applied so far, this one included (1-based).
+        step: u64,
+        /// The epoch this update belongs to (0-based).
+        epoch: u64,
+        /// The training loss of this update (f32 MSE, averaged over accumulated batches).
+        loss: f64,
+        /// The learning rate this update used.
+        lr: f64,
+        /// Global L2 norm of the gradients before clipping.
+        grad_norm: f64,
+        /// Training throughput over recent steps, in samples per second.
+        samples_per_sec: f64,
+        /// Memory in use now, in bytes: process RSS on CPU, allocated device memory on GPUs.
+        memory_now_bytes: u64,
+        /// Highest memory in use so far, in bytes (same source as `memory_now_bytes`).
+        memory_peak_bytes: u64,
+        /// Seconds spent training in this run, pauses excluded.
+        elapsed_s: f64,
+        /// Estimated seconds to the end of the run; absent until there is a rate to go by.
+        eta_s: Option<f64>,
+    },
+    /// An update was not applied because its loss or gradients were not finite.
+    StepSkipped {
+        /// The update number that was skipped (the next `step` reuses it).
+        step: u64,
+        /// Why, e.g. "non-finite gradients".
+        reason: String,
+        /// Skips in a row, this one included.
+        consecutive: u32,
+        /// The loss scale after the skip (1 without dynamic loss scaling).
+        loss_scale: f64,
+    },
+    /// An epoch ended.
+    EpochEnd {
+        /// The epoch that ended (0-based).
+        epoch: u64,
+        /// Updates applied so far.
+        step: u64,
+        /// Mean loss of the epoch's applied updates; absent when none was applied.
+        mean_loss: Option<f64>,
+    },
+    /// A checkpoint was written (and renamed into place).
+    CheckpointSaved {
+        /// Updates applied at the checkpoint.
+        step: u64,
+        /// The checkpoint directory.
+        path: PathBuf,
+    },
+    /// The run paused at a step boundary (after writing a checkpoint).
+    Paused {
+        /// Updates applied so far.
+        step: u64,
+    },
+    /// A paused run continues.
+    Resumed {
+        /// Updates applied so far.
+        step: u64,
+    },
+    /// Something the user should know that does not stop the run.
+    Warning {
+        /// The warning, in words for the user.
+        message: String,
+    },
+    /// The run completed all its steps.
+    Finished {
+        /// The final adapter directory.
+        adapter_path: PathBuf,
+        /// Updates applied in total.
+        steps: u64,
+        /// Loss of the last applied update; absent when none was applied.
+        final_loss: Option<f64>,
+    },
+    /// The run was stopped before the end (by the user or `stop_at_step`); it can be resumed.
+    Stopped {
+        /// Updates applied so far.
+        step: u64,
+        /// The adapter written on stop.
+        adapter_path: PathBuf,
+    },
+    /// The run could not continue; the last checkpoint is its last good state.
+    Failed {
+        /// Updates applied before the failure.
+        step: u64,
+        /// Why, in words for the user.
+        reason: String,
+    },
+}
+
+/// One line of the log: the schema version beside the event's own fields.
+#[derive(Serialize, Deserialize)]
+struct Line<E> {
+    v: u32,
+    #[serde(flatten)]
+    event: E,
+}
+
+/// Appends events to a run's `events.jsonl`, one flushed line each.
+pub struct EventLog {
+    file: File,
+    path: PathBuf,
+}
+
+impl EventLog {
+    /// Opens (or creates) the log for appending. A torn last line left by a crash
+    /// mid-write is cut off first, so the next event starts on a line of its own.
+    pub fn open(path: impl Into<PathBuf>) -> Result<Self> {
+        let path = path.into();
+        let io = |e| Error::io(&path, e);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&path)
+            .map_err(io)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(io)?;
+        if bytes.last().is_some_and(|&b| b != b'\n') {
+            let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            file.set_len(keep as u64).map_err(io)?;
+            file.seek(std::io::SeekFrom::End(0)).map_err(io)?;
+        }
+        Ok(Self { file, path })
+    }
+
+    /// Appends one event as a line and flushes it. The line goes out in a single
+    /// write, so a crash leaves at most one torn line at the end.
+    pub fn append(&mut self, event: &Event) -> Result<()> {
+        let mut line = serde_json::to_vec(&Line {
+            v: SCHEMA_VERSION,
+            event,
+        })
+        .map_err(|source| Error::Json {
+            path: self.path.clone(),
+            source,
+        })?;
+        line.push(b'\n');
+        let io = |e| Error::io(&self.path, e);
+        self.file.write_all(&line).map_err(io)?;
+        self.file.flush().map_err(io)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Replays a log. A last line without its newline that does not parse is a write
+/// torn by a crash and is dropped; any other bad line is an error naming its number.
+pub fn read_events(path: &Path) -> Result<Vec<Event>> {
+    let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let mut lines: Vec<&[u8]> = text.split(|&b| b == b'\n').collect();
+    // What follows the last newline: nothing, or an unterminated last line.
+    let tail = lines.pop().filter(|l| !l.is_empty());
+    let mut events = Vec::with_capacity(lines.len() + 1);
+    for (i, line) in lines.iter().enumerate() {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        events.push(parse_line(line).map_err(|reason| Error::EventLog {
+            path: path.to_path_buf(),
+            line: i + 1,
+            reason,
+        })?);
+    }
+    if let Some(Ok(event)) = tail.map(parse_line) {
+        events.push(event);
+    }
+    Ok(events)
+}
+
+fn parse_line(line: &[u8]) -> std::result::Result<Event, String> {
+    let Line { v, event } =
+        serde_json::from_slice::<Line<Event>>(line).map_err(|e| e.to_string())?;
+    if v > SCHEMA_VERSION {
+        return Err(format!(
+            "schema version {v} is newer than this engine's {SCHEMA_VERSION}"
+        ));
+    }
+    Ok(event)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(n: u64, loss: f64) -> Event {
+        Event::Step {
+            step: n,
+            epoch: 0,
+            loss,
+            lr: 1e-4,
+            grad_norm: 0.5,
+            samples_per_sec: 2.0,
+            memory_now_bytes: 1 << 20,
+            memory_peak_bytes: 2 << 20,
+            elapsed_s: n as f64,
+            eta_s: None,
+        }
+    }
+
+    fn every_kind() -> Vec<Event> {
+        vec![
+            Event::RunStarted {
+                config: serde_json::json!({"lr": 3e-4, "rank": 64}),
+                device: "cpu".into(),
+                precision: "f32".into(),
+                memory: MemoryFeatures {
+                    gradient_checkpointing: true,
+                    block_input_grad_path: true,
+                    latent_cache: false,
+                },
+                trainable_params: 1000,
+                total_params: 100_000,
+                dataset: DatasetSummary {
+                    files: 3,
+                    usable: 2,
+                    skipped: 1,
+                    cache_hits: 1,
+                    cache_misses: 1,
+                    total_seconds: 61.5,
+                },
+            },
+            Event::DatasetProgress {
+                done: 1,
+                total: 3,
+                file: "a.wav".into(),
+            },
+            Event::DatasetIssue {
+                file: "b.mp3".into(),
+                reason: "cannot decode".into(),
+            },
+            step(1, 0.9),
+            Event::StepSkipped {
+                step: 2,
+                reason: "non-finite gradients".into(),
+                consecutive: 1,
+                loss_scale: 32768.0,
+            },
+            Event::EpochEnd {
+                epoch: 0,
+                step: 1,
+                mean_loss: Some(0.9),
+            },
+            Event::CheckpointSaved {
+                step: 1,
+                path: "checkpoints/step-000001".into(),
+            },
+            Event::Paused { step: 1 },
+            Event::Resumed { step: 1 },
+            Event::Warning {
+                message: "fell back to an older checkpoint".into(),
+            },
+            Event::Finished {
+                adapter_path: "final/adapter".into(),
+                steps: 1,
+                final_loss: Some(0.9),
+            },
+            Event::Stopped {
+                step: 1,
+                adapter_path: "final/adapter".into(),
+            },
+            Event::Failed {
+                step: 1,
+                reason: "20 consecutive non-finite steps".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn lines_are_tagged_and_versioned() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        EventLog::open(&path)
+            .unwrap()
+            .append(&step(3, 0.25))
+            .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let value: serde_json::Value = serde_json::from_str(text.trim_end()).unwrap();
+        assert_eq!(value["v"], 1);
+        assert_eq!(value["type"], "step");
+        assert_eq!(value["step"], 3);
+        assert_eq!(value["loss"], 0.25);
+        assert!(text.ends_with('\n'));
+    }
+
+    #[test]
+    fn every_event_round_trips_through_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let events = every_kind();
+        let mut log = EventLog::open(&path).unwrap();
+        for e in &events[..5] {
+            log.append(e).unwrap();
+        }
+        drop(log);
+        // Reopening appends after what is there.
+        let mut log = EventLog::open(&path).unwrap();
+        for e in &events[5..] {
+            log.append(e).unwrap();
+        }
+        assert_eq!(read_events(&path).unwrap(), events);
+    }
+
+    #[test]
+    fn torn_last_line_is_dropped_and_cut_on_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let mut log = EventLog::open(&path).unwrap();
+        log.append(&step(1, 0.5)).unwrap();
+        log.append(&step(2, 0.4)).unwrap();
+        drop(log);
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(br#"{"v":1,"type":"step","step":3,"ep"#)
+            .unwrap();
+        drop(f);
+        assert_eq!(read_events(&path).unwrap(), [step(1, 0.5), step(2, 0.4)]);
+
+        let mut log = EventLog::open(&path).unwrap();
+        log.append(&step(3, 0.3)).unwrap();
+        assert_eq!(
+            read_events(&path).unwrap(),
+            [step(1, 0.5), step(2, 0.4), step(3, 0.3)]
+        );
+    }
+
+    #[test]
+    fn complete_last_line_without_newline_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        std::fs::write(&path, r#"{"v":1,"type":"paused","step":4}"#).unwrap();
+        assert_eq!(read_events(&path).unwrap(), [Event::Paused { step: 4 }]);
+    }
+
+    #[test]
+    fn corrupt_middle_line_names_its_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let good = r#"{"v":1,"type":"paused","step":4}"#;
+        std::fs::write(&path, format!("{good}\n{good}\n{{garbage\n{good}\n")).unwrap();
+        let err = read_events(&path).unwrap_err();
+        assert!(matches!(err, Error::EventLog { line: 3, .. }), "{err}");
+        assert!(err.to_string().contains("events.jsonl:3"), "{err}");
+    }
+
+    #[test]
+    fn newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        std::fs::write(&path, "{\"v\":2,\"type\":\"paused\",\"step\":4}\n").unwrap();
+        let err = read_events(&path).unwrap_err();
+        assert!(err.to_string().contains("schema version 2"), "{err}");
+    }
+}

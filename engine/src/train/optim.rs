@@ -1,0 +1,455 @@
+//! AdamW over candle `Var`s with f32 moments and savable state, plus global-norm
+//! gradient clipping and the non-finite check.
+//!
+//! candle-nn's AdamW keeps its moments in the parameter dtype and cannot be saved,
+//! so a run could neither train f32 state under 16-bit parameters nor resume exactly.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Tensor, Var};
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// AdamW hyper-parameters (PyTorch's names and defaults, ACE-Step's weight decay).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AdamWConfig {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        Self {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+/// AdamW with PyTorch semantics: decoupled weight decay `p -= lr * wd * p` first, then
+/// the bias-corrected Adam update. Moments are f32 whatever the parameter dtype; the
+/// update is computed in f32 and cast back to the parameter's dtype.
+pub struct AdamW {
+    vars: Vec<Var>,
+    config: AdamWConfig,
+    m: Vec<Tensor>,
+    v: Vec<Tensor>,
+    step: u64,
+}
+
+const STEP_KEY: &str = "adamw.step";
+
+fn m_key(i: usize) -> String {
+    format!("adamw.m.{i}")
+}
+
+fn v_key(i: usize) -> String {
+    format!("adamw.v.{i}")
+}
+
+impl AdamW {
+    /// A fresh optimizer: zero moments, step 0.
+    pub fn new(vars: Vec<Var>, config: AdamWConfig) -> Result<Self> {
+        let zeros = |var: &Var| Tensor::zeros(var.shape(), DType::F32, var.device());
+        let m = vars
+            .iter()
+            .map(zeros)
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let v = vars
+            .iter()
+            .map(zeros)
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Self {
+            vars,
+            config,
+            m,
+            v,
+            step: 0,
+        })
+    }
+
+    /// Rebuilds an optimizer from `state_tensors()` output (e.g. read back from a
+    /// safetensors file; other keys are ignored). Moments stored in a lower precision
+    /// are cast to f32 and moved to each parameter's device.
+    pub fn from_state(
+        vars: Vec<Var>,
+        config: AdamWConfig,
+        state: &HashMap<String, Tensor>,
+    ) -> Result<Self> {
+        let get = |key: &str| {
+            state.get(key).ok_or_else(|| Error::TrainingState {
+                key: key.to_string(),
+                reason: "missing".to_string(),
+            })
+        };
+        let step = read_step(get(STEP_KEY)?)?;
+        let moments = |key: String, var: &Var| -> Result<Tensor> {
+            let t = get(&key)?;
+            if t.dims() != var.dims() {
+                return Err(Error::TrainingState {
+                    key,
+                    reason: format!("shape {:?}, parameter has {:?}", t.dims(), var.dims()),
+                });
+            }
+            Ok(t.to_device(var.device())?.to_dtype(DType::F32)?)
+        };
+        let m = (vars.iter().enumerate())
+            .map(|(i, var)| moments(m_key(i), var))
+            .collect::<Result<Vec<_>>>()?;
+        let v = (vars.iter().enumerate())
+            .map(|(i, var)| moments(v_key(i), var))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            vars,
+            config,
+            m,
+            v,
+            step,
+        })
+    }
+
+    /// The state to checkpoint: `adamw.m.<i>`, `adamw.v.<i>` (f32, parameter order) and
+    /// `adamw.step` (a one-element i64 tensor, on the CPU).
+    pub fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::with_capacity(2 * self.vars.len() + 1);
+        let step = i64::try_from(self.step).map_err(|_| Error::TrainingState {
+            key: STEP_KEY.to_string(),
+            reason: format!("step {} does not fit in i64", self.step),
+        })?;
+        out.push((
+            STEP_KEY.to_string(),
+            Tensor::new(&[step], &candle_core::Device::Cpu)?,
+        ));
+        for (i, (m, v)) in self.m.iter().zip(&self.v).enumerate() {
+            out.push((m_key(i), m.clone()));
+            out.push((v_key(i), v.clone()));
+        }
+        Ok(out)
+    }
+
+    /// Number of updates applied so far.
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    pub fn vars(&self) -> &[Var] {
+        &self.vars
+    }
+
+    pub fn config(&self) -> &AdamWConfig {
+        &self.config
+    }
+
+    /// Applies one update with learning rate `lr`. `grads[i]` is the gradient of
+    /// `vars[i]` (any float dtype); the caller has already checked it is finite.
+    pub fn step(&mut self, grads: &[Tensor], lr: f64) -> Result<()> {
+        if grads.len() != self.vars.len() {
+            return Err(Error::GradientCount {
+                params: self.vars.len(),
+                grads: grads.len(),
+            });
+        }
+        self.step += 1;
+        let AdamWConfig {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } = self.config;
+        // PyTorch's formulation: p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
+        let t = self.step as i32;
+        let bias_correction1 = 1.0 - beta1.powi(t);
+        let bias_correction2_sqrt = (1.0 - beta2.powi(t)).sqrt();
+        let step_size = lr / bias_correction1;
+        for (i, (var, grad)) in self.vars.iter().zip(grads).enumerate() {
+            let g = grad.detach().to_dtype(DType::F32)?;
+            let m = ((&self.m[i] * beta1)? + (&g * (1.0 - beta1))?)?;
+            let v = ((&self.v[i] * beta2)? + (g.sqr()? * (1.0 - beta2))?)?;
+            let p = var.as_tensor().detach().to_dtype(DType::F32)?;
+            let p = (p * (1.0 - lr * weight_decay))?;
+            let denom = v.sqrt()?.affine(1.0 / bias_correction2_sqrt, eps)?;
+            let p = (p - (m.div(&denom)? * step_size)?)?;
+            var.set(&p.to_dtype(var.dtype())?)?;
+            self.m[i] = m;
+            self.v[i] = v;
+        }
+        Ok(())
+    }
+}
+
+fn read_step(t: &Tensor) -> Result<u64> {
+    let bad = |reason: String| Error::TrainingState {
+        key: STEP_KEY.to_string(),
+        reason,
+    };
+    let values = t.flatten_all()?.to_dtype(DType::I64)?.to_vec1::<i64>()?;
+    match values[..] {
+        [step] => u64::try_from(step).map_err(|_| bad(format!("negative step {step}"))),
+        _ => Err(bad(format!("expected one value, found {}", values.len()))),
+    }
+}
+
+/// The global L2 norm of all gradients, computed in f32 per tensor and summed in f64.
+pub fn grad_norm(grads: &[Tensor]) -> Result<f64> {
+    let mut sum_sq = 0.0f64;
+    for g in grads {
+        let s = g
+            .to_dtype(DType::F32)?
+            .sqr()?
+            .sum_all()?
+            .to_scalar::<f32>()?;
+        sum_sq += f64::from(s);
+    }
+    Ok(sum_sq.sqrt())
+}
+
+/// Global-norm clipping with PyTorch's `clip_grad_norm_` semantics: when the norm
+/// exceeds `max_norm`, every gradient is scaled by `max_norm / (norm + 1e-6)`.
+/// Returns the pre-clip norm. A non-finite norm leaves the gradients untouched: such
+/// a step must be skipped, not applied.
+pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
+    let norm = grad_norm(grads)?;
+    if norm.is_finite() && norm > max_norm {
+        let scale = max_norm / (norm + 1e-6);
+        for g in grads.iter_mut() {
+            *g = g.affine(scale, 0.0)?;
+        }
+    }
+    Ok(norm)
+}
+
+/// Whether every element of every gradient is finite.
+pub fn all_finite(grads: &[Tensor]) -> Result<bool> {
+    for g in grads {
+        // x - x is 0 for finite x and NaN for inf or NaN, so the sum is finite exactly
+        // when every element is; no overflow can occur, unlike summing x itself.
+        let s = g
+            .sub(g)?
+            .sum_all()?
+            .to_dtype(DType::F32)?
+            .to_scalar::<f32>()?;
+        if !s.is_finite() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn var(values: &[f32]) -> Var {
+        Var::from_tensor(&Tensor::new(values, &Device::Cpu).unwrap()).unwrap()
+    }
+
+    fn vec(t: &Tensor) -> Vec<f32> {
+        t.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap()
+    }
+
+    /// The AdamW update rule written out in f64, straight from the paper's form.
+    struct Reference {
+        p: Vec<f64>,
+        m: Vec<f64>,
+        v: Vec<f64>,
+        t: i32,
+    }
+
+    impl Reference {
+        fn step(&mut self, g: &[f64], lr: f64, c: &AdamWConfig) {
+            self.t += 1;
+            for i in 0..self.p.len() {
+                self.p[i] -= lr * c.weight_decay * self.p[i];
+                self.m[i] = c.beta1 * self.m[i] + (1.0 - c.beta1) * g[i];
+                self.v[i] = c.beta2 * self.v[i] + (1.0 - c.beta2) * g[i] * g[i];
+                let m_hat = self.m[i] / (1.0 - c.beta1.powi(self.t));
+                let v_hat = self.v[i] / (1.0 - c.beta2.powi(self.t));
+                self.p[i] -= lr * m_hat / (v_hat.sqrt() + c.eps);
+            }
+        }
+    }
+
+    const GRADS: [[f32; 3]; 4] = [
+        [0.5, -1.0, 2.0],
+        [0.1, 0.3, -0.7],
+        [-2.0, 0.0, 0.25],
+        [1.5, -0.5, 0.0],
+    ];
+
+    #[test]
+    fn matches_f64_reference() {
+        let config = AdamWConfig {
+            beta1: 0.8,
+            beta2: 0.95,
+            eps: 1e-6,
+            weight_decay: 0.1,
+        };
+        let init = [1.0f32, -0.5, 0.25];
+        let mut opt = AdamW::new(vec![var(&init)], config).unwrap();
+        let mut reference = Reference {
+            p: init.iter().map(|&x| x as f64).collect(),
+            m: vec![0.0; 3],
+            v: vec![0.0; 3],
+            t: 0,
+        };
+        for (k, g) in GRADS.iter().enumerate() {
+            let lr = 0.01 * (k + 1) as f64;
+            let grad = Tensor::new(g, &Device::Cpu).unwrap();
+            opt.step(&[grad], lr).unwrap();
+            let g64: Vec<f64> = g.iter().map(|&x| x as f64).collect();
+            reference.step(&g64, lr, &config);
+            let got = vec(opt.vars()[0].as_tensor());
+            for (a, b) in got.iter().zip(&reference.p) {
+                assert!((*a as f64 - b).abs() < 1e-6, "step {k}: {a} vs {b}");
+            }
+        }
+        assert_eq!(opt.step_count(), 4);
+    }
+
+    #[test]
+    fn weight_decay_applies_with_zero_gradient() {
+        let config = AdamWConfig {
+            weight_decay: 0.5,
+            ..Default::default()
+        };
+        let mut opt = AdamW::new(vec![var(&[2.0])], config).unwrap();
+        opt.step(&[Tensor::new(&[0.0f32], &Device::Cpu).unwrap()], 0.1)
+            .unwrap();
+        // Decoupled: p * (1 - lr * wd) = 2 * 0.95, and the Adam term is 0 / (0 + eps).
+        assert!((vec(opt.vars()[0].as_tensor())[0] - 1.9).abs() < 1e-6);
+    }
+
+    #[test]
+    fn moments_stay_f32_under_bf16_parameters() {
+        let p = Var::from_tensor(
+            &Tensor::new(&[1.0f32, 2.0], &Device::Cpu)
+                .unwrap()
+                .to_dtype(DType::BF16)
+                .unwrap(),
+        )
+        .unwrap();
+        let mut opt = AdamW::new(vec![p], AdamWConfig::default()).unwrap();
+        let g = Tensor::new(&[0.5f32, -0.5], &Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        for _ in 0..3 {
+            opt.step(&[g.clone()], 1e-2).unwrap();
+        }
+        assert_eq!(opt.vars()[0].dtype(), DType::BF16);
+        for (key, t) in opt.state_tensors().unwrap() {
+            if key != STEP_KEY {
+                assert_eq!(t.dtype(), DType::F32, "{key}");
+            }
+        }
+    }
+
+    #[test]
+    fn state_round_trip_continues_identically() {
+        let config = AdamWConfig::default();
+        let init = [0.3f32, -0.2, 0.9];
+        let mut straight = AdamW::new(vec![var(&init)], config).unwrap();
+        let mut first = AdamW::new(vec![var(&init)], config).unwrap();
+        for g in &GRADS[..2] {
+            let g = Tensor::new(g, &Device::Cpu).unwrap();
+            straight.step(&[g.clone()], 1e-2).unwrap();
+            first.step(&[g], 1e-2).unwrap();
+        }
+        let state: HashMap<_, _> = first.state_tensors().unwrap().into_iter().collect();
+        let params = var(&vec(first.vars()[0].as_tensor()));
+        let mut resumed = AdamW::from_state(vec![params], config, &state).unwrap();
+        assert_eq!(resumed.step_count(), 2);
+        for g in &GRADS[2..] {
+            let g = Tensor::new(g, &Device::Cpu).unwrap();
+            straight.step(&[g.clone()], 1e-2).unwrap();
+            resumed.step(&[g], 1e-2).unwrap();
+        }
+        let a = vec(straight.vars()[0].as_tensor());
+        let b = vec(resumed.vars()[0].as_tensor());
+        assert_eq!(a, b, "bit-exact after restore");
+    }
+
+    #[test]
+    fn restore_casts_f16_moments_to_f32() {
+        let mut state = HashMap::new();
+        state.insert(
+            STEP_KEY.to_string(),
+            Tensor::new(&[7i64], &Device::Cpu).unwrap(),
+        );
+        for (key, values) in [("adamw.m.0", [0.5f32, -0.25]), ("adamw.v.0", [0.125, 2.0])] {
+            let t = Tensor::new(&values, &Device::Cpu).unwrap();
+            state.insert(key.to_string(), t.to_dtype(DType::F16).unwrap());
+        }
+        let opt =
+            AdamW::from_state(vec![var(&[1.0, 1.0])], AdamWConfig::default(), &state).unwrap();
+        assert_eq!(opt.step_count(), 7);
+        let saved: HashMap<_, _> = opt.state_tensors().unwrap().into_iter().collect();
+        assert_eq!(saved["adamw.m.0"].dtype(), DType::F32);
+        assert_eq!(vec(&saved["adamw.m.0"]), [0.5, -0.25]);
+        assert_eq!(vec(&saved["adamw.v.0"]), [0.125, 2.0]);
+    }
+
+    #[test]
+    fn restore_errors_name_the_key() {
+        let opt = AdamW::new(vec![var(&[1.0, 2.0])], AdamWConfig::default()).unwrap();
+        let mut state: HashMap<_, _> = opt.state_tensors().unwrap().into_iter().collect();
+        state.remove("adamw.v.0");
+        let err = AdamW::from_state(vec![var(&[1.0, 2.0])], AdamWConfig::default(), &state)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("adamw.v.0"), "{err}");
+        let err = AdamW::from_state(vec![var(&[1.0])], AdamWConfig::default(), &state)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("adamw.m.0"), "{err}");
+    }
+
+    #[test]
+    fn gradient_count_must_match() {
+        let mut opt = AdamW::new(vec![var(&[1.0])], AdamWConfig::default()).unwrap();
+        assert!(matches!(
+            opt.step(&[], 0.1),
+            Err(Error::GradientCount {
+                params: 1,
+                grads: 0
+            })
+        ));
+    }
+
+    #[test]
+    fn clipping_follows_pytorch() {
+        let t = |v: &[f32]| Tensor::new(v, &Device::Cpu).unwrap();
+        // Norm sqrt(9 + 16) = 5 over two tensors.
+        let mut grads = vec![t(&[3.0]), t(&[0.0, 4.0])];
+        let norm = clip_grad_norm(&mut grads, 1.0).unwrap();
+        assert!((norm - 5.0).abs() < 1e-9);
+        let scale = 1.0 / (5.0 + 1e-6);
+        assert!((vec(&grads[0])[0] as f64 - 3.0 * scale).abs() < 1e-6);
+        assert!((vec(&grads[1])[1] as f64 - 4.0 * scale).abs() < 1e-6);
+
+        let mut small = vec![t(&[0.3, 0.4])];
+        assert!((clip_grad_norm(&mut small, 1.0).unwrap() - 0.5).abs() < 1e-7);
+        assert_eq!(vec(&small[0]), [0.3, 0.4], "below the limit: untouched");
+    }
+
+    #[test]
+    fn non_finite_detection() {
+        let t = |v: &[f32]| Tensor::new(v, &Device::Cpu).unwrap();
+        assert!(all_finite(&[t(&[1.0, f32::MAX]), t(&[f32::MAX; 4])]).unwrap());
+        assert!(!all_finite(&[t(&[1.0]), t(&[0.0, f32::NAN])]).unwrap());
+        assert!(!all_finite(&[t(&[f32::NEG_INFINITY])]).unwrap());
+        let f16_inf = t(&[70000.0]).to_dtype(DType::F16).unwrap();
+        assert!(!all_finite(&[f16_inf]).unwrap());
+
+        let mut grads = vec![t(&[f32::INFINITY, 1.0])];
+        assert!(clip_grad_norm(&mut grads, 1.0).unwrap().is_infinite());
+        assert_eq!(vec(&grads[0])[1], 1.0, "non-finite norm: untouched");
+    }
+}
