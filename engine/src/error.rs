@@ -40,6 +40,18 @@ pub enum Error {
     #[error("adapter {path}: {reason}")]
     Adapter { path: PathBuf, reason: String },
 
+    #[error("{path}: {reason}")]
+    BadAudio { path: PathBuf, reason: String },
+
+    #[error("no usable audio in {folder}: {detail}")]
+    NoUsableAudio { folder: PathBuf, detail: String },
+
+    #[error("latent encoder: {0}")]
+    Encoder(String),
+
+    #[error("latent cache {path}: {reason}")]
+    Cache { path: PathBuf, reason: String },
+
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }
