@@ -71,7 +71,10 @@ const MAX_DECODE_ERRORS: usize = 3;
 /// standard layout) are kept. The error is a reason for the user, without the path.
 pub fn decode(path: &Path) -> Result<StereoAudio, String> {
     let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
-    let len = file.metadata().map_err(|e| format!("cannot read: {e}"))?.len();
+    let len = file
+        .metadata()
+        .map_err(|e| format!("cannot read: {e}"))?
+        .len();
     if len == 0 {
         return Err("empty file (0 bytes)".into());
     }
@@ -166,7 +169,12 @@ pub fn check_usable(audio: &StereoAudio) -> Result<(), String> {
     if audio.peak() < SILENCE_PEAK {
         return Err("silent (peak below -80 dBFS)".into());
     }
-    if audio.left.iter().chain(&audio.right).any(|x| !x.is_finite()) {
+    if audio
+        .left
+        .iter()
+        .chain(&audio.right)
+        .any(|x| !x.is_finite())
+    {
         return Err("contains non-finite samples".into());
     }
     Ok(())
@@ -178,13 +186,18 @@ pub fn resample(audio: &StereoAudio, rate: u32) -> Result<StereoAudio, String> {
     if audio.sample_rate == rate {
         return Ok(audio.clone());
     }
-    let err = |e: &dyn std::fmt::Display| format!("resampling {} Hz -> {rate} Hz: {e}", audio.sample_rate);
+    let err = |e: &dyn std::fmt::Display| {
+        format!("resampling {} Hz -> {rate} Hz: {e}", audio.sample_rate)
+    };
     let mut r = FftFixedIn::<f32>::new(audio.sample_rate as usize, rate as usize, 1024, 2, 2)
         .map_err(|e| err(&e))?;
     let n = audio.frames();
     let want = (n as u64 * rate as u64).div_ceil(audio.sample_rate as u64) as usize;
     let delay = r.output_delay();
-    let mut out = [Vec::with_capacity(want + delay), Vec::with_capacity(want + delay)];
+    let mut out = [
+        Vec::with_capacity(want + delay),
+        Vec::with_capacity(want + delay),
+    ];
     let push = |out: &mut [Vec<f32>; 2], chunk: Vec<Vec<f32>>| {
         for (o, c) in out.iter_mut().zip(chunk) {
             o.extend_from_slice(&c);
@@ -193,15 +206,26 @@ pub fn resample(audio: &StereoAudio, rate: u32) -> Result<StereoAudio, String> {
     let mut pos = 0;
     while pos + r.input_frames_next() <= n {
         let end = pos + r.input_frames_next();
-        push(&mut out, r.process(&[&audio.left[pos..end], &audio.right[pos..end]], None).map_err(|e| err(&e))?);
+        push(
+            &mut out,
+            r.process(&[&audio.left[pos..end], &audio.right[pos..end]], None)
+                .map_err(|e| err(&e))?,
+        );
         pos = end;
     }
     if pos < n {
         let rest = [&audio.left[pos..], &audio.right[pos..]];
-        push(&mut out, r.process_partial(Some(&rest), None).map_err(|e| err(&e))?);
+        push(
+            &mut out,
+            r.process_partial(Some(&rest), None).map_err(|e| err(&e))?,
+        );
     }
     while out[0].len() < want + delay {
-        push(&mut out, r.process_partial::<&[f32]>(None, None).map_err(|e| err(&e))?);
+        push(
+            &mut out,
+            r.process_partial::<&[f32]>(None, None)
+                .map_err(|e| err(&e))?,
+        );
     }
     let [left, right] = out.map(|mut c| {
         c.drain(..delay);
@@ -295,7 +319,11 @@ mod tests {
         assert_eq!(a.left, a.right);
 
         let chans: Vec<Vec<f32>> = (0..6).map(|c| vec![c as f32 / 10.0; 1000]).collect();
-        let six = write_file(dir.path(), "six.wav", &wav_bytes(192_000, SampleFormat::Int(24), &chans));
+        let six = write_file(
+            dir.path(),
+            "six.wav",
+            &wav_bytes(192_000, SampleFormat::Int(24), &chans),
+        );
         let a = decode(&six).unwrap();
         assert_eq!(a.sample_rate, 192_000);
         assert!(a.left.iter().all(|&x| x.abs() < 1e-6));
@@ -309,11 +337,26 @@ mod tests {
             left: (0..100).map(|i| i as f32).collect(),
             right: vec![0.0; 100],
         };
-        assert_eq!(Cut::Head { max_seconds: 2.0 }.apply(&a).left, (0..20).map(|i| i as f32).collect::<Vec<_>>());
+        assert_eq!(
+            Cut::Head { max_seconds: 2.0 }.apply(&a).left,
+            (0..20).map(|i| i as f32).collect::<Vec<_>>()
+        );
         assert_eq!(Cut::Head { max_seconds: 20.0 }.apply(&a).frames(), 100);
-        let c = Cut::Crop { seconds: 3.0, offset: 0.5 }.apply(&a);
+        let c = Cut::Crop {
+            seconds: 3.0,
+            offset: 0.5,
+        }
+        .apply(&a);
         assert_eq!(c.left[0], 35.0);
         assert_eq!(c.frames(), 30);
-        assert_eq!(Cut::Crop { seconds: 30.0, offset: 0.9 }.apply(&a).frames(), 100);
+        assert_eq!(
+            Cut::Crop {
+                seconds: 30.0,
+                offset: 0.9
+            }
+            .apply(&a)
+            .frames(),
+            100
+        );
     }
 }

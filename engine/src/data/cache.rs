@@ -40,7 +40,8 @@ pub fn entry_key(parts: &[&str]) -> String {
     let mut h = blake3::Hasher::new();
     h.update(FORMAT.as_bytes());
     for p in parts {
-        h.update(&(p.len() as u64).to_le_bytes()).update(p.as_bytes());
+        h.update(&(p.len() as u64).to_le_bytes())
+            .update(p.as_bytes());
     }
     h.finalize().to_hex().to_string()
 }
@@ -101,14 +102,17 @@ impl LatentCache {
             path: path.clone(),
             reason,
         };
-        let tensors: Vec<(&str, &Tensor)> = KEYS.iter().copied().zip([
-            &sample.target_latents,
-            &sample.attention_mask,
-            &sample.encoder_hidden_states,
-            &sample.encoder_attention_mask,
-            &sample.context_latents,
-        ])
-        .collect();
+        let tensors: Vec<(&str, &Tensor)> = KEYS
+            .iter()
+            .copied()
+            .zip([
+                &sample.target_latents,
+                &sample.attention_mask,
+                &sample.encoder_hidden_states,
+                &sample.encoder_attention_mask,
+                &sample.context_latents,
+            ])
+            .collect();
         let info = HashMap::from([(
             META_KEY.to_string(),
             serde_json::to_string(meta).map_err(|e| err(e.to_string()))?,
@@ -155,13 +159,26 @@ mod tests {
         let key = entry_key(&["hash", "enc", "cond"]);
         assert!(cache.load(&key, Path::new("x")).is_none());
         let s = sample();
-        let meta = SongMeta { caption: "c".into(), duration_seconds: 3.5, ..SongMeta::default() };
+        let meta = SongMeta {
+            caption: "c".into(),
+            duration_seconds: 3.5,
+            ..SongMeta::default()
+        };
         cache.store(&key, &s, &meta).unwrap();
         let (back, m) = cache.load(&key, Path::new("moved.wav")).unwrap();
         assert_eq!(m, meta);
         assert_eq!(back.source, PathBuf::from("moved.wav"));
         let same = |a: &Tensor, b: &Tensor| {
-            a.dims() == b.dims() && (a - b).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() == 0.0
+            a.dims() == b.dims()
+                && (a - b)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap()
+                    == 0.0
         };
         assert!(same(&back.target_latents, &s.target_latents));
         assert!(same(&back.encoder_hidden_states, &s.encoder_hidden_states));
@@ -169,7 +186,12 @@ mod tests {
 
         // The file holds exactly ACE-Step's keys.
         let bytes = std::fs::read(cache.path(&key)).unwrap();
-        let mut names: Vec<String> = safetensors::SafeTensors::deserialize(&bytes).unwrap().names().into_iter().map(String::from).collect();
+        let mut names: Vec<String> = safetensors::SafeTensors::deserialize(&bytes)
+            .unwrap()
+            .names()
+            .into_iter()
+            .map(String::from)
+            .collect();
         names.sort();
         let mut want = KEYS.map(String::from).to_vec();
         want.sort();

@@ -109,7 +109,9 @@ impl HashConditioner {
 
     fn embedding(&self, namespace: &str, token: &str) -> Vec<f32> {
         let mut h = blake3::Hasher::new();
-        h.update(namespace.as_bytes()).update(&[0]).update(token.as_bytes());
+        h.update(namespace.as_bytes())
+            .update(&[0])
+            .update(token.as_bytes());
         let seed: [u8; 32] = *h.finalize().as_bytes();
         let mut rng = rand_chacha::ChaCha8Rng::from_seed(seed);
         (0..self.hidden_size)
@@ -156,7 +158,9 @@ impl Conditioner for HashConditioner {
         }
         let valid = states.len() / d;
         states.resize(rows * d, 0.0);
-        let mask: Vec<f32> = (0..rows).map(|i| if i < valid { 1.0 } else { 0.0 }).collect();
+        let mask: Vec<f32> = (0..rows)
+            .map(|i| if i < valid { 1.0 } else { 0.0 })
+            .collect();
 
         Ok(Conditioning {
             encoder_hidden_states: Tensor::from_vec(states, (rows, d), &Device::Cpu)?,
@@ -192,12 +196,18 @@ mod tests {
 
     #[test]
     fn tokenizer() {
-        assert_eq!(tokens("Hello, World! lo-fi"), ["hello", ",", "world", "!", "lo", "-", "fi"]);
+        assert_eq!(
+            tokens("Hello, World! lo-fi"),
+            ["hello", ",", "world", "!", "lo", "-", "fi"]
+        );
     }
 
     #[test]
     fn packing_mask_and_context() {
-        let silence = Tensor::arange(0f32, 6.0, &Device::Cpu).unwrap().reshape((3, 2)).unwrap();
+        let silence = Tensor::arange(0f32, 6.0, &Device::Cpu)
+            .unwrap()
+            .reshape((3, 2))
+            .unwrap();
         let c = HashConditioner::new(8, silence).with_max_tokens(64, 16);
         let mut m = meta();
         m.lyrics = "la la la".into();
@@ -214,7 +224,16 @@ mod tests {
         assert!(states[..valid].iter().all(|r| r.iter().any(|&x| x != 0.0)));
         // Context: silence rows 0,1,2,0,1 then ones.
         let ctx: Vec<Vec<f32>> = out.context_latents.to_vec2().unwrap();
-        assert_eq!(ctx, [[0., 1., 1., 1.], [2., 3., 1., 1.], [4., 5., 1., 1.], [0., 1., 1., 1.], [2., 3., 1., 1.]]);
+        assert_eq!(
+            ctx,
+            [
+                [0., 1., 1., 1.],
+                [2., 3., 1., 1.],
+                [4., 5., 1., 1.],
+                [0., 1., 1., 1.],
+                [2., 3., 1., 1.]
+            ]
+        );
     }
 
     #[test]
@@ -226,10 +245,22 @@ mod tests {
         let mut other = meta();
         other.caption = "aggressive metal".into();
         let d = c.condition(&other, 10).unwrap().encoder_hidden_states;
-        let diff = |x: &Tensor, y: &Tensor| (x - y).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+        let diff = |x: &Tensor, y: &Tensor| {
+            (x - y)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+        };
         assert_eq!(diff(&a, &b), 0.0);
         assert!(diff(&a, &d) > 0.0);
         assert_eq!(a.dims(), [512 + 1 + 256, 32]);
-        assert_eq!(c.condition(&meta(), 10).unwrap().context_latents.dims(), [10, 128]);
+        assert_eq!(
+            c.condition(&meta(), 10).unwrap().context_latents.dims(),
+            [10, 128]
+        );
     }
 }

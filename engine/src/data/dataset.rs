@@ -129,7 +129,12 @@ fn encode_audio(
     })
 }
 
-fn issue(data: &mut PreparedDataset, report: &mut dyn FnMut(DataEvent), file: PathBuf, reason: String) {
+fn issue(
+    data: &mut PreparedDataset,
+    report: &mut dyn FnMut(DataEvent),
+    file: PathBuf,
+    reason: String,
+) {
     report(DataEvent::Issue {
         file: file.clone(),
         reason: reason.clone(),
@@ -192,7 +197,13 @@ pub fn prepare_dataset(
             Some(_) => match file_hash(&path) {
                 Ok(hash) => {
                     let meta_json = serde_json::to_string(&meta).unwrap_or_default();
-                    Some(entry_key(&[&hash, &encoder_id, &conditioner_id, &settings, &meta_json]))
+                    Some(entry_key(&[
+                        &hash,
+                        &encoder_id,
+                        &conditioner_id,
+                        &settings,
+                        &meta_json,
+                    ]))
                 }
                 Err(e) => {
                     issue(&mut data, report, path, format!("cannot read: {e}"));
@@ -224,7 +235,14 @@ pub fn prepare_dataset(
         let mut cached = None;
         if let (Some(cache), Some(key)) = (cache, &key) {
             data.cache_misses += 1;
-            let sample = match encode_audio(&path, &audio, &meta, cut_for(spec, None), encoder, conditioner) {
+            let sample = match encode_audio(
+                &path,
+                &audio,
+                &meta,
+                cut_for(spec, None),
+                encoder,
+                conditioner,
+            ) {
                 Ok(s) => s,
                 Err(Error::BadAudio { path, reason }) => {
                     issue(&mut data, report, path, reason);
@@ -234,7 +252,12 @@ pub fn prepare_dataset(
             };
             // A full disk costs speed, not the run.
             if let Err(e) = cache.store(key, &sample, &meta) {
-                issue(&mut data, report, cache.dir().to_path_buf(), format!("cache not written: {e}"));
+                issue(
+                    &mut data,
+                    report,
+                    cache.dir().to_path_buf(),
+                    format!("cache not written: {e}"),
+                );
             }
             cached = Some(sample);
         }
@@ -289,7 +312,10 @@ mod tests {
     fn models() -> (MelEncoder, HashConditioner) {
         let enc = MelEncoder::new();
         let silence = silence_latent(&enc, 4).unwrap();
-        (enc, HashConditioner::new(16, silence).with_max_tokens(32, 16))
+        (
+            enc,
+            HashConditioner::new(16, silence).with_max_tokens(32, 16),
+        )
     }
 
     fn stereo_sine(rate: u32, seconds: f64, freq: f64) -> Vec<Vec<f32>> {
@@ -298,7 +324,15 @@ mod tests {
     }
 
     fn good_wav(dir: &Path, name: impl AsRef<OsStr>, seconds: f64, freq: f64) -> PathBuf {
-        write_file(dir, name, &wav_bytes(44_100, SampleFormat::Int(16), &stereo_sine(44_100, seconds, freq)))
+        write_file(
+            dir,
+            name,
+            &wav_bytes(
+                44_100,
+                SampleFormat::Int(16),
+                &stereo_sine(44_100, seconds, freq),
+            ),
+        )
     }
 
     /// Every file under `dir` with its size and mtime.
@@ -318,7 +352,10 @@ mod tests {
         out
     }
 
-    fn prepare(spec: &DataSpec, cache: Option<&LatentCache>) -> (Result<PreparedDataset>, Vec<DataEvent>) {
+    fn prepare(
+        spec: &DataSpec,
+        cache: Option<&LatentCache>,
+    ) -> (Result<PreparedDataset>, Vec<DataEvent>) {
         let (enc, cond) = models();
         let mut events = Vec::new();
         let r = prepare_dataset(spec, &enc, &cond, cache, &mut |e| events.push(e));
@@ -327,7 +364,9 @@ mod tests {
 
     fn issue_for<'a>(events: &'a [DataEvent], name: &[u8]) -> Option<&'a str> {
         events.iter().find_map(|e| match e {
-            DataEvent::Issue { file, reason } if file.file_name()?.as_bytes() == name => Some(reason.as_str()),
+            DataEvent::Issue { file, reason } if file.file_name()?.as_bytes() == name => {
+                Some(reason.as_str())
+            }
             _ => None,
         })
     }
@@ -343,29 +382,91 @@ mod tests {
         let d = src.path();
         // Usable, in every shape the issue lists.
         good_wav(d, "good.wav", 2.0, 440.0);
-        write_file(d, "mono_8k.wav", &wav_bytes(8000, SampleFormat::Int(16), &[sine(300.0, 0.5, 8000, 12_000)]));
-        let six: Vec<Vec<f32>> = (0..6).map(|c| sine(200.0 + 100.0 * c as f64, 0.4, 192_000, 230_400)).collect();
-        write_file(d, "six_192k.wav", &wav_bytes(192_000, SampleFormat::Int(16), &six));
-        write_file(d, "int24.wav", &wav_bytes(48_000, SampleFormat::Int(24), &stereo_sine(48_000, 1.5, 500.0)));
-        write_file(d, "float64.wav", &wav_bytes(32_000, SampleFormat::Float(64), &stereo_sine(32_000, 1.5, 500.0)));
-        write_file(d, "lossless.flac", &flac_bytes(44_100, &stereo_sine(44_100, 1.5, 600.0)));
-        write_file(d, "apple.aiff", &aiff_bytes(22_050, &stereo_sine(22_050, 1.5, 700.0)));
+        write_file(
+            d,
+            "mono_8k.wav",
+            &wav_bytes(
+                8000,
+                SampleFormat::Int(16),
+                &[sine(300.0, 0.5, 8000, 12_000)],
+            ),
+        );
+        let six: Vec<Vec<f32>> = (0..6)
+            .map(|c| sine(200.0 + 100.0 * c as f64, 0.4, 192_000, 230_400))
+            .collect();
+        write_file(
+            d,
+            "six_192k.wav",
+            &wav_bytes(192_000, SampleFormat::Int(16), &six),
+        );
+        write_file(
+            d,
+            "int24.wav",
+            &wav_bytes(
+                48_000,
+                SampleFormat::Int(24),
+                &stereo_sine(48_000, 1.5, 500.0),
+            ),
+        );
+        write_file(
+            d,
+            "float64.wav",
+            &wav_bytes(
+                32_000,
+                SampleFormat::Float(64),
+                &stereo_sine(32_000, 1.5, 500.0),
+            ),
+        );
+        write_file(
+            d,
+            "lossless.flac",
+            &flac_bytes(44_100, &stereo_sine(44_100, 1.5, 600.0)),
+        );
+        write_file(
+            d,
+            "apple.aiff",
+            &aiff_bytes(22_050, &stereo_sine(22_050, 1.5, 700.0)),
+        );
         good_wav(d, OsStr::from_bytes(b"caf\xe9 latin1.wav"), 1.5, 800.0);
         // Bad.
-        let mut corrupt = wav_bytes(44_100, SampleFormat::Int(16), &stereo_sine(44_100, 1.5, 440.0));
+        let mut corrupt = wav_bytes(
+            44_100,
+            SampleFormat::Int(16),
+            &stereo_sine(44_100, 1.5, 440.0),
+        );
         corrupt[20..36].copy_from_slice(&noise_bytes(16, 7)); // the fmt chunk
         write_file(d, "corrupt.wav", &corrupt);
         let mut corrupt_flac = flac_bytes(44_100, &stereo_sine(44_100, 3.0, 440.0));
         let n = corrupt_flac.len();
         corrupt_flac[n / 4..n * 3 / 4].copy_from_slice(&noise_bytes(n * 3 / 4 - n / 4, 9));
         write_file(d, "corrupt.flac", &corrupt_flac);
-        let full = wav_bytes(44_100, SampleFormat::Int(16), &stereo_sine(44_100, 3.0, 440.0));
+        let full = wav_bytes(
+            44_100,
+            SampleFormat::Int(16),
+            &stereo_sine(44_100, 3.0, 440.0),
+        );
         write_file(d, "truncated.wav", &full[..full.len() * 2 / 5]);
         write_file(d, "empty.wav", b"");
         write_file(d, "text.wav", b"these are my lyrics, not audio\n");
         write_file(d, "random.mp3", &noise_bytes(64 << 10, 3));
-        write_file(d, "silence.wav", &wav_bytes(44_100, SampleFormat::Int(16), &[vec![0.0; 88_200], vec![0.0; 88_200]]));
-        write_file(d, "short.wav", &wav_bytes(44_100, SampleFormat::Int(16), &stereo_sine(44_100, 0.3, 440.0)));
+        write_file(
+            d,
+            "silence.wav",
+            &wav_bytes(
+                44_100,
+                SampleFormat::Int(16),
+                &[vec![0.0; 88_200], vec![0.0; 88_200]],
+            ),
+        );
+        write_file(
+            d,
+            "short.wav",
+            &wav_bytes(
+                44_100,
+                SampleFormat::Int(16),
+                &stereo_sine(44_100, 0.3, 440.0),
+            ),
+        );
         write_file(d, "notes.pdf", b"%PDF-1.4");
         let locked = good_wav(d, "locked.wav", 1.5, 440.0);
         std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
@@ -381,10 +482,20 @@ mod tests {
         for cache in [None, Some(&cache)] {
             let (data, events) = prepare(&spec, cache);
             let data = data.unwrap();
-            let used: Vec<Vec<u8>> = data.items.iter().map(|i| i.source.file_name().unwrap().as_bytes().to_vec()).collect();
+            let used: Vec<Vec<u8>> = data
+                .items
+                .iter()
+                .map(|i| i.source.file_name().unwrap().as_bytes().to_vec())
+                .collect();
             let mut want: Vec<&[u8]> = vec![
-                b"apple.aiff", b"caf\xe9 latin1.wav", b"float64.wav", b"good.wav", b"int24.wav",
-                b"lossless.flac", b"mono_8k.wav", b"six_192k.wav",
+                b"apple.aiff",
+                b"caf\xe9 latin1.wav",
+                b"float64.wav",
+                b"good.wav",
+                b"int24.wav",
+                b"lossless.flac",
+                b"mono_8k.wav",
+                b"six_192k.wav",
             ];
             if !locked_binds {
                 want.insert(5, b"locked.wav");
@@ -402,14 +513,30 @@ mod tests {
                 (b"short.wav", "too short"),
                 (b"notes.pdf", "unsupported file type .pdf"),
             ] {
-                let reason = issue_for(&events, name).unwrap_or_else(|| panic!("no issue for {}", String::from_utf8_lossy(name)));
-                assert!(reason.contains(why), "{}: {reason}", String::from_utf8_lossy(name));
+                let reason = issue_for(&events, name)
+                    .unwrap_or_else(|| panic!("no issue for {}", String::from_utf8_lossy(name)));
+                assert!(
+                    reason.contains(why),
+                    "{}: {reason}",
+                    String::from_utf8_lossy(name)
+                );
             }
             if locked_binds {
                 assert!(issue_for(&events, b"locked.wav").is_some_and(|r| r.contains("ermission")));
             }
-            assert_eq!(data.issues.len(), events.iter().filter(|e| matches!(e, DataEvent::Issue { .. })).count());
-            assert!(events.contains(&DataEvent::Progress { stage: Stage::Encoding, done: 17, total: 17, file: None }));
+            assert_eq!(
+                data.issues.len(),
+                events
+                    .iter()
+                    .filter(|e| matches!(e, DataEvent::Issue { .. }))
+                    .count()
+            );
+            assert!(events.contains(&DataEvent::Progress {
+                stage: Stage::Encoding,
+                done: 17,
+                total: 17,
+                file: None
+            }));
 
             let (enc, cond) = models();
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
@@ -417,7 +544,12 @@ mod tests {
                 let s = data.sample(i, &enc, &cond, &mut rng).unwrap();
                 let t = s.target_latents.dim(0).unwrap();
                 let seconds = data.items[i].meta.duration_seconds;
-                assert_eq!(t, (seconds * 25.0).floor() as usize, "{}", s.source.display());
+                assert_eq!(
+                    t,
+                    (seconds * 25.0).floor() as usize,
+                    "{}",
+                    s.source.display()
+                );
                 assert_eq!(s.target_latents.dims(), [t, 64]);
                 assert_eq!(s.attention_mask.dims(), [t]);
                 assert_eq!(s.context_latents.dims(), [t, 128]);
@@ -435,7 +567,10 @@ mod tests {
         let e = r.unwrap_err();
         assert!(matches!(e, Error::NoUsableAudio { .. }));
         let msg = e.to_string();
-        assert!(msg.contains(&src.path().display().to_string()) && msg.contains("no audio files"), "{msg}");
+        assert!(
+            msg.contains(&src.path().display().to_string()) && msg.contains("no audio files"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -446,8 +581,18 @@ mod tests {
         write_file(src.path(), "cover.png", b"png");
         let (r, events) = prepare(&DataSpec::new(src.path()), None);
         let msg = r.unwrap_err().to_string();
-        assert!(msg.contains(&src.path().display().to_string()) && msg.contains("none of 2 audio file(s)"), "{msg}");
-        assert_eq!(events.iter().filter(|e| matches!(e, DataEvent::Issue { .. })).count(), 3);
+        assert!(
+            msg.contains(&src.path().display().to_string())
+                && msg.contains("none of 2 audio file(s)"),
+            "{msg}"
+        );
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| matches!(e, DataEvent::Issue { .. }))
+                .count(),
+            3
+        );
     }
 
     #[test]
@@ -471,7 +616,15 @@ mod tests {
         assert_eq!(counts(&first), (0, 2));
         let again = prepare(&spec, Some(&cache)).0.unwrap();
         assert_eq!(counts(&again), (2, 0));
-        let latents = |data: &PreparedDataset, i: usize| data.items[i].cached.as_ref().unwrap().target_latents.to_vec2::<f32>().unwrap();
+        let latents = |data: &PreparedDataset, i: usize| {
+            data.items[i]
+                .cached
+                .as_ref()
+                .unwrap()
+                .target_latents
+                .to_vec2::<f32>()
+                .unwrap()
+        };
         assert_eq!(latents(&first, 0), latents(&again, 0));
 
         // Rename one, move the other into a subfolder.
@@ -481,7 +634,10 @@ mod tests {
         let moved = prepare(&spec, Some(&cache)).0.unwrap();
         assert_eq!(counts(&moved), (2, 0));
         assert!(moved.items.iter().any(|i| i.source == d.join("sub/b.wav")));
-        assert!(moved.items.iter().any(|i| i.source == d.join("renamed.wav")));
+        assert!(moved
+            .items
+            .iter()
+            .any(|i| i.source == d.join("renamed.wav")));
 
         // Edit one (same length, different sound): miss.
         good_wav(d, "renamed.wav", 1.5, 550.0);
@@ -491,7 +647,10 @@ mod tests {
         // A new caption or other settings: miss too.
         std::fs::write(d.join("renamed.caption.txt"), "new caption").unwrap();
         assert_eq!(counts(&prepare(&spec, Some(&cache)).0.unwrap()), (1, 1));
-        let cropped = DataSpec { crop_seconds: Some(1.0), ..spec.clone() };
+        let cropped = DataSpec {
+            crop_seconds: Some(1.0),
+            ..spec.clone()
+        };
         assert_eq!(counts(&prepare(&cropped, Some(&cache)).0.unwrap()), (0, 2));
     }
 
@@ -500,14 +659,30 @@ mod tests {
         let src = tempfile::tempdir().unwrap();
         // A rising tone, so every crop position sounds different.
         let n = 44_100 * 3;
-        let chirp: Vec<f32> = (0..n).map(|i| { let t = i as f64 / 44_100.0; (0.5 * (2.0 * std::f64::consts::PI * (200.0 * t + 300.0 * t * t)).sin()) as f32 }).collect();
-        write_file(src.path(), "a.wav", &wav_bytes(44_100, SampleFormat::Int(16), &[chirp.clone(), chirp]));
-        let spec = DataSpec { crop_seconds: Some(1.0), ..DataSpec::new(src.path()) };
+        let chirp: Vec<f32> = (0..n)
+            .map(|i| {
+                let t = i as f64 / 44_100.0;
+                (0.5 * (2.0 * std::f64::consts::PI * (200.0 * t + 300.0 * t * t)).sin()) as f32
+            })
+            .collect();
+        write_file(
+            src.path(),
+            "a.wav",
+            &wav_bytes(44_100, SampleFormat::Int(16), &[chirp.clone(), chirp]),
+        );
+        let spec = DataSpec {
+            crop_seconds: Some(1.0),
+            ..DataSpec::new(src.path())
+        };
         let (enc, cond) = models();
         let data = prepare(&spec, None).0.unwrap();
         let draw = |seed| {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-            data.sample(0, &enc, &cond, &mut rng).unwrap().target_latents.to_vec2::<f32>().unwrap()
+            data.sample(0, &enc, &cond, &mut rng)
+                .unwrap()
+                .target_latents
+                .to_vec2::<f32>()
+                .unwrap()
         };
         assert_eq!(draw(1).len(), 25);
         assert_eq!(draw(1), draw(1));
@@ -518,8 +693,22 @@ mod tests {
         let cached = prepare(&spec, Some(&cache)).0.unwrap();
         let sample = cached.items[0].cached.as_ref().unwrap();
         let item = &data.items[0];
-        let centre = encode_audio(&item.source, &decode_checked(&item.source).unwrap(), &item.meta, Cut::Crop { seconds: 1.0, offset: 0.5 }, &enc, &cond).unwrap();
-        assert_eq!(sample.target_latents.to_vec2::<f32>().unwrap(), centre.target_latents.to_vec2::<f32>().unwrap());
+        let centre = encode_audio(
+            &item.source,
+            &decode_checked(&item.source).unwrap(),
+            &item.meta,
+            Cut::Crop {
+                seconds: 1.0,
+                offset: 0.5,
+            },
+            &enc,
+            &cond,
+        )
+        .unwrap();
+        assert_eq!(
+            sample.target_latents.to_vec2::<f32>().unwrap(),
+            centre.target_latents.to_vec2::<f32>().unwrap()
+        );
     }
 
     #[test]
@@ -529,16 +718,29 @@ mod tests {
         std::fs::write(src.path().join("a.caption.txt"), "soft piano").unwrap();
         let spec = DataSpec {
             max_duration_seconds: 1.5,
-            trigger: Some(TriggerTag { tag: "mystyle".into(), mode: TagMode::Prepend }),
+            trigger: Some(TriggerTag {
+                tag: "mystyle".into(),
+                mode: TagMode::Prepend,
+            }),
             ..DataSpec::new(src.path())
         };
         let data = prepare(&spec, None).0.unwrap();
         let item = &data.items[0];
         assert_eq!(item.meta.caption, "mystyle, soft piano");
-        assert!((item.meta.duration_seconds - 3.0).abs() < 1e-9, "metas keep the file's duration");
+        assert!(
+            (item.meta.duration_seconds - 3.0).abs() < 1e-9,
+            "metas keep the file's duration"
+        );
         let (enc, cond) = models();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-        assert_eq!(data.sample(0, &enc, &cond, &mut rng).unwrap().target_latents.dim(0).unwrap(), 37);
+        assert_eq!(
+            data.sample(0, &enc, &cond, &mut rng)
+                .unwrap()
+                .target_latents
+                .dim(0)
+                .unwrap(),
+            37
+        );
     }
 
     #[test]
@@ -553,7 +755,10 @@ mod tests {
         }
         assert_eq!(data.len(), 6);
         assert!(data.issues.is_empty(), "{:?}", data.issues);
-        assert!(data.items.iter().all(|i| i.meta.bpm.is_some() && !i.meta.caption.is_empty()));
+        assert!(data
+            .items
+            .iter()
+            .all(|i| i.meta.bpm.is_some() && !i.meta.caption.is_empty()));
         // Generous for a test build on a loaded 2-core machine; release is far faster.
         assert!(t.elapsed().as_secs_f64() < 10.0, "{:?}", t.elapsed());
     }

@@ -34,7 +34,10 @@ pub fn hop(encoder: &dyn LatentEncoder) -> usize {
 /// The encoder's latent for `frames` frames of silence, (frames, C): ACE-Step's
 /// context latents start from it.
 pub fn silence_latent(encoder: &dyn LatentEncoder, frames: usize) -> Result<Tensor> {
-    encoder.encode(&StereoAudio::silence(encoder.sample_rate(), frames * hop(encoder)))
+    encoder.encode(&StereoAudio::silence(
+        encoder.sample_rate(),
+        frames * hop(encoder),
+    ))
 }
 
 /// Log-mel features of the mid signal, 25 frames a second, mixed to 64 channels
@@ -114,7 +117,9 @@ impl MelEncoder {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(SEED);
         let scale = 1.0 / (N_MELS as f32).sqrt();
         let projection = (0..CHANNELS * N_MELS)
-            .map(|_| scale * <StandardNormal as Distribution<f32>>::sample(&StandardNormal, &mut rng))
+            .map(|_| {
+                scale * <StandardNormal as Distribution<f32>>::sample(&StandardNormal, &mut rng)
+            })
             .collect();
         Self {
             fft,
@@ -125,7 +130,14 @@ impl MelEncoder {
     }
 
     /// Normalised log-mel energies of the frame centred on `centre`.
-    fn log_mel(&self, mid: &[f32], centre: usize, spectrum: &mut [realfft::num_complex::Complex<f32>], frame: &mut [f32], out: &mut [f32]) {
+    fn log_mel(
+        &self,
+        mid: &[f32],
+        centre: usize,
+        spectrum: &mut [realfft::num_complex::Complex<f32>],
+        frame: &mut [f32],
+        out: &mut [f32],
+    ) {
         for (i, (x, w)) in frame.iter_mut().zip(&self.window).enumerate() {
             let j = (centre + i).checked_sub(WIN / 2);
             *x = j.and_then(|j| mid.get(j)).map_or(0.0, |s| s * w);
@@ -133,7 +145,10 @@ impl MelEncoder {
         // Lengths match the plan, so the FFT cannot fail.
         let _ = self.fft.process(frame, spectrum);
         for (o, filter) in out.iter_mut().zip(&self.filters) {
-            let e: f32 = filter.iter().map(|&(k, w)| w * spectrum[k].norm_sqr()).sum();
+            let e: f32 = filter
+                .iter()
+                .map(|&(k, w)| w * spectrum[k].norm_sqr())
+                .sum();
             *o = ((e + LOG_FLOOR).ln() - LOG_CENTER) / LOG_SCALE;
         }
     }
@@ -163,7 +178,12 @@ impl LatentEncoder for MelEncoder {
                 audio.sample_rate
             )));
         }
-        let mid: Vec<f32> = audio.left.iter().zip(&audio.right).map(|(l, r)| 0.5 * (l + r)).collect();
+        let mid: Vec<f32> = audio
+            .left
+            .iter()
+            .zip(&audio.right)
+            .map(|(l, r)| 0.5 * (l + r))
+            .collect();
         let t = mid.len() / HOP;
         let mut frame = self.fft.make_input_vec();
         let mut spectrum = self.fft.make_output_vec();
@@ -171,9 +191,11 @@ impl LatentEncoder for MelEncoder {
         let mut latents = Vec::with_capacity(t * CHANNELS);
         for i in 0..t {
             self.log_mel(&mid, i * HOP + HOP / 2, &mut spectrum, &mut frame, &mut mel);
-            latents.extend(self.projection.chunks_exact(N_MELS).map(|row| {
-                row.iter().zip(&mel).map(|(w, m)| w * m).sum::<f32>()
-            }));
+            latents.extend(
+                self.projection
+                    .chunks_exact(N_MELS)
+                    .map(|row| row.iter().zip(&mel).map(|(w, m)| w * m).sum::<f32>()),
+            );
         }
         Ok(Tensor::from_vec(latents, (t, CHANNELS), &Device::Cpu)?)
     }
@@ -185,7 +207,11 @@ mod tests {
     use crate::data::testutil::sine;
 
     fn stereo(x: Vec<f32>) -> StereoAudio {
-        StereoAudio { sample_rate: RATE, left: x.clone(), right: x }
+        StereoAudio {
+            sample_rate: RATE,
+            left: x.clone(),
+            right: x,
+        }
     }
 
     #[test]
@@ -193,7 +219,9 @@ mod tests {
         let e = MelEncoder::new();
         assert_eq!(e.frames_per_second(), 25.0);
         assert_eq!(hop(&e), 1920);
-        let z = e.encode(&stereo(sine(440.0, 0.5, RATE, RATE as usize * 2 + 100))).unwrap();
+        let z = e
+            .encode(&stereo(sine(440.0, 0.5, RATE, RATE as usize * 2 + 100)))
+            .unwrap();
         assert_eq!(z.dims(), [50, 64]);
         let v: Vec<f32> = z.flatten_all().unwrap().to_vec1().unwrap();
         let rms = (v.iter().map(|x| x * x).sum::<f32>() / v.len() as f32).sqrt();
@@ -203,10 +231,25 @@ mod tests {
 
     #[test]
     fn deterministic_and_sensitive_to_content() {
-        let a = MelEncoder::new().encode(&stereo(sine(440.0, 0.5, RATE, RATE as usize))).unwrap();
-        let b = MelEncoder::new().encode(&stereo(sine(440.0, 0.5, RATE, RATE as usize))).unwrap();
-        let c = MelEncoder::new().encode(&stereo(sine(2000.0, 0.5, RATE, RATE as usize))).unwrap();
-        let diff = |x: &Tensor, y: &Tensor| (x - y).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let a = MelEncoder::new()
+            .encode(&stereo(sine(440.0, 0.5, RATE, RATE as usize)))
+            .unwrap();
+        let b = MelEncoder::new()
+            .encode(&stereo(sine(440.0, 0.5, RATE, RATE as usize)))
+            .unwrap();
+        let c = MelEncoder::new()
+            .encode(&stereo(sine(2000.0, 0.5, RATE, RATE as usize)))
+            .unwrap();
+        let diff = |x: &Tensor, y: &Tensor| {
+            (x - y)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+        };
         assert_eq!(diff(&a, &b), 0.0);
         assert!(diff(&a, &c) > 0.5);
     }
@@ -217,7 +260,15 @@ mod tests {
         let s = silence_latent(&e, 10).unwrap();
         assert_eq!(s.dims(), [10, 64]);
         let first = s.narrow(0, 0, 1).unwrap();
-        let spread = s.broadcast_sub(&first).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let spread = s
+            .broadcast_sub(&first)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
         assert_eq!(spread, 0.0);
     }
 

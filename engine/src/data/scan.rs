@@ -57,7 +57,8 @@ pub fn scan_folder(folder: &Path) -> Result<ScanOutcome> {
             let entry = match entry {
                 Ok(e) => e,
                 Err(e) => {
-                    out.skipped.push((dir.clone(), format!("cannot list folder: {e}")));
+                    out.skipped
+                        .push((dir.clone(), format!("cannot list folder: {e}")));
                     continue;
                 }
             };
@@ -69,7 +70,8 @@ pub fn scan_folder(folder: &Path) -> Result<ScanOutcome> {
             let meta = match std::fs::metadata(&path) {
                 Ok(m) => m,
                 Err(e) => {
-                    out.skipped.push((path, format!("cannot read (broken link?): {e}")));
+                    out.skipped
+                        .push((path, format!("cannot read (broken link?): {e}")));
                     continue;
                 }
             };
@@ -84,8 +86,12 @@ pub fn scan_folder(folder: &Path) -> Result<ScanOutcome> {
             } else {
                 match extension(&path) {
                     Some(e) if SIDECAR_EXTENSIONS.contains(&e.as_str()) => {}
-                    Some(e) => out.skipped.push((path, format!("unsupported file type .{e}"))),
-                    None => out.skipped.push((path, "unsupported file (no extension)".into())),
+                    Some(e) => out
+                        .skipped
+                        .push((path, format!("unsupported file type .{e}"))),
+                    None => out
+                        .skipped
+                        .push((path, "unsupported file (no extension)".into())),
                 }
             }
         }
@@ -106,7 +112,14 @@ mod tests {
         let d = dir.path();
         fs::create_dir_all(d.join("album/disc2")).unwrap();
         fs::create_dir_all(d.join(".hidden")).unwrap();
-        for f in ["a.wav", "b.FLAC", "album/c.mp3", "album/disc2/d.m4a", ".hidden/e.wav", ".f.wav"] {
+        for f in [
+            "a.wav",
+            "b.FLAC",
+            "album/c.mp3",
+            "album/disc2/d.m4a",
+            ".hidden/e.wav",
+            ".f.wav",
+        ] {
             fs::write(d.join(f), b"x").unwrap();
         }
         for f in ["a.caption.txt", "a.txt", "a.json", "list.csv"] {
@@ -118,16 +131,28 @@ mod tests {
         std::os::unix::fs::symlink(d.join("missing.wav"), d.join("dangling.wav")).unwrap();
 
         let s = scan_folder(d).unwrap();
-        let rel: Vec<_> = s.audio.iter().map(|p| p.strip_prefix(d).unwrap().to_path_buf()).collect();
+        let rel: Vec<_> = s
+            .audio
+            .iter()
+            .map(|p| p.strip_prefix(d).unwrap().to_path_buf())
+            .collect();
         assert_eq!(
             rel,
             ["a.wav", "album/c.mp3", "album/disc2/d.m4a", "b.FLAC"].map(PathBuf::from)
         );
-        let skipped: Vec<_> = s.skipped.iter().map(|(p, r)| (p.file_name().unwrap().to_str().unwrap(), r.as_str())).collect();
+        let skipped: Vec<_> = s
+            .skipped
+            .iter()
+            .map(|(p, r)| (p.file_name().unwrap().to_str().unwrap(), r.as_str()))
+            .collect();
         assert_eq!(skipped.len(), 3, "{skipped:?}");
-        assert!(skipped.iter().any(|(f, r)| *f == "cover.jpg" && r.contains(".jpg")));
+        assert!(skipped
+            .iter()
+            .any(|(f, r)| *f == "cover.jpg" && r.contains(".jpg")));
         assert!(skipped.iter().any(|(f, _)| *f == "README"));
-        assert!(skipped.iter().any(|(f, r)| *f == "dangling.wav" && r.contains("broken link")));
+        assert!(skipped
+            .iter()
+            .any(|(f, r)| *f == "dangling.wav" && r.contains("broken link")));
     }
 
     #[test]

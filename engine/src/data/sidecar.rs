@@ -87,9 +87,19 @@ impl Sidecars {
             .csv_rows
             .entry(dir.clone())
             .or_insert_with(|| read_csvs(&dir, issues));
-        let name = audio.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let stem = audio.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let mut f = rows.get(&name).or_else(|| rows.get(&stem)).cloned().unwrap_or_default();
+        let name = audio
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let stem = audio
+            .file_stem()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut f = rows
+            .get(&name)
+            .or_else(|| rows.get(&stem))
+            .cloned()
+            .unwrap_or_default();
 
         let beside = |suffix: &str| {
             let mut s = OsString::from(audio.file_stem().unwrap_or_default());
@@ -103,7 +113,11 @@ impl Sidecars {
                 Err(e) => issues.push((json, e)),
             }
         }
-        for (suffix, is_caption) in [(".txt", false), (".lyrics.txt", false), (".caption.txt", true)] {
+        for (suffix, is_caption) in [
+            (".txt", false),
+            (".lyrics.txt", false),
+            (".caption.txt", true),
+        ] {
             if let Some(text) = read_text(&beside(suffix), issues) {
                 let text = Some(text.trim().to_string()).filter(|t| !t.is_empty());
                 if is_caption {
@@ -190,7 +204,8 @@ fn read_csv(path: &Path, rows: &mut HashMap<String, Fields>) -> Result<(), Strin
         let record = record.map_err(|e| format!("invalid CSV: {e}"))?;
         let mut f = Fields::default();
         for (h, v) in headers.iter().zip(record.iter()) {
-            f.set(h, v).map_err(|e| format!("row for `{}`: {e}", &record[file_col]))?;
+            f.set(h, v)
+                .map_err(|e| format!("row for `{}`: {e}", &record[file_col]))?;
         }
         if let Some(name) = record.get(file_col) {
             rows.insert(name.trim().to_string(), f);
@@ -293,8 +308,14 @@ mod tests {
         let two = sc.read(&d.join("two.flac"), &mut issues);
         let three = sc.read(&d.join("three.wav"), &mut issues);
         assert!(issues.is_empty(), "{issues:?}");
-        assert_eq!((one.caption.as_str(), one.bpm, one.keyscale.as_deref()), ("first, song", Some(90), Some("D major")));
-        assert_eq!((two.caption.as_str(), two.bpm, two.keyscale), ("second song", Some(100), None));
+        assert_eq!(
+            (one.caption.as_str(), one.bpm, one.keyscale.as_deref()),
+            ("first, song", Some(90), Some("D major"))
+        );
+        assert_eq!(
+            (two.caption.as_str(), two.bpm, two.keyscale),
+            ("second song", Some(100), None)
+        );
         assert_eq!(three, SongMeta::default());
     }
 
@@ -318,13 +339,28 @@ mod tests {
 
     #[test]
     fn trigger_tag_modes() {
-        let tag = |mode| TriggerTag { tag: "ostn style".into(), mode };
-        assert_eq!(apply_trigger("lofi beat", Some(&tag(TagMode::Prepend))), "ostn style, lofi beat");
-        assert_eq!(apply_trigger("lofi beat", Some(&tag(TagMode::Append))), "lofi beat, ostn style");
-        assert_eq!(apply_trigger("lofi beat", Some(&tag(TagMode::Replace))), "ostn style");
+        let tag = |mode| TriggerTag {
+            tag: "ostn style".into(),
+            mode,
+        };
+        assert_eq!(
+            apply_trigger("lofi beat", Some(&tag(TagMode::Prepend))),
+            "ostn style, lofi beat"
+        );
+        assert_eq!(
+            apply_trigger("lofi beat", Some(&tag(TagMode::Append))),
+            "lofi beat, ostn style"
+        );
+        assert_eq!(
+            apply_trigger("lofi beat", Some(&tag(TagMode::Replace))),
+            "ostn style"
+        );
         assert_eq!(apply_trigger("", Some(&tag(TagMode::Append))), "ostn style");
         assert_eq!(apply_trigger("lofi beat", None), "lofi beat");
-        let blank = TriggerTag { tag: " ".into(), mode: TagMode::Replace };
+        let blank = TriggerTag {
+            tag: " ".into(),
+            mode: TagMode::Replace,
+        };
         assert_eq!(apply_trigger("lofi beat", Some(&blank)), "lofi beat");
     }
 }
