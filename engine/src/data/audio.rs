@@ -306,6 +306,28 @@ mod tests {
         }
     }
 
+    /// MP3, Ogg Vorbis, AAC and ALAC in M4A: small files ffmpeg made (see testdata/).
+    #[test]
+    fn compressed_formats_decode() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/data/testdata");
+        for (name, rate) in [
+            ("tone.mp3", 44_100),
+            ("tone.ogg", 32_000),
+            ("tone_aac.m4a", 48_000),
+            ("tone_alac.m4a", 16_000),
+        ] {
+            let a = decode(&dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(a.sample_rate, rate, "{name}");
+            assert!((a.duration_seconds() - 1.5).abs() < 0.05, "{name}: {} s", a.duration_seconds());
+            let mid = |x: &[f32]| x[rate as usize / 4..rate as usize * 5 / 4].to_vec();
+            for (channel, freq) in [(&a.left, 440.0), (&a.right, 660.0)] {
+                let (f, amp) = freq_and_amp(&mid(channel), rate);
+                assert!((f - freq).abs() < 3.0, "{name}: {f} Hz, want {freq}");
+                assert!((amp - 0.125).abs() < 0.01, "{name}: amplitude {amp}");
+            }
+        }
+    }
+
     #[test]
     fn mono_is_duplicated_and_extra_channels_dropped() {
         let dir = tempfile::tempdir().unwrap();
