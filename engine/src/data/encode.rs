@@ -42,7 +42,8 @@ pub fn silence_latent(encoder: &dyn LatentEncoder, frames: usize) -> Result<Tens
 
 /// Log-mel features of the mid signal, 25 frames a second, mixed to 64 channels
 /// by a fixed seeded Gaussian projection. Deterministic and weight-free; values
-/// are O(1) (unit-scale projection of log-mels shifted and scaled to about ±2).
+/// are O(1): log-mels are shifted and scaled so the floor sits near -1 and loud
+/// bands near +1.5, and the projection keeps that scale.
 pub struct MelEncoder {
     fft: Arc<dyn RealToComplex<f32>>,
     window: Vec<f32>,
@@ -61,8 +62,8 @@ const SEED: u64 = 0x05_71_4A_70;
 const F_MIN: f64 = 30.0;
 const F_MAX: f64 = 16_000.0;
 /// log(power) is mapped by (x - LOG_CENTER) / LOG_SCALE.
-const LOG_CENTER: f32 = -7.0;
-const LOG_SCALE: f32 = 3.5;
+const LOG_CENTER: f32 = -10.0;
+const LOG_SCALE: f32 = 4.0;
 const LOG_FLOOR: f32 = 1e-6;
 
 fn hz_to_mel(f: f64) -> f64 {
@@ -270,6 +271,30 @@ mod tests {
             .to_scalar::<f32>()
             .unwrap();
         assert_eq!(spread, 0.0);
+    }
+
+    #[test]
+    fn demo_clip_latents_are_order_one() {
+        let e = MelEncoder::new();
+        for (seed, clip) in crate::data::synth::CLIPS.iter().enumerate() {
+            let [left, right] = clip.render(seed as u64);
+            let z = e
+                .encode(&StereoAudio {
+                    sample_rate: RATE,
+                    left,
+                    right,
+                })
+                .unwrap();
+            let v: Vec<f32> = z.flatten_all().unwrap().to_vec1().unwrap();
+            let mean = v.iter().sum::<f32>() / v.len() as f32;
+            let std = (v.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / v.len() as f32).sqrt();
+            let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+            assert!(
+                mean.abs() < 0.5 && (0.3..1.5).contains(&std) && max < 6.0,
+                "{}: mean {mean} std {std} max {max}",
+                clip.name
+            );
+        }
     }
 
     #[test]
