@@ -59,6 +59,18 @@ pub enum Error {
     #[error("chart: {0}")]
     Chart(String),
 
+    #[error("{path}: {reason}")]
+    BadAudio { path: PathBuf, reason: String },
+
+    #[error("no usable audio in {folder}: {detail}")]
+    NoUsableAudio { folder: PathBuf, detail: String },
+
+    #[error("latent encoder: {0}")]
+    Encoder(String),
+
+    #[error("latent cache {path}: {reason}")]
+    Cache { path: PathBuf, reason: String },
+
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

@@ -1,0 +1,765 @@
+//! Dataset assembly: scan the folder, read sidecars, decode and check every song,
+//! and encode it (or find it in the cache). Bad files are reported and skipped; no
+//! usable file at all is an error before training starts.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use rand::{Rng, RngCore};
+
+use super::audio::{self, Cut, StereoAudio};
+use super::cache::{entry_key, file_hash, LatentCache};
+use super::scan::{scan_folder, AUDIO_EXTENSIONS};
+use super::sidecar::{apply_trigger, Sidecars};
+use super::{Conditioner, DataEvent, DataSpec, LatentEncoder, SongMeta, Stage, TrainingSample};
+use crate::error::{Error, Result};
+
+/// One usable song.
+#[derive(Debug, Clone)]
+pub struct DatasetItem {
+    pub source: PathBuf,
+    pub meta: SongMeta,
+    /// Present when the cache is on: the sample every epoch reuses.
+    pub cached: Option<TrainingSample>,
+}
+
+#[derive(Debug)]
+pub struct PreparedDataset {
+    pub spec: DataSpec,
+    pub items: Vec<DatasetItem>,
+    /// Every skipped file (or ignored sidecar) and why; also sent as `DataEvent::Issue`.
+    pub issues: Vec<(PathBuf, String)>,
+    pub cache_hits: usize,
+    pub cache_misses: usize,
+}
+
+impl PreparedDataset {
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Seconds of audio the songs hold (whole files, before cuts).
+    pub fn total_seconds(&self) -> f64 {
+        self.items.iter().map(|i| i.meta.duration_seconds).sum()
+    }
+
+    /// The training sample for item `index`: the cached one, or (cache off) a fresh
+    /// encoding with a new random crop drawn from `rng`.
+    pub fn sample(
+        &self,
+        index: usize,
+        encoder: &dyn LatentEncoder,
+        conditioner: &dyn Conditioner,
+        rng: &mut dyn RngCore,
+    ) -> Result<TrainingSample> {
+        let item = &self.items[index];
+        match &item.cached {
+            Some(s) => Ok(s.clone()),
+            None => encode_item(item, &self.spec, encoder, conditioner, rng),
+        }
+    }
+}
+
+/// Decodes and encodes one song from its file, drawing the crop offset (if any) from
+/// `rng`: the run loop calls this every epoch when the cache is off.
+pub fn encode_item(
+    item: &DatasetItem,
+    spec: &DataSpec,
+    encoder: &dyn LatentEncoder,
+    conditioner: &dyn Conditioner,
+    rng: &mut dyn RngCore,
+) -> Result<TrainingSample> {
+    let bad = |reason| Error::BadAudio {
+        path: item.source.clone(),
+        reason,
+    };
+    let audio = decode_checked(&item.source).map_err(bad)?;
+    let cut = cut_for(spec, Some(rng.random::<f64>()));
+    encode_audio(&item.source, &audio, &item.meta, cut, encoder, conditioner)
+}
+
+/// The cut for a spec: a crop at `offset` (the centre when None), else the head.
+fn cut_for(spec: &DataSpec, offset: Option<f64>) -> Cut {
+    match spec.crop_seconds {
+        Some(seconds) => Cut::Crop {
+            seconds: seconds.min(spec.max_duration_seconds),
+            offset: offset.unwrap_or(0.5),
+        },
+        None => Cut::Head {
+            max_seconds: spec.max_duration_seconds,
+        },
+    }
+}
+
+fn decode_checked(path: &Path) -> std::result::Result<StereoAudio, String> {
+    let audio = audio::decode(path)?;
+    audio::check_usable(&audio)?;
+    Ok(audio)
+}
+
+/// Cut (at the source rate: less to resample), resample, encode, condition.
+fn encode_audio(
+    source: &Path,
+    audio: &StereoAudio,
+    meta: &SongMeta,
+    cut: Cut,
+    encoder: &dyn LatentEncoder,
+    conditioner: &dyn Conditioner,
+) -> Result<TrainingSample> {
+    let piece = audio::resample(&cut.apply(audio), encoder.sample_rate()).map_err(|reason| {
+        Error::BadAudio {
+            path: source.to_path_buf(),
+            reason,
+        }
+    })?;
+    let target_latents = encoder.encode(&piece)?;
+    let frames = target_latents.dim(0)?;
+    let c = conditioner.condition(meta, frames)?;
+    Ok(TrainingSample {
+        source: source.to_path_buf(),
+        target_latents,
+        attention_mask: Tensor::ones(frames, DType::F32, &Device::Cpu)?,
+        encoder_hidden_states: c.encoder_hidden_states,
+        encoder_attention_mask: c.encoder_attention_mask,
+        context_latents: c.context_latents,
+    })
+}
+
+fn issue(
+    data: &mut PreparedDataset,
+    report: &mut dyn FnMut(DataEvent),
+    file: PathBuf,
+    reason: String,
+) {
+    report(DataEvent::Issue {
+        file: file.clone(),
+        reason: reason.clone(),
+    });
+    data.issues.push((file, reason));
+}
+
+/// Prepares the dataset in `spec.folder`. With a cache, every song is encoded once
+/// (or loaded) now; without, songs are only decoded and checked now and encoded per
+/// epoch through `PreparedDataset::sample`. Encoder and conditioner failures are
+/// errors; a bad file is an issue.
+pub fn prepare_dataset(
+    spec: &DataSpec,
+    encoder: &dyn LatentEncoder,
+    conditioner: &dyn Conditioner,
+    cache: Option<&LatentCache>,
+    report: &mut dyn FnMut(DataEvent),
+) -> Result<PreparedDataset> {
+    let scanned = scan_folder(&spec.folder)?;
+    let total = scanned.audio.len();
+    let mut data = PreparedDataset {
+        spec: spec.clone(),
+        items: Vec::new(),
+        issues: Vec::new(),
+        cache_hits: 0,
+        cache_misses: 0,
+    };
+    for (file, reason) in scanned.skipped {
+        issue(&mut data, report, file, reason);
+    }
+    report(DataEvent::Progress {
+        stage: Stage::Scanning,
+        done: total,
+        total,
+        file: None,
+    });
+
+    let settings = format!(
+        "max{}:crop{:?}:cut-centre",
+        spec.max_duration_seconds, spec.crop_seconds
+    );
+    let (encoder_id, conditioner_id) = (encoder.id(), conditioner.id());
+    let mut sidecars = Sidecars::new();
+    for (done, path) in scanned.audio.into_iter().enumerate() {
+        report(DataEvent::Progress {
+            stage: Stage::Encoding,
+            done,
+            total,
+            file: Some(path.clone()),
+        });
+        let mut sidecar_issues = Vec::new();
+        let mut meta = sidecars.read(&path, &mut sidecar_issues);
+        for (file, reason) in sidecar_issues {
+            issue(&mut data, report, file, reason);
+        }
+        meta.caption = apply_trigger(&meta.caption, spec.trigger.as_ref());
+
+        // With a cache: a hit needs no decoding at all.
+        let key = match cache {
+            Some(_) => match file_hash(&path) {
+                Ok(hash) => {
+                    let meta_json = serde_json::to_string(&meta).unwrap_or_default();
+                    Some(entry_key(&[
+                        &hash,
+                        &encoder_id,
+                        &conditioner_id,
+                        &settings,
+                        &meta_json,
+                    ]))
+                }
+                Err(e) => {
+                    issue(&mut data, report, path, format!("cannot read: {e}"));
+                    continue;
+                }
+            },
+            None => None,
+        };
+        if let (Some(cache), Some(key)) = (cache, &key) {
+            if let Some((sample, meta)) = cache.load(key, &path) {
+                data.cache_hits += 1;
+                data.items.push(DatasetItem {
+                    source: path,
+                    meta,
+                    cached: Some(sample),
+                });
+                continue;
+            }
+        }
+
+        let audio = match decode_checked(&path) {
+            Ok(a) => a,
+            Err(reason) => {
+                issue(&mut data, report, path, reason);
+                continue;
+            }
+        };
+        meta.duration_seconds = audio.duration_seconds();
+        let mut cached = None;
+        if let (Some(cache), Some(key)) = (cache, &key) {
+            data.cache_misses += 1;
+            let sample = match encode_audio(
+                &path,
+                &audio,
+                &meta,
+                cut_for(spec, None),
+                encoder,
+                conditioner,
+            ) {
+                Ok(s) => s,
+                Err(Error::BadAudio { path, reason }) => {
+                    issue(&mut data, report, path, reason);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            // A full disk costs speed, not the run.
+            if let Err(e) = cache.store(key, &sample, &meta) {
+                issue(
+                    &mut data,
+                    report,
+                    cache.dir().to_path_buf(),
+                    format!("cache not written: {e}"),
+                );
+            }
+            cached = Some(sample);
+        }
+        data.items.push(DatasetItem {
+            source: path,
+            meta,
+            cached,
+        });
+    }
+    report(DataEvent::Progress {
+        stage: Stage::Encoding,
+        done: total,
+        total,
+        file: None,
+    });
+
+    if data.items.is_empty() {
+        let detail = match data.issues.first() {
+            _ if total == 0 => format!(
+                "no audio files found (supported: {})",
+                AUDIO_EXTENSIONS.join(", ")
+            ),
+            Some((file, reason)) => format!(
+                "none of {total} audio file(s) could be used (e.g. {}: {reason})",
+                file.display()
+            ),
+            None => format!("none of {total} audio file(s) could be used"),
+        };
+        return Err(Error::NoUsableAudio {
+            folder: spec.folder.clone(),
+            detail,
+        });
+    }
+    Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::condition::HashConditioner;
+    use crate::data::encode::{silence_latent, MelEncoder};
+    use crate::data::testutil::{aiff_bytes, flac_bytes, noise_bytes, sine, write_file};
+    use crate::data::wav::{wav_bytes, SampleFormat};
+    use crate::data::{TagMode, TriggerTag};
+    use rand::SeedableRng;
+    use std::collections::BTreeMap;
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::SystemTime;
+
+    fn models() -> (MelEncoder, HashConditioner) {
+        let enc = MelEncoder::new();
+        let silence = silence_latent(&enc, 4).unwrap();
+        (
+            enc,
+            HashConditioner::new(16, silence).with_max_tokens(32, 16),
+        )
+    }
+
+    fn stereo_sine(rate: u32, seconds: f64, freq: f64) -> Vec<Vec<f32>> {
+        let n = (rate as f64 * seconds) as usize;
+        vec![sine(freq, 0.5, rate, n), sine(freq * 1.5, 0.3, rate, n)]
+    }
+
+    fn good_wav(dir: &Path, name: impl AsRef<OsStr>, seconds: f64, freq: f64) -> PathBuf {
+        write_file(
+            dir,
+            name,
+            &wav_bytes(
+                44_100,
+                SampleFormat::Int(16),
+                &stereo_sine(44_100, seconds, freq),
+            ),
+        )
+    }
+
+    /// Every file under `dir` with its size and mtime.
+    fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (u64, SystemTime, u32)> {
+        let mut out = BTreeMap::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                let m = std::fs::symlink_metadata(&p).unwrap();
+                if m.is_dir() {
+                    stack.push(p.clone());
+                }
+                out.insert(p, (m.len(), m.modified().unwrap(), m.permissions().mode()));
+            }
+        }
+        out
+    }
+
+    fn prepare(
+        spec: &DataSpec,
+        cache: Option<&LatentCache>,
+    ) -> (Result<PreparedDataset>, Vec<DataEvent>) {
+        let (enc, cond) = models();
+        let mut events = Vec::new();
+        let r = prepare_dataset(spec, &enc, &cond, cache, &mut |e| events.push(e));
+        (r, events)
+    }
+
+    fn issue_for<'a>(events: &'a [DataEvent], name: &[u8]) -> Option<&'a str> {
+        events.iter().find_map(|e| match e {
+            DataEvent::Issue { file, reason } if file.file_name()?.as_bytes() == name => {
+                Some(reason.as_str())
+            }
+            _ => None,
+        })
+    }
+
+    /// Root reads files whatever their permission bits say: find out honestly.
+    fn permissions_bind(path: &Path) -> bool {
+        std::fs::File::open(path).is_err()
+    }
+
+    #[test]
+    fn bad_files_are_reported_and_good_ones_used() {
+        let src = tempfile::tempdir().unwrap();
+        let d = src.path();
+        // Usable, in every shape the issue lists.
+        good_wav(d, "good.wav", 2.0, 440.0);
+        write_file(
+            d,
+            "mono_8k.wav",
+            &wav_bytes(
+                8000,
+                SampleFormat::Int(16),
+                &[sine(300.0, 0.5, 8000, 12_000)],
+            ),
+        );
+        let six: Vec<Vec<f32>> = (0..6)
+            .map(|c| sine(200.0 + 100.0 * c as f64, 0.4, 192_000, 230_400))
+            .collect();
+        write_file(
+            d,
+            "six_192k.wav",
+            &wav_bytes(192_000, SampleFormat::Int(16), &six),
+        );
+        write_file(
+            d,
+            "int24.wav",
+            &wav_bytes(
+                48_000,
+                SampleFormat::Int(24),
+                &stereo_sine(48_000, 1.5, 500.0),
+            ),
+        );
+        write_file(
+            d,
+            "float64.wav",
+            &wav_bytes(
+                32_000,
+                SampleFormat::Float(64),
+                &stereo_sine(32_000, 1.5, 500.0),
+            ),
+        );
+        write_file(
+            d,
+            "lossless.flac",
+            &flac_bytes(44_100, &stereo_sine(44_100, 1.5, 600.0)),
+        );
+        write_file(
+            d,
+            "apple.aiff",
+            &aiff_bytes(22_050, &stereo_sine(22_050, 1.5, 700.0)),
+        );
+        good_wav(d, OsStr::from_bytes(b"caf\xe9 latin1.wav"), 1.5, 800.0);
+        // Bad.
+        let mut corrupt = wav_bytes(
+            44_100,
+            SampleFormat::Int(16),
+            &stereo_sine(44_100, 1.5, 440.0),
+        );
+        corrupt[20..36].copy_from_slice(&noise_bytes(16, 7)); // the fmt chunk
+        write_file(d, "corrupt.wav", &corrupt);
+        let mut corrupt_flac = flac_bytes(44_100, &stereo_sine(44_100, 3.0, 440.0));
+        let n = corrupt_flac.len();
+        corrupt_flac[n / 4..n * 3 / 4].copy_from_slice(&noise_bytes(n * 3 / 4 - n / 4, 9));
+        write_file(d, "corrupt.flac", &corrupt_flac);
+        let full = wav_bytes(
+            44_100,
+            SampleFormat::Int(16),
+            &stereo_sine(44_100, 3.0, 440.0),
+        );
+        write_file(d, "truncated.wav", &full[..full.len() * 2 / 5]);
+        write_file(d, "empty.wav", b"");
+        write_file(d, "text.wav", b"these are my lyrics, not audio\n");
+        write_file(d, "random.mp3", &noise_bytes(64 << 10, 3));
+        write_file(
+            d,
+            "silence.wav",
+            &wav_bytes(
+                44_100,
+                SampleFormat::Int(16),
+                &[vec![0.0; 88_200], vec![0.0; 88_200]],
+            ),
+        );
+        write_file(
+            d,
+            "short.wav",
+            &wav_bytes(
+                44_100,
+                SampleFormat::Int(16),
+                &stereo_sine(44_100, 0.3, 440.0),
+            ),
+        );
+        write_file(d, "notes.pdf", b"%PDF-1.4");
+        let locked = good_wav(d, "locked.wav", 1.5, 440.0);
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+        let locked_binds = permissions_bind(&locked);
+        if !locked_binds {
+            eprintln!("note: running as root, so a mode-000 file is still readable; its assertion is skipped");
+        }
+
+        let before = snapshot(d);
+        let cache_dir = tempfile::tempdir().unwrap();
+        let cache = LatentCache::new(cache_dir.path()).unwrap();
+        let spec = DataSpec::new(d);
+        for cache in [None, Some(&cache)] {
+            let (data, events) = prepare(&spec, cache);
+            let data = data.unwrap();
+            let used: Vec<Vec<u8>> = data
+                .items
+                .iter()
+                .map(|i| i.source.file_name().unwrap().as_bytes().to_vec())
+                .collect();
+            let mut want: Vec<&[u8]> = vec![
+                b"apple.aiff",
+                b"caf\xe9 latin1.wav",
+                b"float64.wav",
+                b"good.wav",
+                b"int24.wav",
+                b"lossless.flac",
+                b"mono_8k.wav",
+                b"six_192k.wav",
+            ];
+            if !locked_binds {
+                want.insert(5, b"locked.wav");
+            }
+            assert_eq!(used, want, "cache {}", cache.is_some());
+
+            for (name, why) in [
+                (&b"corrupt.wav"[..], "not a readable audio file"),
+                (b"corrupt.flac", "corrupt"),
+                (b"truncated.wav", "truncated"),
+                (b"empty.wav", "empty file"),
+                (b"text.wav", "not a readable audio file"),
+                (b"random.mp3", "not a readable audio file"),
+                (b"silence.wav", "silent"),
+                (b"short.wav", "too short"),
+                (b"notes.pdf", "unsupported file type .pdf"),
+            ] {
+                let reason = issue_for(&events, name)
+                    .unwrap_or_else(|| panic!("no issue for {}", String::from_utf8_lossy(name)));
+                assert!(
+                    reason.contains(why),
+                    "{}: {reason}",
+                    String::from_utf8_lossy(name)
+                );
+            }
+            if locked_binds {
+                assert!(issue_for(&events, b"locked.wav").is_some_and(|r| r.contains("ermission")));
+            }
+            assert_eq!(
+                data.issues.len(),
+                events
+                    .iter()
+                    .filter(|e| matches!(e, DataEvent::Issue { .. }))
+                    .count()
+            );
+            assert!(events.contains(&DataEvent::Progress {
+                stage: Stage::Encoding,
+                done: 17,
+                total: 17,
+                file: None
+            }));
+
+            let (enc, cond) = models();
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+            for i in 0..data.len() {
+                let s = data.sample(i, &enc, &cond, &mut rng).unwrap();
+                let t = s.target_latents.dim(0).unwrap();
+                let seconds = data.items[i].meta.duration_seconds;
+                assert_eq!(
+                    t,
+                    (seconds * 25.0).floor() as usize,
+                    "{}",
+                    s.source.display()
+                );
+                assert_eq!(s.target_latents.dims(), [t, 64]);
+                assert_eq!(s.attention_mask.dims(), [t]);
+                assert_eq!(s.context_latents.dims(), [t, 128]);
+                assert_eq!(s.encoder_hidden_states.dims(), [16 + 1 + 32, 16]);
+                assert_eq!(s.encoder_attention_mask.dims(), [49]);
+            }
+        }
+        assert_eq!(snapshot(d), before, "the source folder changed");
+    }
+
+    #[test]
+    fn empty_folder_is_a_clear_error() {
+        let src = tempfile::tempdir().unwrap();
+        let (r, _) = prepare(&DataSpec::new(src.path()), None);
+        let e = r.unwrap_err();
+        assert!(matches!(e, Error::NoUsableAudio { .. }));
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&src.path().display().to_string()) && msg.contains("no audio files"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn folder_of_only_bad_files_is_a_clear_error() {
+        let src = tempfile::tempdir().unwrap();
+        write_file(src.path(), "a.wav", b"not audio");
+        write_file(src.path(), "b.mp3", &noise_bytes(4096, 1));
+        write_file(src.path(), "cover.png", b"png");
+        let (r, events) = prepare(&DataSpec::new(src.path()), None);
+        let msg = r.unwrap_err().to_string();
+        assert!(
+            msg.contains(&src.path().display().to_string())
+                && msg.contains("none of 2 audio file(s)"),
+            "{msg}"
+        );
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| matches!(e, DataEvent::Issue { .. }))
+                .count(),
+            3
+        );
+    }
+
+    #[test]
+    fn missing_folder_is_an_error_naming_it() {
+        let (r, _) = prepare(&DataSpec::new("/no/such/songs"), None);
+        assert!(r.unwrap_err().to_string().contains("/no/such/songs"));
+    }
+
+    #[test]
+    fn cache_hits_moved_and_renamed_files_and_misses_edited_ones() {
+        let src = tempfile::tempdir().unwrap();
+        let d = src.path();
+        good_wav(d, "a.wav", 1.5, 440.0);
+        good_wav(d, "b.wav", 1.5, 660.0);
+        let cache_dir = tempfile::tempdir().unwrap();
+        let cache = LatentCache::new(cache_dir.path()).unwrap();
+        let spec = DataSpec::new(d);
+        let counts = |data: &PreparedDataset| (data.cache_hits, data.cache_misses);
+
+        let first = prepare(&spec, Some(&cache)).0.unwrap();
+        assert_eq!(counts(&first), (0, 2));
+        let again = prepare(&spec, Some(&cache)).0.unwrap();
+        assert_eq!(counts(&again), (2, 0));
+        let latents = |data: &PreparedDataset, i: usize| {
+            data.items[i]
+                .cached
+                .as_ref()
+                .unwrap()
+                .target_latents
+                .to_vec2::<f32>()
+                .unwrap()
+        };
+        assert_eq!(latents(&first, 0), latents(&again, 0));
+
+        // Rename one, move the other into a subfolder.
+        std::fs::rename(d.join("a.wav"), d.join("renamed.wav")).unwrap();
+        std::fs::create_dir(d.join("sub")).unwrap();
+        std::fs::rename(d.join("b.wav"), d.join("sub/b.wav")).unwrap();
+        let moved = prepare(&spec, Some(&cache)).0.unwrap();
+        assert_eq!(counts(&moved), (2, 0));
+        assert!(moved.items.iter().any(|i| i.source == d.join("sub/b.wav")));
+        assert!(moved
+            .items
+            .iter()
+            .any(|i| i.source == d.join("renamed.wav")));
+
+        // Edit one (same length, different sound): miss.
+        good_wav(d, "renamed.wav", 1.5, 550.0);
+        let edited = prepare(&spec, Some(&cache)).0.unwrap();
+        assert_eq!(counts(&edited), (1, 1));
+
+        // A new caption or other settings: miss too.
+        std::fs::write(d.join("renamed.caption.txt"), "new caption").unwrap();
+        assert_eq!(counts(&prepare(&spec, Some(&cache)).0.unwrap()), (1, 1));
+        let cropped = DataSpec {
+            crop_seconds: Some(1.0),
+            ..spec.clone()
+        };
+        assert_eq!(counts(&prepare(&cropped, Some(&cache)).0.unwrap()), (0, 2));
+    }
+
+    #[test]
+    fn crops_are_seeded_without_cache_and_centred_with_it() {
+        let src = tempfile::tempdir().unwrap();
+        // A rising tone, so every crop position sounds different.
+        let n = 44_100 * 3;
+        let chirp: Vec<f32> = (0..n)
+            .map(|i| {
+                let t = i as f64 / 44_100.0;
+                (0.5 * (2.0 * std::f64::consts::PI * (200.0 * t + 300.0 * t * t)).sin()) as f32
+            })
+            .collect();
+        write_file(
+            src.path(),
+            "a.wav",
+            &wav_bytes(44_100, SampleFormat::Int(16), &[chirp.clone(), chirp]),
+        );
+        let spec = DataSpec {
+            crop_seconds: Some(1.0),
+            ..DataSpec::new(src.path())
+        };
+        let (enc, cond) = models();
+        let data = prepare(&spec, None).0.unwrap();
+        let draw = |seed| {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            data.sample(0, &enc, &cond, &mut rng)
+                .unwrap()
+                .target_latents
+                .to_vec2::<f32>()
+                .unwrap()
+        };
+        assert_eq!(draw(1).len(), 25);
+        assert_eq!(draw(1), draw(1));
+        assert_ne!(draw(1), draw(2));
+
+        let cache_dir = tempfile::tempdir().unwrap();
+        let cache = LatentCache::new(cache_dir.path()).unwrap();
+        let cached = prepare(&spec, Some(&cache)).0.unwrap();
+        let sample = cached.items[0].cached.as_ref().unwrap();
+        let item = &data.items[0];
+        let centre = encode_audio(
+            &item.source,
+            &decode_checked(&item.source).unwrap(),
+            &item.meta,
+            Cut::Crop {
+                seconds: 1.0,
+                offset: 0.5,
+            },
+            &enc,
+            &cond,
+        )
+        .unwrap();
+        assert_eq!(
+            sample.target_latents.to_vec2::<f32>().unwrap(),
+            centre.target_latents.to_vec2::<f32>().unwrap()
+        );
+    }
+
+    #[test]
+    fn max_duration_and_trigger_tag() {
+        let src = tempfile::tempdir().unwrap();
+        good_wav(src.path(), "a.wav", 3.0, 440.0);
+        std::fs::write(src.path().join("a.caption.txt"), "soft piano").unwrap();
+        let spec = DataSpec {
+            max_duration_seconds: 1.5,
+            trigger: Some(TriggerTag {
+                tag: "mystyle".into(),
+                mode: TagMode::Prepend,
+            }),
+            ..DataSpec::new(src.path())
+        };
+        let data = prepare(&spec, None).0.unwrap();
+        let item = &data.items[0];
+        assert_eq!(item.meta.caption, "mystyle, soft piano");
+        assert!(
+            (item.meta.duration_seconds - 3.0).abs() < 1e-9,
+            "metas keep the file's duration"
+        );
+        let (enc, cond) = models();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+        assert_eq!(
+            data.sample(0, &enc, &cond, &mut rng)
+                .unwrap()
+                .target_latents
+                .dim(0)
+                .unwrap(),
+            37
+        );
+    }
+
+    #[test]
+    fn demo_folder_prepares_quickly() {
+        let (enc, cond) = models();
+        let spec = DataSpec::new(crate::data::synth::demo_dir());
+        let t = std::time::Instant::now();
+        let data = prepare_dataset(&spec, &enc, &cond, None, &mut |_| {}).unwrap();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+        for i in 0..data.len() {
+            data.sample(i, &enc, &cond, &mut rng).unwrap();
+        }
+        assert_eq!(data.len(), 6);
+        assert!(data.issues.is_empty(), "{:?}", data.issues);
+        assert!(data
+            .items
+            .iter()
+            .all(|i| i.meta.bpm.is_some() && !i.meta.caption.is_empty()));
+        // Generous for a test build on a loaded 2-core machine; release is far faster.
+        assert!(t.elapsed().as_secs_f64() < 10.0, "{:?}", t.elapsed());
+    }
+}

@@ -1,0 +1,145 @@
+//! Training data: a folder of songs becomes ACE-Step training samples.
+//!
+//! scan (find audio) -> sidecar (captions, lyrics, metas) -> audio (decode, resample,
+//! cut) -> encode (latents) + condition (text/lyrics) -> cache (content-addressed).
+//! `dataset` ties them together. The source folder is only ever read.
+
+pub mod audio;
+pub mod cache;
+pub mod condition;
+pub mod dataset;
+pub mod encode;
+pub mod scan;
+pub mod sidecar;
+pub mod synth;
+pub mod wav;
+
+#[cfg(test)]
+mod testutil;
+
+use std::path::PathBuf;
+
+use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
+
+pub use audio::StereoAudio;
+pub use cache::LatentCache;
+pub use condition::{Conditioner, Conditioning, HashConditioner};
+pub use dataset::{encode_item, prepare_dataset, DatasetItem, PreparedDataset};
+pub use encode::{LatentEncoder, MelEncoder};
+
+/// What a song is about, as ACE-Step's prompt needs it. Read from sidecars.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SongMeta {
+    pub caption: String,
+    /// The lyrics, or "[Instrumental]" when there are none.
+    pub lyrics: String,
+    pub bpm: Option<u32>,
+    pub keyscale: Option<String>,
+    pub timesignature: Option<String>,
+    pub language: Option<String>,
+    pub genre: Option<String>,
+    /// Length of the whole decoded file (before any cut), as ACE-Step's metas use it.
+    pub duration_seconds: f64,
+}
+
+pub const INSTRUMENTAL: &str = "[Instrumental]";
+
+impl Default for SongMeta {
+    fn default() -> Self {
+        Self {
+            caption: String::new(),
+            lyrics: INSTRUMENTAL.to_string(),
+            bpm: None,
+            keyscale: None,
+            timesignature: None,
+            language: None,
+            genre: None,
+            duration_seconds: 0.0,
+        }
+    }
+}
+
+/// One preprocessed sample, with ACE-Step's preprocessed-sample tensors.
+#[derive(Debug, Clone)]
+pub struct TrainingSample {
+    pub source: PathBuf,
+    /// (T, 64)
+    pub target_latents: Tensor,
+    /// (T,) f32 1 = valid frame
+    pub attention_mask: Tensor,
+    /// (L, D)
+    pub encoder_hidden_states: Tensor,
+    /// (L,) f32 1 = valid row
+    pub encoder_attention_mask: Tensor,
+    /// (T, 128): silence latent ++ ones
+    pub context_latents: Tensor,
+}
+
+/// How a trigger tag joins the caption.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TagMode {
+    Prepend,
+    Append,
+    Replace,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TriggerTag {
+    pub tag: String,
+    pub mode: TagMode,
+}
+
+/// Which folder to read and how to cut its songs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DataSpec {
+    pub folder: PathBuf,
+    /// Songs are cut to this length (ACE-Step: 240 s).
+    pub max_duration_seconds: f64,
+    /// Train on fixed-length crops instead: random offsets when the cache is off,
+    /// the centre of the song when it is on (a cache entry must be reproducible).
+    pub crop_seconds: Option<f64>,
+    pub trigger: Option<TriggerTag>,
+}
+
+impl Default for DataSpec {
+    fn default() -> Self {
+        Self {
+            folder: PathBuf::new(),
+            max_duration_seconds: 240.0,
+            crop_seconds: None,
+            trigger: None,
+        }
+    }
+}
+
+impl DataSpec {
+    pub fn new(folder: impl Into<PathBuf>) -> Self {
+        Self {
+            folder: folder.into(),
+            ..Self::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    Scanning,
+    Encoding,
+}
+
+/// What dataset preparation tells the run loop (which maps it to engine events).
+#[derive(Debug, Clone, PartialEq)]
+pub enum DataEvent {
+    Progress {
+        stage: Stage,
+        done: usize,
+        total: usize,
+        file: Option<PathBuf>,
+    },
+    /// A file that is skipped (or a sidecar that is ignored), and why.
+    Issue { file: PathBuf, reason: String },
+}

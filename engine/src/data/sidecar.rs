@@ -1,0 +1,366 @@
+//! Captions, lyrics and metas from the files beside a song, as ACE-Step reads them.
+//!
+//! From least to most specific (later wins, field by field): a row for the file in a
+//! CSV in its folder (filename, caption, bpm, key, ...), `<stem>.json`, a legacy
+//! `<stem>.txt` (lyrics), `<stem>.lyrics.txt`, `<stem>.caption.txt`. A sidecar that
+//! cannot be read is reported and ignored; the song still trains.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::{SongMeta, TagMode, TriggerTag, INSTRUMENTAL};
+
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Fields {
+    caption: Option<String>,
+    lyrics: Option<String>,
+    bpm: Option<u32>,
+    keyscale: Option<String>,
+    timesignature: Option<String>,
+    language: Option<String>,
+    genre: Option<String>,
+}
+
+impl Fields {
+    /// `self`'s fields, falling back to `base`'s.
+    fn over(self, base: Fields) -> Fields {
+        Fields {
+            caption: self.caption.or(base.caption),
+            lyrics: self.lyrics.or(base.lyrics),
+            bpm: self.bpm.or(base.bpm),
+            keyscale: self.keyscale.or(base.keyscale),
+            timesignature: self.timesignature.or(base.timesignature),
+            language: self.language.or(base.language),
+            genre: self.genre.or(base.genre),
+        }
+    }
+
+    /// Sets a field from a text value by (lower-case) name; unknown names are ignored.
+    fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let value = value.trim();
+        if value.is_empty() {
+            return Ok(());
+        }
+        let text = Some(value.to_string());
+        match name {
+            "caption" => self.caption = text,
+            "lyrics" => self.lyrics = text,
+            "bpm" => self.bpm = Some(parse_bpm(value)?),
+            "keyscale" | "key" | "key_scale" => self.keyscale = text,
+            "timesignature" | "time_signature" => self.timesignature = text,
+            "language" => self.language = text,
+            "genre" => self.genre = text,
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+fn parse_bpm(s: &str) -> Result<u32, String> {
+    match s.parse::<f64>() {
+        Ok(b) if b > 0.0 && b < 1000.0 => Ok(b.round() as u32),
+        _ => Err(format!("bpm `{s}` is not a tempo")),
+    }
+}
+
+/// Reads sidecars, remembering each folder's CSV rows.
+#[derive(Debug, Default)]
+pub struct Sidecars {
+    csv_rows: HashMap<PathBuf, HashMap<String, Fields>>,
+}
+
+type Issues = Vec<(PathBuf, String)>;
+
+impl Sidecars {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The song's metadata (duration left at 0: the decoder knows it). Problems with
+    /// sidecars are appended to `issues`.
+    pub fn read(&mut self, audio: &Path, issues: &mut Issues) -> SongMeta {
+        let dir = audio.parent().unwrap_or(Path::new("")).to_path_buf();
+        let rows = self
+            .csv_rows
+            .entry(dir.clone())
+            .or_insert_with(|| read_csvs(&dir, issues));
+        let name = audio
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let stem = audio
+            .file_stem()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut f = rows
+            .get(&name)
+            .or_else(|| rows.get(&stem))
+            .cloned()
+            .unwrap_or_default();
+
+        let beside = |suffix: &str| {
+            let mut s = OsString::from(audio.file_stem().unwrap_or_default());
+            s.push(suffix);
+            dir.join(s)
+        };
+        let json = beside(".json");
+        if let Some(text) = read_text(&json, issues) {
+            match json_fields(&text) {
+                Ok(j) => f = j.over(f),
+                Err(e) => issues.push((json, e)),
+            }
+        }
+        for (suffix, is_caption) in [
+            (".txt", false),
+            (".lyrics.txt", false),
+            (".caption.txt", true),
+        ] {
+            if let Some(text) = read_text(&beside(suffix), issues) {
+                let text = Some(text.trim().to_string()).filter(|t| !t.is_empty());
+                if is_caption {
+                    f.caption = text.or(f.caption);
+                } else {
+                    f.lyrics = text.or(f.lyrics);
+                }
+            }
+        }
+        SongMeta {
+            caption: f.caption.unwrap_or_default(),
+            lyrics: f.lyrics.unwrap_or_else(|| INSTRUMENTAL.to_string()),
+            bpm: f.bpm,
+            keyscale: f.keyscale,
+            timesignature: f.timesignature,
+            language: f.language,
+            genre: f.genre,
+            duration_seconds: 0.0,
+        }
+    }
+}
+
+/// A sidecar's text, or None when there is none (unreadable ones are reported).
+fn read_text(path: &Path, issues: &mut Issues) -> Option<String> {
+    match std::fs::read(path) {
+        Ok(bytes) => Some(String::from_utf8_lossy(&bytes).into_owned()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            issues.push((path.to_path_buf(), format!("cannot read sidecar: {e}")));
+            None
+        }
+    }
+}
+
+fn json_fields(text: &str) -> Result<Fields, String> {
+    let value: Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
+    let obj = value.as_object().ok_or("JSON sidecar is not an object")?;
+    let mut f = Fields::default();
+    for (k, v) in obj {
+        let text = match v {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            _ => continue,
+        };
+        f.set(&k.to_ascii_lowercase(), &text)?;
+    }
+    Ok(f)
+}
+
+/// Rows of every CSV in `dir` with a filename column, keyed by that file name.
+fn read_csvs(dir: &Path, issues: &mut Issues) -> HashMap<String, Fields> {
+    let mut rows = HashMap::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return rows;
+    };
+    let mut csvs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv")))
+        .collect();
+    csvs.sort();
+    for path in csvs {
+        if let Err(e) = read_csv(&path, &mut rows) {
+            issues.push((path, e));
+        }
+    }
+    rows
+}
+
+fn read_csv(path: &Path, rows: &mut HashMap<String, Fields>) -> Result<(), String> {
+    let mut reader = csv::ReaderBuilder::new()
+        .flexible(true)
+        .from_path(path)
+        .map_err(|e| format!("cannot read CSV: {e}"))?;
+    let headers: Vec<String> = reader
+        .headers()
+        .map_err(|e| format!("invalid CSV: {e}"))?
+        .iter()
+        .map(|h| h.trim().to_ascii_lowercase())
+        .collect();
+    let Some(file_col) = headers.iter().position(|h| h == "filename" || h == "file") else {
+        return Ok(()); // some other CSV: not ours
+    };
+    for record in reader.records() {
+        let record = record.map_err(|e| format!("invalid CSV: {e}"))?;
+        let mut f = Fields::default();
+        for (h, v) in headers.iter().zip(record.iter()) {
+            f.set(h, v)
+                .map_err(|e| format!("row for `{}`: {e}", &record[file_col]))?;
+        }
+        if let Some(name) = record.get(file_col) {
+            rows.insert(name.trim().to_string(), f);
+        }
+    }
+    Ok(())
+}
+
+/// Joins a trigger tag to a caption.
+pub fn apply_trigger(caption: &str, trigger: Option<&TriggerTag>) -> String {
+    let Some(t) = trigger.filter(|t| !t.tag.trim().is_empty()) else {
+        return caption.to_string();
+    };
+    let tag = t.tag.trim();
+    match t.mode {
+        _ if caption.is_empty() => tag.to_string(),
+        TagMode::Replace => tag.to_string(),
+        TagMode::Prepend => format!("{tag}, {caption}"),
+        TagMode::Append => format!("{caption}, {tag}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn read(audio: &Path) -> (SongMeta, Issues) {
+        let mut issues = Vec::new();
+        let m = Sidecars::new().read(audio, &mut issues);
+        (m, issues)
+    }
+
+    #[test]
+    fn no_sidecars_means_instrumental_and_no_caption() {
+        let dir = tempfile::tempdir().unwrap();
+        let (m, issues) = read(&dir.path().join("song.wav"));
+        assert_eq!(m, SongMeta::default());
+        assert_eq!(m.lyrics, "[Instrumental]");
+        assert!(issues.is_empty());
+    }
+
+    #[test]
+    fn caption_and_lyrics_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        fs::write(d.join("song.caption.txt"), "  dreamy synth pop \n").unwrap();
+        fs::write(d.join("song.lyrics.txt"), "[verse]\nla la\n").unwrap();
+        fs::write(d.join("song.txt"), "legacy lyrics").unwrap();
+        let (m, _) = read(&d.join("song.wav"));
+        assert_eq!(m.caption, "dreamy synth pop");
+        assert_eq!(m.lyrics, "[verse]\nla la");
+    }
+
+    #[test]
+    fn legacy_txt_is_lyrics() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("song.txt"), "old style lyrics").unwrap();
+        let (m, _) = read(&dir.path().join("song.mp3"));
+        assert_eq!(m.lyrics, "old style lyrics");
+        assert_eq!(m.caption, "");
+    }
+
+    #[test]
+    fn json_sidecar_and_file_precedence() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        fs::write(
+            d.join("song.json"),
+            r#"{"caption": "from json", "lyrics": "json words", "bpm": 121.6,
+                "keyscale": "C minor", "timesignature": "4", "language": "en",
+                "genre": "house", "other": [1, 2]}"#,
+        )
+        .unwrap();
+        fs::write(d.join("song.caption.txt"), "from caption file").unwrap();
+        let (m, issues) = read(&d.join("song.wav"));
+        assert!(issues.is_empty(), "{issues:?}");
+        assert_eq!(m.caption, "from caption file");
+        assert_eq!(m.lyrics, "json words");
+        assert_eq!(m.bpm, Some(122));
+        assert_eq!(m.keyscale.as_deref(), Some("C minor"));
+        assert_eq!(m.timesignature.as_deref(), Some("4"));
+        assert_eq!(m.language.as_deref(), Some("en"));
+        assert_eq!(m.genre.as_deref(), Some("house"));
+    }
+
+    #[test]
+    fn csv_rows_by_file_name_or_stem() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        fs::write(
+            d.join("meta.csv"),
+            "Filename,Caption,BPM,Key\none.wav,\"first, song\",90,D major\ntwo,second song,128,\n",
+        )
+        .unwrap();
+        fs::write(d.join("two.json"), r#"{"bpm": "100"}"#).unwrap();
+        let mut sc = Sidecars::new();
+        let mut issues = Vec::new();
+        let one = sc.read(&d.join("one.wav"), &mut issues);
+        let two = sc.read(&d.join("two.flac"), &mut issues);
+        let three = sc.read(&d.join("three.wav"), &mut issues);
+        assert!(issues.is_empty(), "{issues:?}");
+        assert_eq!(
+            (one.caption.as_str(), one.bpm, one.keyscale.as_deref()),
+            ("first, song", Some(90), Some("D major"))
+        );
+        assert_eq!(
+            (two.caption.as_str(), two.bpm, two.keyscale),
+            ("second song", Some(100), None)
+        );
+        assert_eq!(three, SongMeta::default());
+    }
+
+    #[test]
+    fn bad_sidecars_are_reported_and_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        fs::write(d.join("a.json"), "{not json").unwrap();
+        fs::write(d.join("b.json"), r#"{"bpm": "fast"}"#).unwrap();
+        fs::write(d.join("b.caption.txt"), b"caf\xe9 latin-1 caption").unwrap();
+        let mut sc = Sidecars::new();
+        let mut issues = Vec::new();
+        let a = sc.read(&d.join("a.wav"), &mut issues);
+        let b = sc.read(&d.join("b.wav"), &mut issues);
+        assert_eq!(a, SongMeta::default());
+        assert_eq!(b.caption, "caf\u{FFFD} latin-1 caption");
+        assert_eq!(issues.len(), 2, "{issues:?}");
+        assert!(issues[0].0.ends_with("a.json") && issues[0].1.contains("invalid JSON"));
+        assert!(issues[1].0.ends_with("b.json") && issues[1].1.contains("fast"));
+    }
+
+    #[test]
+    fn trigger_tag_modes() {
+        let tag = |mode| TriggerTag {
+            tag: "ostn style".into(),
+            mode,
+        };
+        assert_eq!(
+            apply_trigger("lofi beat", Some(&tag(TagMode::Prepend))),
+            "ostn style, lofi beat"
+        );
+        assert_eq!(
+            apply_trigger("lofi beat", Some(&tag(TagMode::Append))),
+            "lofi beat, ostn style"
+        );
+        assert_eq!(
+            apply_trigger("lofi beat", Some(&tag(TagMode::Replace))),
+            "ostn style"
+        );
+        assert_eq!(apply_trigger("", Some(&tag(TagMode::Append))), "ostn style");
+        assert_eq!(apply_trigger("lofi beat", None), "lofi beat");
+        let blank = TriggerTag {
+            tag: " ".into(),
+            mode: TagMode::Replace,
+        };
+        assert_eq!(apply_trigger("lofi beat", Some(&blank)), "lofi beat");
+    }
+}
