@@ -62,6 +62,9 @@ pub enum Error {
     #[error("{path}: {reason}")]
     BadAudio { path: PathBuf, reason: String },
 
+    #[error("dataset settings: {0}")]
+    BadDataSpec(String),
+
     #[error("no usable audio in {folder}: {detail}")]
     NoUsableAudio { folder: PathBuf, detail: String },
 

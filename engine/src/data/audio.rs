@@ -318,7 +318,11 @@ mod tests {
         ] {
             let a = decode(&dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(a.sample_rate, rate, "{name}");
-            assert!((a.duration_seconds() - 1.5).abs() < 0.05, "{name}: {} s", a.duration_seconds());
+            assert!(
+                (a.duration_seconds() - 1.5).abs() < 0.05,
+                "{name}: {} s",
+                a.duration_seconds()
+            );
             let mid = |x: &[f32]| x[rate as usize / 4..rate as usize * 5 / 4].to_vec();
             for (channel, freq) in [(&a.left, 440.0), (&a.right, 660.0)] {
                 let (f, amp) = freq_and_amp(&mid(channel), rate);

@@ -34,16 +34,20 @@ pub fn file_hash(path: &Path) -> std::io::Result<String> {
     Ok(h.finalize().to_hex().to_string())
 }
 
+/// A cache entry's name: a BLAKE3 hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryKey(blake3::Hash);
+
 /// The entry key for the given parts (file hash, ids, settings), unambiguous
 /// because each part is length-prefixed.
-pub fn entry_key(parts: &[&str]) -> String {
+pub fn entry_key(parts: &[&str]) -> EntryKey {
     let mut h = blake3::Hasher::new();
     h.update(FORMAT.as_bytes());
     for p in parts {
         h.update(&(p.len() as u64).to_le_bytes())
             .update(p.as_bytes());
     }
-    h.finalize().to_hex().to_string()
+    EntryKey(h.finalize())
 }
 
 impl LatentCache {
@@ -71,13 +75,15 @@ impl LatentCache {
         &self.dir
     }
 
-    fn path(&self, key: &str) -> PathBuf {
-        self.dir.join(&key[..2]).join(format!("{key}.safetensors"))
+    /// Entries fan out over 256 subfolders by their first byte.
+    fn path(&self, key: &EntryKey) -> PathBuf {
+        let hex = key.0.to_hex();
+        self.dir.join(&hex[..2]).join(format!("{hex}.safetensors"))
     }
 
     /// The entry for `key`, or None. A missing, partial or foreign file is a miss
     /// (the next store replaces it). `source` is set to the caller's path.
-    pub fn load(&self, key: &str, source: &Path) -> Option<(TrainingSample, SongMeta)> {
+    pub fn load(&self, key: &EntryKey, source: &Path) -> Option<(TrainingSample, SongMeta)> {
         let bytes = std::fs::read(self.path(key)).ok()?;
         let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).ok()?;
         let meta = serde_json::from_str(header.metadata().as_ref()?.get(META_KEY)?).ok()?;
@@ -96,7 +102,7 @@ impl LatentCache {
 
     /// Stores an entry: written under a temporary name, then renamed, so a reader
     /// never sees half a file.
-    pub fn store(&self, key: &str, sample: &TrainingSample, meta: &SongMeta) -> Result<()> {
+    pub fn store(&self, key: &EntryKey, sample: &TrainingSample, meta: &SongMeta) -> Result<()> {
         let path = self.path(key);
         let err = |reason: String| Error::Cache {
             path: path.clone(),

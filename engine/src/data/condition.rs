@@ -7,6 +7,7 @@ use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 
+use super::encode::{silence_latent, LatentEncoder};
 use super::SongMeta;
 use crate::Result;
 
@@ -98,6 +99,13 @@ impl HashConditioner {
             lyric_tokens: 512,
             silence,
         }
+    }
+
+    /// For a weight-free encoder whose silence latent is the same every frame (the
+    /// demo's): one second of its silence, repeated to any length.
+    pub fn for_encoder(hidden_size: usize, encoder: &dyn LatentEncoder) -> Result<Self> {
+        let frames = encoder.frames_per_second().ceil() as usize;
+        Ok(Self::new(hidden_size, silence_latent(encoder, frames)?))
     }
 
     /// Shorter sequences make a small demo model faster.

@@ -153,6 +153,7 @@ pub fn prepare_dataset(
     cache: Option<&LatentCache>,
     report: &mut dyn FnMut(DataEvent),
 ) -> Result<PreparedDataset> {
+    spec.validate()?;
     let scanned = scan_folder(&spec.folder)?;
     let total = scanned.audio.len();
     let mut data = PreparedDataset {
@@ -234,7 +235,6 @@ pub fn prepare_dataset(
         meta.duration_seconds = audio.duration_seconds();
         let mut cached = None;
         if let (Some(cache), Some(key)) = (cache, &key) {
-            data.cache_misses += 1;
             let sample = match encode_audio(
                 &path,
                 &audio,
@@ -250,6 +250,7 @@ pub fn prepare_dataset(
                 }
                 Err(e) => return Err(e),
             };
+            data.cache_misses += 1;
             // A full disk costs speed, not the run.
             if let Err(e) = cache.store(key, &sample, &meta) {
                 issue(
@@ -298,7 +299,7 @@ pub fn prepare_dataset(
 mod tests {
     use super::*;
     use crate::data::condition::HashConditioner;
-    use crate::data::encode::{silence_latent, MelEncoder};
+    use crate::data::encode::MelEncoder;
     use crate::data::testutil::{aiff_bytes, flac_bytes, noise_bytes, sine, write_file};
     use crate::data::wav::{wav_bytes, SampleFormat};
     use crate::data::{TagMode, TriggerTag};
@@ -311,11 +312,8 @@ mod tests {
 
     fn models() -> (MelEncoder, HashConditioner) {
         let enc = MelEncoder::new();
-        let silence = silence_latent(&enc, 4).unwrap();
-        (
-            enc,
-            HashConditioner::new(16, silence).with_max_tokens(32, 16),
-        )
+        let cond = HashConditioner::for_encoder(16, &enc).unwrap();
+        (enc, cond.with_max_tokens(32, 16))
     }
 
     fn stereo_sine(rate: u32, seconds: f64, freq: f64) -> Vec<Vec<f32>> {
@@ -593,6 +591,31 @@ mod tests {
                 .count(),
             3
         );
+    }
+
+    #[test]
+    fn nonsense_settings_are_an_error() {
+        let src = tempfile::tempdir().unwrap();
+        good_wav(src.path(), "a.wav", 2.0, 440.0);
+        for spec in [
+            DataSpec {
+                max_duration_seconds: 0.0,
+                ..DataSpec::new(src.path())
+            },
+            DataSpec {
+                crop_seconds: Some(0.2),
+                ..DataSpec::new(src.path())
+            },
+            DataSpec {
+                crop_seconds: Some(f64::NAN),
+                ..DataSpec::new(src.path())
+            },
+        ] {
+            assert!(
+                matches!(prepare(&spec, None).0, Err(Error::BadDataSpec(_))),
+                "{spec:?}"
+            );
+        }
     }
 
     #[test]

@@ -122,6 +122,24 @@ impl DataSpec {
             ..Self::default()
         }
     }
+
+    /// Every song must give at least `audio::MIN_SECONDS` of training audio.
+    pub fn validate(&self) -> crate::Result<()> {
+        let min = audio::MIN_SECONDS;
+        let ok = |s: f64| s >= min; // false for NaN too
+        if !ok(self.max_duration_seconds) {
+            return Err(crate::Error::BadDataSpec(format!(
+                "max_duration_seconds is {}, must be at least {min}",
+                self.max_duration_seconds
+            )));
+        }
+        match self.crop_seconds {
+            Some(c) if !ok(c) => Err(crate::Error::BadDataSpec(format!(
+                "crop_seconds is {c}, must be at least {min}"
+            ))),
+            _ => Ok(()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -34,7 +34,8 @@ impl Mix {
         }
     }
 
-    /// Adds `voice(i)` for `seconds` from `at`, panned (-1 left .. 1 right).
+    /// Adds `voice(i)` for `seconds` from `at`, panned (-1 left .. 1 right), with a
+    /// 10 ms fade at the end so cut-off notes do not click.
     fn add(
         &mut self,
         at: f64,
@@ -44,9 +45,10 @@ impl Mix {
     ) {
         let start = (at * RATE as f64) as usize;
         let len = (seconds * RATE as f64) as usize;
+        let fade = (RATE / 100) as f32;
         let (gl, gr) = ((1.0 - pan) * 0.5, (1.0 + pan) * 0.5);
         for i in 0..len.min(self.left.len().saturating_sub(start)) {
-            let x = voice(i, &mut self.rng);
+            let x = voice(i, &mut self.rng) * ((len - i) as f32 / fade).min(1.0);
             self.left[start + i] += gl * x;
             self.right[start + i] += gr * x;
         }
