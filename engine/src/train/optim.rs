@@ -265,13 +265,14 @@ mod tests {
     impl Reference {
         fn step(&mut self, g: &[f64], lr: f64, c: &AdamWConfig) {
             self.t += 1;
-            for i in 0..self.p.len() {
-                self.p[i] -= lr * c.weight_decay * self.p[i];
-                self.m[i] = c.beta1 * self.m[i] + (1.0 - c.beta1) * g[i];
-                self.v[i] = c.beta2 * self.v[i] + (1.0 - c.beta2) * g[i] * g[i];
-                let m_hat = self.m[i] / (1.0 - c.beta1.powi(self.t));
-                let v_hat = self.v[i] / (1.0 - c.beta2.powi(self.t));
-                self.p[i] -= lr * m_hat / (v_hat.sqrt() + c.eps);
+            for (i, &g) in g.iter().enumerate() {
+                let (p, m, v) = (&mut self.p[i], &mut self.m[i], &mut self.v[i]);
+                *p -= lr * c.weight_decay * *p;
+                *m = c.beta1 * *m + (1.0 - c.beta1) * g;
+                *v = c.beta2 * *v + (1.0 - c.beta2) * g * g;
+                let m_hat = *m / (1.0 - c.beta1.powi(self.t));
+                let v_hat = *v / (1.0 - c.beta2.powi(self.t));
+                *p -= lr * m_hat / (v_hat.sqrt() + c.eps);
             }
         }
     }
@@ -341,7 +342,7 @@ mod tests {
             .to_dtype(DType::BF16)
             .unwrap();
         for _ in 0..3 {
-            opt.step(&[g.clone()], 1e-2).unwrap();
+            opt.step(std::slice::from_ref(&g), 1e-2).unwrap();
         }
         assert_eq!(opt.vars()[0].dtype(), DType::BF16);
         for (key, t) in opt.state_tensors().unwrap() {
@@ -359,7 +360,7 @@ mod tests {
         let mut first = AdamW::new(vec![var(&init)], config).unwrap();
         for g in &GRADS[..2] {
             let g = Tensor::new(g, &Device::Cpu).unwrap();
-            straight.step(&[g.clone()], 1e-2).unwrap();
+            straight.step(std::slice::from_ref(&g), 1e-2).unwrap();
             first.step(&[g], 1e-2).unwrap();
         }
         let state: HashMap<_, _> = first.state_tensors().unwrap().into_iter().collect();
@@ -368,7 +369,7 @@ mod tests {
         assert_eq!(resumed.step_count(), 2);
         for g in &GRADS[2..] {
             let g = Tensor::new(g, &Device::Cpu).unwrap();
-            straight.step(&[g.clone()], 1e-2).unwrap();
+            straight.step(std::slice::from_ref(&g), 1e-2).unwrap();
             resumed.step(&[g], 1e-2).unwrap();
         }
         let a = vec(straight.vars()[0].as_tensor());
@@ -394,6 +395,34 @@ mod tests {
         assert_eq!(saved["adamw.m.0"].dtype(), DType::F32);
         assert_eq!(vec(&saved["adamw.m.0"]), [0.5, -0.25]);
         assert_eq!(vec(&saved["adamw.v.0"]), [0.125, 2.0]);
+    }
+
+    #[test]
+    fn state_survives_a_safetensors_file_with_f16_moments() {
+        let mut opt = AdamW::new(vec![var(&[0.5, -1.5])], AdamWConfig::default()).unwrap();
+        opt.step(&[Tensor::new(&[0.25f32, 1.0], &Device::Cpu).unwrap()], 1e-2)
+            .unwrap();
+        // A checkpoint written by an engine that stored its moments in f16.
+        let state: HashMap<String, Tensor> = (opt.state_tensors().unwrap().into_iter())
+            .map(|(k, t)| match k.as_str() {
+                STEP_KEY => (k, t),
+                _ => (k, t.to_dtype(DType::F16).unwrap()),
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("training_state.safetensors");
+        candle_core::safetensors::save(&state, &path).unwrap();
+        let loaded = candle_core::safetensors::load(&path, &Device::Cpu).unwrap();
+        let params = var(&vec(opt.vars()[0].as_tensor()));
+        let resumed = AdamW::from_state(vec![params], AdamWConfig::default(), &loaded).unwrap();
+        assert_eq!(resumed.step_count(), 1);
+        for (key, t) in resumed.state_tensors().unwrap() {
+            if key != STEP_KEY {
+                assert_eq!(t.dtype(), DType::F32, "{key}");
+                let want = vec(&state[&key]);
+                assert_eq!(vec(&t), want, "{key}: the f16 values, exactly");
+            }
+        }
     }
 
     #[test]
