@@ -163,7 +163,7 @@ impl AdamW {
             weight_decay,
         } = self.config;
         // PyTorch's formulation: p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
-        let t = self.step as i32;
+        let t = i32::try_from(self.step).unwrap_or(i32::MAX);
         let bias_correction1 = 1.0 - beta1.powi(t);
         let bias_correction2_sqrt = (1.0 - beta2.powi(t)).sqrt();
         let step_size = lr / bias_correction1;
@@ -195,18 +195,26 @@ fn read_step(t: &Tensor) -> Result<u64> {
     }
 }
 
-/// The global L2 norm of all gradients, computed in f32 per tensor and summed in f64.
-pub fn grad_norm(grads: &[Tensor]) -> Result<f64> {
-    let mut sum_sq = 0.0f64;
-    for g in grads {
-        let s = g
-            .to_dtype(DType::F32)?
-            .sqr()?
-            .sum_all()?
-            .to_scalar::<f32>()?;
-        sum_sq += f64::from(s);
+/// Sums `per_tensor(g)` (a scalar for each gradient) on the device, reading back one
+/// number: on a GPU each read-back is a synchronisation.
+fn sum_over(
+    grads: &[Tensor],
+    per_tensor: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
+) -> Result<f32> {
+    if grads.is_empty() {
+        return Ok(0.0);
     }
-    Ok(sum_sq.sqrt())
+    let sums = grads
+        .iter()
+        .map(per_tensor)
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Ok(Tensor::stack(&sums, 0)?.sum_all()?.to_scalar::<f32>()?)
+}
+
+/// The global L2 norm of all gradients, accumulated in f32.
+pub fn grad_norm(grads: &[Tensor]) -> Result<f64> {
+    let sum_sq = sum_over(grads, |g| g.to_dtype(DType::F32)?.sqr()?.sum_all())?;
+    Ok(f64::from(sum_sq).sqrt())
 }
 
 /// Global-norm clipping with PyTorch's `clip_grad_norm_` semantics: when the norm
@@ -226,19 +234,10 @@ pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
 
 /// Whether every element of every gradient is finite.
 pub fn all_finite(grads: &[Tensor]) -> Result<bool> {
-    for g in grads {
-        // x - x is 0 for finite x and NaN for inf or NaN, so the sum is finite exactly
-        // when every element is; no overflow can occur, unlike summing x itself.
-        let s = g
-            .sub(g)?
-            .sum_all()?
-            .to_dtype(DType::F32)?
-            .to_scalar::<f32>()?;
-        if !s.is_finite() {
-            return Ok(false);
-        }
-    }
-    Ok(true)
+    // x - x is 0 for finite x and NaN for inf or NaN, so the sum is finite exactly
+    // when every element is; no overflow can occur, unlike summing x itself.
+    let sum = sum_over(grads, |g| g.sub(g)?.to_dtype(DType::F32)?.sum_all())?;
+    Ok(sum.is_finite())
 }
 
 #[cfg(test)]
@@ -476,6 +475,8 @@ mod tests {
         assert!(!all_finite(&[t(&[f32::NEG_INFINITY])]).unwrap());
         let f16_inf = t(&[70000.0]).to_dtype(DType::F16).unwrap();
         assert!(!all_finite(&[f16_inf]).unwrap());
+        assert!(all_finite(&[]).unwrap());
+        assert_eq!(grad_norm(&[]).unwrap(), 0.0);
 
         let mut grads = vec![t(&[f32::INFINITY, 1.0])];
         assert!(clip_grad_norm(&mut grads, 1.0).unwrap().is_infinite());
