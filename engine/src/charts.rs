@@ -48,13 +48,13 @@ impl Theme {
                 background: RGBColor(255, 255, 255),
                 text: RGBColor(40, 40, 40),
                 grid: RGBColor(225, 225, 225),
-                series: [RGBColor(160, 190, 230), RGBColor(20, 90, 200)],
+                series: [RGBColor(130, 170, 225), RGBColor(20, 90, 200)],
             },
             Theme::Dark => Palette {
                 background: RGBColor(30, 30, 32),
                 text: RGBColor(220, 220, 220),
                 grid: RGBColor(60, 60, 64),
-                series: [RGBColor(70, 100, 150), RGBColor(110, 170, 255)],
+                series: [RGBColor(90, 125, 180), RGBColor(110, 170, 255)],
             },
         }
     }
@@ -69,12 +69,12 @@ const FONT: &str = "sans-serif";
 /// One named line of a chart, as (step, value) points.
 struct Series {
     name: &'static str,
-    points: Vec<(f64, f64)>,
+    points: Vec<(u64, f64)>,
 }
 
 /// What the charts draw from one `step` event.
 struct StepPoint {
-    step: f64,
+    step: u64,
     loss: f64,
     samples_per_sec: f64,
     memory_now_mib: f64,
@@ -97,7 +97,6 @@ fn step_points(events: &[Event]) -> Vec<StepPoint> {
             ..
         } = *event
         {
-            let step = step as f64;
             while out.last().is_some_and(|p| p.step >= step) {
                 out.pop();
             }
@@ -142,7 +141,7 @@ fn series(chart: Chart, events: &[Event]) -> Vec<Series> {
 }
 
 /// Every n-th point so that at most `MAX_POINTS` remain, plus the last.
-fn thin(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+fn thin(points: &[(u64, f64)]) -> Vec<(u64, f64)> {
     let stride = points.len().div_ceil(MAX_POINTS).max(1);
     let mut out: Vec<_> = points.iter().copied().step_by(stride).collect();
     if let (Some(&last), Some(&kept)) = (points.last(), out.last()) {
@@ -153,9 +152,19 @@ fn thin(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
     out
 }
 
-/// A range that shows `values` with a margin; a sensible default when there is
+/// The steps to show: the first to the last, widened around a single point.
+fn step_range(steps: impl Iterator<Item = u64>) -> std::ops::Range<u64> {
+    let (lo, hi) = steps.fold((u64::MAX, 0), |(lo, hi), s| (lo.min(s), hi.max(s)));
+    match (lo, hi) {
+        (u64::MAX, _) => 0..2,
+        (lo, hi) if lo == hi => lo.saturating_sub(1)..lo + 1,
+        (lo, hi) => lo..hi,
+    }
+}
+
+/// A range that shows `values` with a 5% margin; a sensible default when there is
 /// nothing (or only one value) to show.
-fn padded_range(values: impl Iterator<Item = f64>, pad_fraction: f64) -> std::ops::Range<f64> {
+fn value_range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
     let (lo, hi) = values
         .filter(|v| v.is_finite())
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
@@ -165,7 +174,7 @@ fn padded_range(values: impl Iterator<Item = f64>, pad_fraction: f64) -> std::op
         return 0.0..1.0;
     }
     let pad = if hi > lo {
-        (hi - lo) * pad_fraction
+        (hi - lo) * 0.05
     } else {
         lo.abs().max(1.0) * 0.1
     };
@@ -198,8 +207,8 @@ fn draw<DB: DrawingBackend>(
         Chart::Memory => ("Memory", "MiB"),
     };
     let all = || lines.iter().flat_map(|s| s.points.iter());
-    let x_range = padded_range(all().map(|p| p.0), 0.0);
-    let y_range = padded_range(all().map(|p| p.1), 0.05);
+    let x_range = step_range(all().map(|p| p.0));
+    let y_range = value_range(all().map(|p| p.1));
     let text = |size: u32| (FONT, size).into_font().color(&palette.text);
 
     root.fill(&palette.background).map_err(chart_error)?;
@@ -218,7 +227,6 @@ fn draw<DB: DrawingBackend>(
         .axis_style(palette.text)
         .bold_line_style(palette.grid)
         .light_line_style(palette.background)
-        .x_label_formatter(&|x| format!("{x:.0}"))
         .draw()
         .map_err(chart_error)?;
     // With two lines the second is the main one (smoothed loss, peak memory): draw it
@@ -226,7 +234,9 @@ fn draw<DB: DrawingBackend>(
     let colours = &palette.series[palette.series.len() - lines.len()..];
     for (i, (line, &colour)) in lines.iter().zip(colours).enumerate() {
         let style = colour.stroke_width(if i + 1 == lines.len() { 2 } else { 1 });
-        cc.draw_series(LineSeries::new(thin(&line.points), style))
+        // A line needs two points: mark a lone first one so it shows.
+        let marker = if line.points.len() == 1 { 3 } else { 0 };
+        cc.draw_series(LineSeries::new(thin(&line.points), style).point_size(marker))
             .map_err(chart_error)?
             .label(line.name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
@@ -341,14 +351,14 @@ mod tests {
         let mut events = run(5);
         events.extend([step(4, 0.7), step(5, 0.6), step(6, 0.5)]);
         let loss = &series(Chart::Loss, &events)[0].points;
-        let steps: Vec<f64> = loss.iter().map(|p| p.0).collect();
-        assert_eq!(steps, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let steps: Vec<u64> = loss.iter().map(|p| p.0).collect();
+        assert_eq!(steps, [1, 2, 3, 4, 5, 6]);
         assert_eq!(loss[3].1, 0.7);
     }
 
     #[test]
     fn long_runs_are_thinned() {
-        let points: Vec<_> = (0..10_000).map(|i| (i as f64, 0.0)).collect();
+        let points: Vec<_> = (0..10_000).map(|i| (i, 0.0)).collect();
         let thinned = thin(&points);
         assert!(thinned.len() <= MAX_POINTS + 1);
         assert_eq!(thinned.last(), points.last());

@@ -4,7 +4,7 @@
 //! A past run is replayed from its log alone, so charts need no engine.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -204,8 +204,8 @@ impl EventLog {
         file.read_to_end(&mut bytes).map_err(io)?;
         if bytes.last().is_some_and(|&b| b != b'\n') {
             let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            // Appends go to the end of the file as it is then: no seek needed.
             file.set_len(keep as u64).map_err(io)?;
-            file.seek(std::io::SeekFrom::End(0)).map_err(io)?;
         }
         Ok(Self { file, path })
     }

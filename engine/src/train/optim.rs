@@ -163,7 +163,7 @@ impl AdamW {
             weight_decay,
         } = self.config;
         // PyTorch's formulation: p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
-        let t = self.step as i32;
+        let t = i32::try_from(self.step).unwrap_or(i32::MAX);
         let bias_correction1 = 1.0 - beta1.powi(t);
         let bias_correction2_sqrt = (1.0 - beta2.powi(t)).sqrt();
         let step_size = lr / bias_correction1;
@@ -195,18 +195,26 @@ fn read_step(t: &Tensor) -> Result<u64> {
     }
 }
 
-/// The global L2 norm of all gradients, computed in f32 per tensor and summed in f64.
-pub fn grad_norm(grads: &[Tensor]) -> Result<f64> {
-    let mut sum_sq = 0.0f64;
-    for g in grads {
-        let s = g
-            .to_dtype(DType::F32)?
-            .sqr()?
-            .sum_all()?
-            .to_scalar::<f32>()?;
-        sum_sq += f64::from(s);
+/// Sums `per_tensor(g)` (a scalar for each gradient) on the device, reading back one
+/// number: on a GPU each read-back is a synchronisation.
+fn sum_over(
+    grads: &[Tensor],
+    per_tensor: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
+) -> Result<f32> {
+    if grads.is_empty() {
+        return Ok(0.0);
     }
-    Ok(sum_sq.sqrt())
+    let sums = grads
+        .iter()
+        .map(per_tensor)
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Ok(Tensor::stack(&sums, 0)?.sum_all()?.to_scalar::<f32>()?)
+}
+
+/// The global L2 norm of all gradients, accumulated in f32.
+pub fn grad_norm(grads: &[Tensor]) -> Result<f64> {
+    let sum_sq = sum_over(grads, |g| g.to_dtype(DType::F32)?.sqr()?.sum_all())?;
+    Ok(f64::from(sum_sq).sqrt())
 }
 
 /// Global-norm clipping with PyTorch's `clip_grad_norm_` semantics: when the norm
@@ -226,19 +234,10 @@ pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
 
 /// Whether every element of every gradient is finite.
 pub fn all_finite(grads: &[Tensor]) -> Result<bool> {
-    for g in grads {
-        // x - x is 0 for finite x and NaN for inf or NaN, so the sum is finite exactly
-        // when every element is; no overflow can occur, unlike summing x itself.
-        let s = g
-            .sub(g)?
-            .sum_all()?
-            .to_dtype(DType::F32)?
-            .to_scalar::<f32>()?;
-        if !s.is_finite() {
-            return Ok(false);
-        }
-    }
-    Ok(true)
+    // x - x is 0 for finite x and NaN for inf or NaN, so the sum is finite exactly
+    // when every element is; no overflow can occur, unlike summing x itself.
+    let sum = sum_over(grads, |g| g.sub(g)?.to_dtype(DType::F32)?.sum_all())?;
+    Ok(sum.is_finite())
 }
 
 #[cfg(test)]
@@ -265,13 +264,14 @@ mod tests {
     impl Reference {
         fn step(&mut self, g: &[f64], lr: f64, c: &AdamWConfig) {
             self.t += 1;
-            for i in 0..self.p.len() {
-                self.p[i] -= lr * c.weight_decay * self.p[i];
-                self.m[i] = c.beta1 * self.m[i] + (1.0 - c.beta1) * g[i];
-                self.v[i] = c.beta2 * self.v[i] + (1.0 - c.beta2) * g[i] * g[i];
-                let m_hat = self.m[i] / (1.0 - c.beta1.powi(self.t));
-                let v_hat = self.v[i] / (1.0 - c.beta2.powi(self.t));
-                self.p[i] -= lr * m_hat / (v_hat.sqrt() + c.eps);
+            for (i, &g) in g.iter().enumerate() {
+                let (p, m, v) = (&mut self.p[i], &mut self.m[i], &mut self.v[i]);
+                *p -= lr * c.weight_decay * *p;
+                *m = c.beta1 * *m + (1.0 - c.beta1) * g;
+                *v = c.beta2 * *v + (1.0 - c.beta2) * g * g;
+                let m_hat = *m / (1.0 - c.beta1.powi(self.t));
+                let v_hat = *v / (1.0 - c.beta2.powi(self.t));
+                *p -= lr * m_hat / (v_hat.sqrt() + c.eps);
             }
         }
     }
@@ -341,7 +341,7 @@ mod tests {
             .to_dtype(DType::BF16)
             .unwrap();
         for _ in 0..3 {
-            opt.step(&[g.clone()], 1e-2).unwrap();
+            opt.step(std::slice::from_ref(&g), 1e-2).unwrap();
         }
         assert_eq!(opt.vars()[0].dtype(), DType::BF16);
         for (key, t) in opt.state_tensors().unwrap() {
@@ -359,7 +359,7 @@ mod tests {
         let mut first = AdamW::new(vec![var(&init)], config).unwrap();
         for g in &GRADS[..2] {
             let g = Tensor::new(g, &Device::Cpu).unwrap();
-            straight.step(&[g.clone()], 1e-2).unwrap();
+            straight.step(std::slice::from_ref(&g), 1e-2).unwrap();
             first.step(&[g], 1e-2).unwrap();
         }
         let state: HashMap<_, _> = first.state_tensors().unwrap().into_iter().collect();
@@ -368,7 +368,7 @@ mod tests {
         assert_eq!(resumed.step_count(), 2);
         for g in &GRADS[2..] {
             let g = Tensor::new(g, &Device::Cpu).unwrap();
-            straight.step(&[g.clone()], 1e-2).unwrap();
+            straight.step(std::slice::from_ref(&g), 1e-2).unwrap();
             resumed.step(&[g], 1e-2).unwrap();
         }
         let a = vec(straight.vars()[0].as_tensor());
@@ -394,6 +394,34 @@ mod tests {
         assert_eq!(saved["adamw.m.0"].dtype(), DType::F32);
         assert_eq!(vec(&saved["adamw.m.0"]), [0.5, -0.25]);
         assert_eq!(vec(&saved["adamw.v.0"]), [0.125, 2.0]);
+    }
+
+    #[test]
+    fn state_survives_a_safetensors_file_with_f16_moments() {
+        let mut opt = AdamW::new(vec![var(&[0.5, -1.5])], AdamWConfig::default()).unwrap();
+        opt.step(&[Tensor::new(&[0.25f32, 1.0], &Device::Cpu).unwrap()], 1e-2)
+            .unwrap();
+        // A checkpoint written by an engine that stored its moments in f16.
+        let state: HashMap<String, Tensor> = (opt.state_tensors().unwrap().into_iter())
+            .map(|(k, t)| match k.as_str() {
+                STEP_KEY => (k, t),
+                _ => (k, t.to_dtype(DType::F16).unwrap()),
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("training_state.safetensors");
+        candle_core::safetensors::save(&state, &path).unwrap();
+        let loaded = candle_core::safetensors::load(&path, &Device::Cpu).unwrap();
+        let params = var(&vec(opt.vars()[0].as_tensor()));
+        let resumed = AdamW::from_state(vec![params], AdamWConfig::default(), &loaded).unwrap();
+        assert_eq!(resumed.step_count(), 1);
+        for (key, t) in resumed.state_tensors().unwrap() {
+            if key != STEP_KEY {
+                assert_eq!(t.dtype(), DType::F32, "{key}");
+                let want = vec(&state[&key]);
+                assert_eq!(vec(&t), want, "{key}: the f16 values, exactly");
+            }
+        }
     }
 
     #[test]
@@ -447,6 +475,8 @@ mod tests {
         assert!(!all_finite(&[t(&[f32::NEG_INFINITY])]).unwrap());
         let f16_inf = t(&[70000.0]).to_dtype(DType::F16).unwrap();
         assert!(!all_finite(&[f16_inf]).unwrap());
+        assert!(all_finite(&[]).unwrap());
+        assert_eq!(grad_norm(&[]).unwrap(), 0.0);
 
         let mut grads = vec![t(&[f32::INFINITY, 1.0])];
         assert!(clip_grad_norm(&mut grads, 1.0).unwrap().is_infinite());

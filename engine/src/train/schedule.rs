@@ -273,6 +273,37 @@ mod tests {
     }
 
     #[test]
+    fn configs_sit_in_toml() {
+        #[derive(Deserialize, Serialize, PartialEq, Debug)]
+        struct RunToml {
+            lr_schedule: LrSchedule,
+            timesteps: TimestepSampling,
+        }
+        let run: RunToml = toml::from_str(
+            r#"
+            lr_schedule = { kind = "linear", floor = 0.05 }
+            [timesteps]
+            kind = "logit_normal"
+            mu = -0.4
+            sigma = 1.0
+            shift = 3.0
+            "#,
+        )
+        .unwrap();
+        assert_eq!(run.lr_schedule, LrSchedule::Linear { floor: 0.05 });
+        assert_eq!(
+            run.timesteps,
+            TimestepSampling::LogitNormal {
+                mu: -0.4,
+                sigma: 1.0,
+                shift: 3.0
+            }
+        );
+        let back: RunToml = toml::from_str(&toml::to_string(&run).unwrap()).unwrap();
+        assert_eq!(back, run);
+    }
+
+    #[test]
     fn configs_are_kind_tagged() {
         let json = serde_json::to_value(TimestepSampling::LogitNormal {
             mu: -0.4,
