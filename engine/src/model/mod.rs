@@ -8,6 +8,7 @@ pub mod block;
 pub mod config;
 pub mod demo;
 pub mod ops;
+pub mod source;
 pub mod weights;
 
 use std::collections::HashMap;

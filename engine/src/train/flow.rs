@@ -1,10 +1,11 @@
 //! Flow matching as ACE-Step trains: x1 ~ N(0, 1), x_t = t x1 + (1 - t) x0, r = t,
 //! target x1 - x0, MSE in f32 over valid frames.
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
+use crate::data::TrainingSample;
 use crate::model::{ops, DitInputs};
 use crate::Result;
 
@@ -18,6 +19,42 @@ pub struct Batch {
     pub encoder_hidden_states: Tensor,
     /// `[B, T, 128]`.
     pub context_latents: Tensor,
+}
+
+impl Batch {
+    /// Stacks samples into a batch, zero-padding time to the longest sample and the
+    /// condition to the longest sequence; padded frames get mask 0. (The DiT itself
+    /// ignores masks, as ACE-Step's does: padded condition rows take part.)
+    pub fn collate(samples: &[&TrainingSample], dtype: DType, device: &Device) -> Result<Self> {
+        let frames = samples.iter().map(|s| s.target_latents.dim(0)).collect::<candle_core::Result<Vec<_>>>()?;
+        let rows = samples.iter().map(|s| s.encoder_hidden_states.dim(0)).collect::<candle_core::Result<Vec<_>>>()?;
+        let (t_max, l_max) = (*frames.iter().max().unwrap_or(&0), *rows.iter().max().unwrap_or(&0));
+        let stack = |get: &dyn Fn(&TrainingSample) -> &Tensor, len: usize| -> Result<Tensor> {
+            let padded = samples
+                .iter()
+                .map(|s| {
+                    let t = get(s).to_dtype(DType::F32)?;
+                    let missing = len - t.dim(0)?;
+                    if missing > 0 { t.pad_with_zeros(0, 0, missing) } else { Ok(t) }
+                })
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            Ok(Tensor::stack(&padded, 0)?.to_device(device)?)
+        };
+        Ok(Self {
+            target_latents: stack(&|s| &s.target_latents, t_max)?,
+            frame_mask: stack(&|s| &s.attention_mask, t_max)?,
+            encoder_hidden_states: stack(&|s| &s.encoder_hidden_states, l_max)?.to_dtype(dtype)?,
+            context_latents: stack(&|s| &s.context_latents, t_max)?.to_dtype(dtype)?,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.target_latents.dim(0).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// One noised batch: what the DiT sees and what it must predict.
@@ -68,7 +105,6 @@ impl FlowBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
     use rand::SeedableRng;
 
     fn batch(mask: &[f32]) -> Batch {

@@ -6,3 +6,10 @@ pub mod grads;
 pub mod loss_scale;
 pub mod optim;
 pub mod schedule;
+pub mod config;
+pub mod run;
+pub mod state;
+pub mod step;
+
+pub use config::RunConfig;
+pub use run::{Run, RunEnd, RunHandle};

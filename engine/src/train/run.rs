@@ -1,0 +1,512 @@
+//! A run: the training loop on its own thread, controlled through a `RunHandle`
+//! (pause, resume, stop) and observed through `Event`s, which also go to the run
+//! directory's `events.jsonl`.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use super::config::RunConfig;
+use super::flow::Batch;
+use super::loss_scale::{LossScaler, SkipCounter};
+use super::optim::AdamW;
+use super::schedule::LrScheduler;
+use super::state::{self, TrainingState};
+use super::step::{StepOutcome, StepSettings, Trainer};
+use crate::data::{prepare_dataset, DataEvent, LatentCache, PreparedDataset};
+use crate::device;
+use crate::events::{DatasetSummary, Event, EventLog, MemoryFeatures};
+use crate::lora::LoraAdapter;
+use crate::metrics::{MemoryProbe, RateMeter};
+use crate::model::source::LoadedModel;
+use crate::{Error, Result};
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunEnd {
+    Finished { adapter: PathBuf, steps: u64 },
+    Stopped { adapter: PathBuf, steps: u64 },
+    Failed { reason: String, steps: u64 },
+}
+
+#[derive(Default)]
+struct Requests {
+    pause: bool,
+    stop: bool,
+}
+
+/// Requests from the front end, read by the loop at step boundaries.
+#[derive(Default)]
+struct Control {
+    requests: Mutex<Requests>,
+    wake: Condvar,
+}
+
+pub struct RunHandle {
+    run_dir: PathBuf,
+    control: Arc<Control>,
+    events: Receiver<Event>,
+    thread: JoinHandle<Result<RunEnd>>,
+}
+
+impl RunHandle {
+    /// Pause at the next step boundary (after writing a checkpoint).
+    pub fn pause(&self) {
+        self.control.requests.lock().expect("control lock").pause = true;
+    }
+
+    /// Continue a paused run.
+    pub fn resume(&self) {
+        self.control.requests.lock().expect("control lock").pause = false;
+        self.control.wake.notify_all();
+    }
+
+    /// Stop at the next step boundary: checkpoint, final adapter, `stopped`.
+    pub fn stop(&self) {
+        self.control.requests.lock().expect("control lock").stop = true;
+        self.control.wake.notify_all();
+    }
+
+    pub fn events(&self) -> &Receiver<Event> {
+        &self.events
+    }
+
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+
+    pub fn join(self) -> Result<RunEnd> {
+        self.thread.join().unwrap_or_else(|_| {
+            Err(Error::BadConfig("the training thread panicked".into()))
+        })
+    }
+}
+
+pub struct Run;
+
+impl Run {
+    /// Starts a new run in `<runs_dir>/<name>` (which must not hold a run already).
+    pub fn start(config: RunConfig) -> Result<RunHandle> {
+        config.validate()?;
+        let run_dir = config.run_dir();
+        if run_dir.join("run.toml").exists() {
+            return Err(Error::BadConfig(format!(
+                "{} already holds a run: resume it or choose another name",
+                run_dir.display()
+            )));
+        }
+        std::fs::create_dir_all(&run_dir).map_err(|e| Error::io(&run_dir, e))?;
+        write_config(&run_dir, &config)?;
+        Ok(spawn(config, run_dir, false))
+    }
+
+    /// Continues a paused, stopped or crashed run from its newest readable checkpoint.
+    pub fn resume(run_dir: &Path) -> Result<RunHandle> {
+        Self::resume_with(run_dir, None)
+    }
+
+    /// As `resume`, stopping (resumably) once `stop_at_step` updates are applied.
+    pub fn resume_with(run_dir: &Path, stop_at_step: Option<u64>) -> Result<RunHandle> {
+        let mut config = RunConfig::from_toml_file(&run_dir.join("run.toml"))?;
+        config.stop_at_step = stop_at_step;
+        config.runs_dir = run_dir.parent().map(Path::to_path_buf).unwrap_or_default();
+        config.name = run_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        write_config(run_dir, &config)?;
+        Ok(spawn(config, run_dir.to_path_buf(), true))
+    }
+}
+
+fn write_config(run_dir: &Path, config: &RunConfig) -> Result<()> {
+    let path = run_dir.join("run.toml");
+    std::fs::write(&path, config.to_toml()).map_err(|e| Error::io(&path, e))
+}
+
+fn spawn(config: RunConfig, run_dir: PathBuf, resuming: bool) -> RunHandle {
+    let control = Arc::new(Control::default());
+    let (tx, rx) = channel();
+    let thread = {
+        let (control, run_dir) = (control.clone(), run_dir.clone());
+        std::thread::Builder::new()
+            .name("ostinato-train".into())
+            .spawn(move || {
+                let mut sink = match EventLog::open(run_dir.join("events.jsonl")) {
+                    Ok(log) => Sink { log, tx },
+                    Err(e) => return Err(e),
+                };
+                let result = Loop::setup(&config, &run_dir, resuming, &mut sink)
+                    .and_then(|mut l| l.run(&control, &mut sink));
+                if let Err(e) = &result {
+                    sink.emit(Event::Failed { step: 0, reason: e.to_string() });
+                }
+                result
+            })
+            .expect("spawn training thread")
+    };
+    RunHandle {
+        run_dir,
+        control,
+        events: rx,
+        thread,
+    }
+}
+
+/// Every event goes to the log (flushed) and to the front end.
+struct Sink {
+    log: EventLog,
+    tx: Sender<Event>,
+}
+
+impl Sink {
+    fn emit(&mut self, event: Event) {
+        // A full disk must not kill training: the checkpoint path reports write errors.
+        let _ = self.log.append(&event);
+        let _ = self.tx.send(event);
+    }
+}
+
+struct Loop {
+    config: RunConfig,
+    run_dir: PathBuf,
+    encoder: Box<dyn crate::data::LatentEncoder>,
+    conditioner: Box<dyn crate::data::Conditioner>,
+    data: PreparedDataset,
+    trainer: Trainer,
+    state: TrainingState,
+    total_steps: u64,
+    batches_per_epoch: usize,
+}
+
+impl Loop {
+    fn setup(config: &RunConfig, run_dir: &Path, resuming: bool, sink: &mut Sink) -> Result<Self> {
+        // 1. Device, model, dataset.
+        let selected = device::select(config.force_cpu)?;
+        let dtype = config.precision.dtype(&selected.device);
+        let LoadedModel {
+            dit,
+            encoder,
+            conditioner,
+            default_timesteps,
+            parameters,
+        } = config.model.load(dtype, &selected.device)?;
+        let cache = match (&config.latent_cache, &config.cache_dir) {
+            (false, _) => None,
+            (true, Some(dir)) => Some(LatentCache::new(dir)?),
+            (true, None) => Some(LatentCache::open_default()?),
+        };
+        let data = prepare_dataset(
+            &config.data,
+            encoder.as_ref(),
+            conditioner.as_ref(),
+            cache.as_ref(),
+            &mut |e| sink.emit(data_event(e, &config.data.folder)),
+        )?;
+
+        // 2. Schedule length.
+        let batches_per_epoch = data.len().div_ceil(config.batch_size);
+        let updates_per_epoch = batches_per_epoch.div_ceil(config.grad_accum) as u64;
+        let total_steps = (updates_per_epoch * config.epochs).min(config.max_steps.unwrap_or(u64::MAX));
+
+        // 3. Adapter, optimizer and counters: fresh, or from the newest checkpoint.
+        let config_hash = config.trajectory_hash();
+        let (adapter, optimizer_state, state) = if resuming {
+            let (ckpt, warnings) = state::load_latest(run_dir, &dit)?;
+            for message in warnings {
+                sink.emit(Event::Warning { message });
+            }
+            if ckpt.state.config_hash != config_hash {
+                return Err(Error::BadFile {
+                    path: run_dir.join("run.toml"),
+                    reason: "the settings differ from those the checkpoint was trained with".into(),
+                });
+            }
+            (ckpt.adapter, Some(ckpt.optimizer_state), ckpt.state)
+        } else {
+            let adapter = LoraAdapter::new(config.lora.clone(), &dit, config.seed)?;
+            let loss_scaler = if dtype == candle_core::DType::F16 {
+                LossScaler::dynamic(config.loss_scale)
+            } else {
+                LossScaler::disabled()
+            };
+            let state = TrainingState {
+                engine_version: state::ENGINE_VERSION.into(),
+                config_hash,
+                seed: config.seed,
+                step: 0,
+                attempts: 0,
+                epoch: 0,
+                batch_in_epoch: 0,
+                epoch_order: epoch_order(config.seed, 0, data.len()),
+                epoch_loss_sum: 0.0,
+                epoch_loss_count: 0,
+                last_loss: None,
+                loss_scaler,
+                skips: SkipCounter::new(config.max_consecutive_skips),
+                elapsed_s: 0.0,
+            };
+            (adapter, None, state)
+        };
+        let vars = adapter.vars();
+        let optimizer = match optimizer_state {
+            Some(s) => AdamW::from_state(vars, config.optimizer, &s)?,
+            None => AdamW::new(vars, config.optimizer)?,
+        };
+        let trainable = adapter.num_parameters() as u64;
+        let trainer = Trainer {
+            settings: StepSettings {
+                checkpointing: config.gradient_checkpointing,
+                max_grad_norm: config.max_grad_norm,
+                timesteps: config.timesteps.clone().unwrap_or(default_timesteps),
+                seed: config.seed,
+            },
+            lr: LrScheduler::new(config.lr_schedule.clone(), config.lr, total_steps),
+            scaler: state.loss_scaler.clone(),
+            skips: state.skips.clone(),
+            attempts: state.attempts,
+            optimizer,
+            adapter,
+            model: dit,
+        };
+
+        sink.emit(Event::RunStarted {
+            config: serde_json::to_value(config).expect("config serialises"),
+            device: format!("{} ({})", selected.name, selected.reason),
+            precision: format!("{dtype:?}").to_lowercase(),
+            memory: MemoryFeatures {
+                gradient_checkpointing: config.gradient_checkpointing,
+                block_input_grad_path: config.gradient_checkpointing,
+                latent_cache: config.latent_cache,
+            },
+            trainable_params: trainable,
+            total_params: parameters + trainable,
+            dataset: DatasetSummary {
+                files: (data.len() + data.issues.len()) as u64,
+                usable: data.len() as u64,
+                skipped: data.issues.len() as u64,
+                cache_hits: data.cache_hits as u64,
+                cache_misses: data.cache_misses as u64,
+                total_seconds: data.total_seconds(),
+            },
+        });
+        Ok(Self {
+            config: config.clone(),
+            run_dir: run_dir.to_path_buf(),
+            encoder,
+            conditioner,
+            data,
+            trainer,
+            state,
+            total_steps,
+            batches_per_epoch,
+        })
+    }
+
+    fn run(&mut self, control: &Control, sink: &mut Sink) -> Result<RunEnd> {
+        let mut probe = MemoryProbe::for_device(self.trainer.model.device());
+        let mut rate = RateMeter::new(20);
+        while self.state.epoch < self.config.epochs {
+            while self.state.batch_in_epoch < self.batches_per_epoch {
+                // Step boundary: the end, a stop point, or a request from the front end.
+                let step = self.trainer.applied_steps();
+                if step >= self.total_steps {
+                    return self.finish(sink);
+                }
+                if self.config.stop_at_step.is_some_and(|s| step >= s) || self.wait_if_paused(control, sink)? {
+                    return self.stop(sink);
+                }
+
+                let started = Instant::now();
+                let group = self.next_group()?;
+                let samples: u64 = group.iter().map(|b| b.len() as u64).sum();
+                let outcome = device::in_step_scope(|| self.trainer.step(&group))?;
+                let seconds = started.elapsed().as_secs_f64();
+                self.state.elapsed_s += seconds;
+                match outcome {
+                    StepOutcome::Applied { loss, lr, grad_norm } => {
+                        rate.record(samples, seconds);
+                        self.state.epoch_loss_sum += loss;
+                        self.state.epoch_loss_count += 1;
+                        self.state.last_loss = Some(loss);
+                        let memory = probe.sample();
+                        let step = self.trainer.applied_steps();
+                        sink.emit(Event::Step {
+                            step,
+                            epoch: self.state.epoch,
+                            loss,
+                            lr,
+                            grad_norm,
+                            samples_per_sec: rate.samples_per_sec(),
+                            memory_now_bytes: memory.now_bytes,
+                            memory_peak_bytes: memory.peak_bytes,
+                            elapsed_s: self.state.elapsed_s,
+                            eta_s: rate.eta_s(self.total_steps.saturating_sub(step)),
+                        });
+                        if self.config.save_every_steps.is_some_and(|n| n > 0 && step % n == 0) {
+                            self.checkpoint(sink)?;
+                        }
+                    }
+                    StepOutcome::Skipped { reason, consecutive, loss_scale, give_up } => {
+                        sink.emit(Event::StepSkipped {
+                            step: self.trainer.applied_steps() + 1,
+                            reason: reason.clone(),
+                            consecutive,
+                            loss_scale,
+                        });
+                        if give_up {
+                            let reason = format!(
+                                "{consecutive} steps in a row had {reason}; the last checkpoint holds the last good state"
+                            );
+                            let steps = self.trainer.applied_steps();
+                            sink.emit(Event::Failed { step: steps, reason: reason.clone() });
+                            return Ok(RunEnd::Failed { reason, steps });
+                        }
+                    }
+                }
+            }
+            self.end_epoch(sink)?;
+        }
+        self.finish(sink)
+    }
+
+    /// The next `grad_accum` batches of this epoch (fewer at its end: the remainder
+    /// is flushed, not carried over).
+    fn next_group(&mut self) -> Result<Vec<Batch>> {
+        let (bs, n) = (self.config.batch_size, self.data.len());
+        let end = (self.state.batch_in_epoch + self.config.grad_accum).min(self.batches_per_epoch);
+        let mut group = Vec::with_capacity(end - self.state.batch_in_epoch);
+        for b in self.state.batch_in_epoch..end {
+            let samples = self.state.epoch_order[b * bs..((b + 1) * bs).min(n)]
+                .iter()
+                .map(|&i| {
+                    // Fresh crops without the cache: seeded per (seed, epoch, item).
+                    let seed = self.config.seed ^ (self.state.epoch << 32) ^ i as u64;
+                    let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_mul(0xA24B_AED4_963E_E407));
+                    self.data.sample(i, self.encoder.as_ref(), self.conditioner.as_ref(), &mut rng)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let refs: Vec<_> = samples.iter().collect();
+            group.push(Batch::collate(&refs, self.trainer.model.dtype(), self.trainer.model.device())?);
+        }
+        self.state.batch_in_epoch = end;
+        Ok(group)
+    }
+
+    fn end_epoch(&mut self, sink: &mut Sink) -> Result<()> {
+        let s = &mut self.state;
+        sink.emit(Event::EpochEnd {
+            epoch: s.epoch,
+            step: self.trainer.optimizer.step_count(),
+            mean_loss: (s.epoch_loss_count > 0).then(|| s.epoch_loss_sum / s.epoch_loss_count as f64),
+        });
+        s.epoch += 1;
+        s.batch_in_epoch = 0;
+        s.epoch_loss_sum = 0.0;
+        s.epoch_loss_count = 0;
+        s.epoch_order = epoch_order(self.config.seed, s.epoch, self.data.len());
+        let epoch = s.epoch;
+        if self.config.save_every_epochs.is_some_and(|n| n > 0 && epoch % n == 0) && epoch < self.config.epochs {
+            self.checkpoint(sink)?;
+        }
+        Ok(())
+    }
+
+    /// Blocks while paused (after checkpointing); true when a stop was requested.
+    fn wait_if_paused(&mut self, control: &Control, sink: &mut Sink) -> Result<bool> {
+        let pause = {
+            let r = control.requests.lock().expect("control lock");
+            if r.stop {
+                return Ok(true);
+            }
+            r.pause
+        };
+        if !pause {
+            return Ok(false);
+        }
+        self.checkpoint(sink)?;
+        let step = self.trainer.applied_steps();
+        sink.emit(Event::Paused { step });
+        let mut r = control.requests.lock().expect("control lock");
+        while r.pause && !r.stop {
+            r = control.wake.wait(r).expect("control lock");
+        }
+        if r.stop {
+            return Ok(true);
+        }
+        sink.emit(Event::Resumed { step });
+        Ok(false)
+    }
+
+    fn checkpoint(&mut self, sink: &mut Sink) -> Result<PathBuf> {
+        self.state.step = self.trainer.applied_steps();
+        self.state.attempts = self.trainer.attempts;
+        self.state.loss_scaler = self.trainer.scaler.clone();
+        self.state.skips = self.trainer.skips.clone();
+        let path = state::save_checkpoint(
+            &self.run_dir,
+            &self.state,
+            &self.trainer.adapter,
+            self.trainer.optimizer.state_tensors()?,
+            self.config.keep_checkpoints,
+        )?;
+        sink.emit(Event::CheckpointSaved {
+            step: self.state.step,
+            path: path.clone(),
+        });
+        Ok(path)
+    }
+
+    fn stop(&mut self, sink: &mut Sink) -> Result<RunEnd> {
+        self.checkpoint(sink)?;
+        let adapter = state::save_final_adapter(&self.run_dir, &self.trainer.adapter)?;
+        let steps = self.trainer.applied_steps();
+        sink.emit(Event::Stopped {
+            step: steps,
+            adapter_path: adapter.clone(),
+        });
+        Ok(RunEnd::Stopped { adapter, steps })
+    }
+
+    fn finish(&mut self, sink: &mut Sink) -> Result<RunEnd> {
+        self.checkpoint(sink)?;
+        let adapter = state::save_final_adapter(&self.run_dir, &self.trainer.adapter)?;
+        let steps = self.trainer.applied_steps();
+        sink.emit(Event::Finished {
+            adapter_path: adapter.clone(),
+            steps,
+            final_loss: self.state.last_loss,
+        });
+        Ok(RunEnd::Finished { adapter, steps })
+    }
+}
+
+/// The shuffled sample order of an epoch: a pure function of (seed, epoch).
+fn epoch_order(seed: u64, epoch: u64, n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    order.shuffle(&mut rng);
+    order
+}
+
+fn data_event(e: DataEvent, folder: &Path) -> Event {
+    match e {
+        DataEvent::Progress { done, total, file, .. } => Event::DatasetProgress {
+            done: done as u64,
+            total: total as u64,
+            file: file.unwrap_or_else(|| folder.to_path_buf()),
+        },
+        DataEvent::Issue { file, reason } => Event::DatasetIssue { file, reason },
+    }
+}

@@ -1,0 +1,216 @@
+//! Checkpoints: the adapter plus everything needed to continue exactly, written
+//! crash-safely, and read back with a fallback to an older checkpoint only when the
+//! newest is unreadable.
+//!
+//! ```text
+//! checkpoints/step-NNNNNN/adapter/{adapter_config.json, adapter_model.safetensors}
+//! checkpoints/step-NNNNNN/training_state.safetensors   AdamW moments (f32) and step
+//! checkpoints/step-NNNNNN/training_state.json          positions, counters, scaler, hashes
+//! ```
+//! A checkpoint is written under `.tmp-*`, every file fsynced, then renamed into place
+//! and the directory fsynced: a crash or a full disk never leaves a half checkpoint
+//! under a `step-*` name.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use candle_core::Device;
+use serde::{Deserialize, Serialize};
+
+use super::loss_scale::{LossScaler, SkipCounter};
+use crate::lora::LoraAdapter;
+use crate::{Error, Result};
+
+pub const ENGINE_VERSION: &str = env!("CARGO_PKG_VERSION");
+const STATE_JSON: &str = "training_state.json";
+const STATE_TENSORS: &str = "training_state.safetensors";
+
+/// Where the run is and every counter that shapes what comes next. Random numbers
+/// are not stored as generator states: every generator is seeded from (`seed`,
+/// `attempts`, micro-batch) for noise, timesteps and dropout, from (`seed`, epoch)
+/// for the shuffle and from (`seed`, epoch, item) for crops, so these positions are
+/// the complete RNG state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainingState {
+    pub engine_version: String,
+    /// `RunConfig::trajectory_hash` of the run that wrote it.
+    pub config_hash: String,
+    pub seed: u64,
+    /// Optimizer updates applied (also the learning-rate scheduler's position).
+    pub step: u64,
+    /// Steps attempted, applied or skipped.
+    pub attempts: u64,
+    pub epoch: u64,
+    /// Index of the next batch within the epoch.
+    pub batch_in_epoch: usize,
+    /// This epoch's shuffled sample order.
+    pub epoch_order: Vec<usize>,
+    /// Sum and count of this epoch's applied losses, for its `epoch_end` mean.
+    pub epoch_loss_sum: f64,
+    pub epoch_loss_count: u64,
+    pub last_loss: Option<f64>,
+    pub loss_scaler: LossScaler,
+    pub skips: SkipCounter,
+    /// Training seconds so far, pauses excluded.
+    pub elapsed_s: f64,
+}
+
+/// A checkpoint read back: its state, adapter tensors and optimizer tensors.
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub state: TrainingState,
+    pub adapter: LoraAdapter,
+    pub optimizer_state: HashMap<String, candle_core::Tensor>,
+}
+
+pub fn checkpoints_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("checkpoints")
+}
+
+fn step_dir_name(step: u64) -> String {
+    format!("step-{step:06}")
+}
+
+/// Writes checkpoint `state.step` and keeps the newest `keep` step checkpoints.
+pub fn save_checkpoint(
+    run_dir: &Path,
+    state: &TrainingState,
+    adapter: &LoraAdapter,
+    optimizer_tensors: Vec<(String, candle_core::Tensor)>,
+    keep: usize,
+) -> Result<PathBuf> {
+    let root = checkpoints_dir(run_dir);
+    let target = root.join(step_dir_name(state.step));
+    write_atomically(&root, &target, |tmp| {
+        adapter.save_peft(&tmp.join("adapter"))?;
+        let tensors: HashMap<String, candle_core::Tensor> = optimizer_tensors.into_iter().collect();
+        let path = tmp.join(STATE_TENSORS);
+        candle_core::safetensors::save(&tensors, &path).map_err(|e| Error::BadFile {
+            path: path.clone(),
+            reason: format!("cannot write: {e}"),
+        })?;
+        let json = serde_json::to_vec_pretty(state).expect("state serialises");
+        let path = tmp.join(STATE_JSON);
+        std::fs::write(&path, json).map_err(|e| Error::io(&path, e))
+    })?;
+    prune(&root, keep)?;
+    Ok(target)
+}
+
+/// Writes the run's `final/adapter` (replacing an older one) the same crash-safe way.
+pub fn save_final_adapter(run_dir: &Path, adapter: &LoraAdapter) -> Result<PathBuf> {
+    let target = run_dir.join("final");
+    write_atomically(run_dir, &target, |tmp| adapter.save_peft(&tmp.join("adapter")))?;
+    Ok(target.join("adapter"))
+}
+
+/// Builds `target` in a temporary sibling with `fill`, fsyncs it, renames it into place.
+fn write_atomically(parent: &Path, target: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    let name = target.file_name().and_then(|n| n.to_str()).expect("target has a name");
+    let tmp = parent.join(format!(".tmp-{name}"));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    fill(&tmp)?;
+    fsync_tree(&tmp)?;
+    if target.exists() {
+        // Same step written twice (pause, then stop): the new one replaces it.
+        std::fs::remove_dir_all(target).map_err(|e| Error::io(target, e))?;
+    }
+    std::fs::rename(&tmp, target).map_err(|e| Error::io(target, e))?;
+    fsync_dir(parent)
+}
+
+fn fsync_tree(dir: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let path = entry.map_err(|e| Error::io(dir, e))?.path();
+        if path.is_dir() {
+            fsync_tree(&path)?;
+        } else {
+            File::open(&path).and_then(|f| f.sync_all()).map_err(|e| Error::io(&path, e))?;
+        }
+    }
+    fsync_dir(dir)
+}
+
+fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|f| f.sync_all()).map_err(|e| Error::io(dir, e))
+}
+
+/// Step checkpoint directories, newest first.
+pub fn list_checkpoints(run_dir: &Path) -> Result<Vec<PathBuf>> {
+    let root = checkpoints_dir(run_dir);
+    if !root.is_dir() {
+        return Ok(Vec::new());
+    }
+    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(&root)
+        .map_err(|e| Error::io(&root, e))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let step = name.strip_prefix("step-")?.parse().ok()?;
+            Some((step, e.path()))
+        })
+        .collect();
+    found.sort_by(|a, b| b.0.cmp(&a.0));
+    Ok(found.into_iter().map(|(_, p)| p).collect())
+}
+
+fn prune(root: &Path, keep: usize) -> Result<()> {
+    let run_dir = root.parent().expect("checkpoints dir has a parent");
+    for old in list_checkpoints(run_dir)?.into_iter().skip(keep) {
+        std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
+    }
+    Ok(())
+}
+
+/// Reads one checkpoint; any missing or corrupt file is an error naming it.
+pub fn load_checkpoint(dir: &Path, model: &crate::model::DitModel) -> Result<Checkpoint> {
+    let json_path = dir.join(STATE_JSON);
+    let text = std::fs::read_to_string(&json_path).map_err(|e| Error::io(&json_path, e))?;
+    let state: TrainingState = serde_json::from_str(&text).map_err(|source| Error::Json {
+        path: json_path.clone(),
+        source,
+    })?;
+    let adapter = LoraAdapter::load_peft(&dir.join("adapter"), model)?;
+    let tensors_path = dir.join(STATE_TENSORS);
+    if !tensors_path.is_file() {
+        return Err(Error::io(
+            &tensors_path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "file not found"),
+        ));
+    }
+    let optimizer_state = candle_core::safetensors::load(&tensors_path, &Device::Cpu).map_err(|e| Error::BadFile {
+        path: tensors_path.clone(),
+        reason: format!("corrupt training state: {e}"),
+    })?;
+    Ok(Checkpoint {
+        dir: dir.to_path_buf(),
+        state,
+        adapter,
+        optimizer_state,
+    })
+}
+
+/// The newest readable checkpoint, with a warning for each newer one that was not;
+/// an error naming the file when none is readable (or there is none).
+pub fn load_latest(run_dir: &Path, model: &crate::model::DitModel) -> Result<(Checkpoint, Vec<String>)> {
+    let mut warnings = Vec::new();
+    let mut first_error = None;
+    for dir in list_checkpoints(run_dir)? {
+        match load_checkpoint(&dir, model) {
+            Ok(c) => return Ok((c, warnings)),
+            Err(e) => {
+                warnings.push(format!("checkpoint {} is unreadable ({e}); falling back to an older one", dir.display()));
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    Err(first_error.unwrap_or_else(|| Error::BadFile {
+        path: checkpoints_dir(run_dir),
+        reason: "no checkpoint to resume from".into(),
+    }))
+}
