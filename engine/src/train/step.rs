@@ -129,3 +129,150 @@ fn mix(seed: u64, attempt: u64, micro: u64) -> u64 {
     }
     h
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lora::LoraConfig;
+    use crate::model::{DecoderWeights, DitConfig};
+    use crate::train::loss_scale::{LossScaleConfig, LossScaler, SkipCounter};
+    use crate::train::optim::AdamWConfig;
+    use crate::train::schedule::LrSchedule;
+    use candle_core::Device;
+
+    fn tiny(dtype: DType, layers: usize) -> DitModel {
+        let cfg = DitConfig::from_value(&serde_json::json!({
+            "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": layers,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "in_channels": 192, "audio_acoustic_hidden_dim": 64, "patch_size": 2, "sliding_window": 4
+        }))
+        .unwrap();
+        let w = DecoderWeights::random(&cfg, 1, 0.15, dtype, &Device::Cpu).unwrap();
+        DitModel::new(&cfg, &w).unwrap()
+    }
+
+    fn trainer(model: DitModel, lr: f64, scaler: LossScaler) -> Trainer {
+        let lora = LoraConfig { r: 8, alpha: 16.0, dropout: 0.0, ..Default::default() };
+        let adapter = LoraAdapter::new(lora, &model, 3).unwrap();
+        Trainer {
+            optimizer: AdamW::new(adapter.vars(), AdamWConfig::default()).unwrap(),
+            lr: LrScheduler::new(LrSchedule::Constant, lr, 1000),
+            scaler,
+            skips: SkipCounter::new(3),
+            settings: StepSettings {
+                checkpointing: true,
+                max_grad_norm: 1.0,
+                timesteps: TimestepSampling::Turbo { shift: 3.0 },
+                seed: 5,
+            },
+            attempts: 0,
+            adapter,
+            model,
+        }
+    }
+
+    /// Fixed latents with structure the model can learn (a per-channel offset).
+    fn batch(dtype: DType) -> Batch {
+        let dev = Device::Cpu;
+        let offsets = Tensor::arange(0f32, 64., &dev).unwrap().affine(1.0 / 32.0, -1.0).unwrap();
+        Batch {
+            target_latents: Tensor::randn(0f32, 0.3, (2, 24, 64), &dev)
+                .unwrap()
+                .broadcast_add(&offsets)
+                .unwrap(),
+            frame_mask: Tensor::ones((2, 24), DType::F32, &dev).unwrap(),
+            encoder_hidden_states: Tensor::randn(0f32, 1., (2, 5, 64), &dev).unwrap().to_dtype(dtype).unwrap(),
+            context_latents: Tensor::zeros((2, 24, 128), dtype, &dev).unwrap(),
+        }
+    }
+
+    fn snapshot(t: &Trainer) -> Vec<Vec<f32>> {
+        t.adapter.vars().iter().map(|v| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap()).collect()
+    }
+
+    #[test]
+    fn a_few_hundred_steps_reduce_the_loss_clearly() {
+        let mut t = trainer(tiny(DType::F32, 2), 1e-2, LossScaler::disabled());
+        let b = batch(DType::F32);
+        let losses: Vec<f64> = (0..300)
+            .map(|_| match t.step(std::slice::from_ref(&b)).unwrap() {
+                StepOutcome::Applied { loss, .. } => loss,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
+        let (first, last) = (mean(&losses[..30]), mean(&losses[270..]));
+        println!("mean loss of the first 30 steps {first:.4}, of the last 30 {last:.4}");
+        assert!(last < 0.6 * first, "loss fell from {first} to {last}");
+    }
+
+    #[test]
+    fn non_finite_batch_is_skipped_leaving_weights_exactly_and_the_run_continues() {
+        let mut t = trainer(tiny(DType::F32, 2), 1e-3, LossScaler::disabled());
+        let good = batch(DType::F32);
+        t.step(std::slice::from_ref(&good)).unwrap();
+        let before = snapshot(&t);
+        let moments_before = t.optimizer.state_tensors().unwrap();
+        let mut bad = batch(DType::F32);
+        bad.target_latents = (bad.target_latents * f64::NAN).unwrap();
+        let outcome = t.step(std::slice::from_ref(&bad)).unwrap();
+        assert!(matches!(outcome, StepOutcome::Skipped { consecutive: 1, give_up: false, .. }), "{outcome:?}");
+        assert_eq!(snapshot(&t), before, "weights untouched");
+        assert_eq!(t.applied_steps(), 1);
+        for ((k, a), (_, b)) in moments_before.iter().zip(t.optimizer.state_tensors().unwrap().iter()) {
+            let diff = (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>();
+            assert_eq!(diff.unwrap_or(0.0), 0.0, "{k} untouched");
+        }
+        assert!(matches!(t.step(std::slice::from_ref(&good)).unwrap(), StepOutcome::Applied { .. }));
+        assert_eq!(t.skips.consecutive(), 0);
+        // Three bad steps in a row (the limit here) give up.
+        for i in 1..=3 {
+            let outcome = t.step(std::slice::from_ref(&bad)).unwrap();
+            assert!(matches!(outcome, StepOutcome::Skipped { give_up, .. } if give_up == (i == 3)));
+        }
+    }
+
+    #[test]
+    fn f16_overflow_halves_the_loss_scale_and_skips() {
+        let model = tiny(DType::F16, 1);
+        let mut t = trainer(model, 1e-3, LossScaler::dynamic(LossScaleConfig { init_scale: 1e30, growth_interval: 2000 }));
+        let outcome = t.step(std::slice::from_ref(&batch(DType::F16))).unwrap();
+        match outcome {
+            StepOutcome::Skipped { loss_scale, .. } => assert_eq!(loss_scale, 5e29),
+            other => panic!("an absurd loss scale must overflow f16 gradients: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bf16_compute_keeps_f32_state_and_gradients_agree_with_f32() {
+        let b32 = batch(DType::F32);
+        let mut t32 = trainer(tiny(DType::F32, 2), 1e-3, LossScaler::disabled());
+        let mut t16 = trainer(tiny(DType::BF16, 2), 1e-3, LossScaler::disabled());
+        // Non-zero B so the first step's gradients involve every LoRA tensor.
+        for t in [&mut t32, &mut t16] {
+            t.step(std::slice::from_ref(&b32)).unwrap();
+        }
+        let mut b16 = batch(DType::BF16);
+        b16.target_latents = b32.target_latents.clone();
+        b16.encoder_hidden_states = b32.encoder_hidden_states.to_dtype(DType::BF16).unwrap();
+        let flow32 = FlowBatch::new(&b32, &[0.5, 0.75], &mut ChaCha8Rng::seed_from_u64(1)).unwrap();
+        let flow16 = FlowBatch::new(&b16, &[0.5, 0.75], &mut ChaCha8Rng::seed_from_u64(1)).unwrap();
+        let g32 = grads::compute(&t32.model, &t32.adapter, &flow32, LoraMode::Eval, true, 1.0).unwrap();
+        let g16 = grads::compute(&t16.model, &t16.adapter, &flow16, LoraMode::Eval, true, 1.0).unwrap();
+        assert!(((g32.loss - g16.loss) / g32.loss).abs() < 0.02, "loss {} vs {}", g32.loss, g16.loss);
+        let (mut num, mut den) = (0f64, 0f64);
+        for (a, b) in g32.grads.iter().zip(&g16.grads) {
+            assert_eq!(b.dtype(), DType::F32, "gradients reach the f32 LoRA tensors as f32");
+            num += (a - b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+            den += a.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+        }
+        let rel = (num / den).sqrt();
+        println!("bf16 vs f32 LoRA gradients: relative L2 difference {rel:.3e}");
+        assert!(rel < 0.05, "bf16 gradients within bf16 tolerance: {rel}");
+        for _ in 0..3 {
+            t16.step(std::slice::from_ref(&b16)).unwrap();
+        }
+        assert!(t16.adapter.vars().iter().all(|v| v.dtype() == DType::F32));
+        assert!(t16.optimizer.state_tensors().unwrap().iter().filter(|(k, _)| k != "adamw.step").all(|(_, t)| t.dtype() == DType::F32));
+    }
+}
