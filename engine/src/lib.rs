@@ -6,6 +6,7 @@ pub mod data;
 pub mod device;
 pub mod error;
 pub mod events;
+pub mod export;
 pub mod lora;
 pub mod metrics;
 pub mod model;

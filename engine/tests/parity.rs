@@ -130,9 +130,11 @@ fn peft_adapter_directory_reproduces_lora_output_and_round_trips() {
             continue;
         }
         let model = load_model(&f);
-        // A model already carrying an adapter: loading another replaces it.
-        let mut adapter = LoraAdapter::new(f.lora_config(), &model, 99).unwrap();
-        adapter = LoraAdapter::load_peft(&dir, &model).unwrap();
+        // A model already carrying (and trained with) an adapter: loading another
+        // replaces it; nothing of the first stacks on the second.
+        let first = LoraAdapter::new(f.lora_config(), &model, 99).unwrap();
+        model.forward(&f.inputs(), Some(&first.ctx(LoraMode::Eval, true))).unwrap();
+        let adapter = LoraAdapter::load_peft(&dir, &model).unwrap();
         let out = model.forward(&f.inputs(), Some(&adapter.ctx(LoraMode::Eval, false))).unwrap();
         let err = max_abs_diff(&out, f.t("out.lora"));
         println!("{}: PEFT adapter out.lora max abs error {err:.3e}", f.name);
@@ -237,4 +239,35 @@ fn bf16_weights_convert_at_load_and_stay_close() {
     let rel = max_rel_diff(&out, f.t("out.base"));
     println!("{}: bf16 forward relative error {rel:.3e}", f.name);
     assert!(rel < 0.05, "bf16 forward relative error {rel}");
+}
+
+#[test]
+fn merged_weights_forward_equals_lora_forward_and_comfyui_file_is_complete() {
+    use ostinato_engine::export::{write_comfyui, write_merged};
+    for f in dit_fixtures() {
+        let cfg = f.config();
+        let weights = DecoderWeights::load(&[f.weights.as_path()], &cfg, DType::F32, &Device::Cpu).unwrap();
+        let model = DitModel::new(&cfg, &weights).unwrap();
+        let adapter = fixture_adapter(&f, &model);
+        let dir = tempfile::tempdir().unwrap();
+
+        let merged_path = dir.path().join("merged.safetensors");
+        write_merged(&weights, &adapter, &merged_path).unwrap();
+        let merged = DecoderWeights::load(&[merged_path.as_path()], &cfg, DType::F32, &Device::Cpu).unwrap();
+        let out = DitModel::new(&cfg, &merged).unwrap().forward(&f.inputs(), None).unwrap();
+        let err = max_abs_diff(&out, f.t("out.lora"));
+        println!("{}: merged model vs out.lora max abs error {err:.3e}", f.name);
+        assert!(err <= FORWARD_TOL);
+
+        let comfy_path = dir.path().join("comfy.safetensors");
+        write_comfyui(&adapter, &comfy_path).unwrap();
+        let comfy = candle_core::safetensors::load(&comfy_path, &Device::Cpu).unwrap();
+        let modules = adapter.module_names().count();
+        assert_eq!(comfy.len(), 3 * modules);
+        let m = "layers.0.self_attn.q_proj";
+        let down = &comfy[&format!("diffusion_model.decoder.{m}.lora_down.weight")];
+        assert_eq!(max_abs_diff(down, f.t(&format!("lora.{m}.lora_A.weight"))), 0.0);
+        let alpha = comfy[&format!("diffusion_model.decoder.{m}.alpha")].to_scalar::<f32>().unwrap();
+        assert_eq!(alpha as f64 / adapter.config.r as f64, adapter.config.scaling());
+    }
 }

@@ -1,0 +1,115 @@
+//! Exporting a run's adapter: the PEFT directory (ACE-Step, diffusers, PEFT), a
+//! ComfyUI single file, or the decoder with the adapter merged into its weights.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::lora::LoraAdapter;
+use crate::model::source::ModelSource;
+use crate::model::{DecoderWeights, DitModel};
+use crate::train::{state, RunConfig};
+use crate::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExportFormat {
+    /// `adapter_config.json` + `adapter_model.safetensors`, as PEFT saves them.
+    Peft,
+    /// One safetensors file with `lora_down` / `lora_up` / `alpha` per module.
+    Comfyui,
+    /// The decoder's weights (original naming) with `scaling * B A` added.
+    Merged,
+}
+
+impl std::str::FromStr for ExportFormat {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "peft" => Ok(Self::Peft),
+            "comfyui" => Ok(Self::Comfyui),
+            "merged" => Ok(Self::Merged),
+            other => Err(format!("unknown export format `{other}` (expected peft, comfyui or merged)")),
+        }
+    }
+}
+
+/// Writes the run's adapter (its `final/` one, else the newest checkpoint's) to `to`:
+/// a directory for PEFT, a `.safetensors` file otherwise.
+pub fn export_run(run_dir: &Path, format: ExportFormat, to: &Path) -> Result<PathBuf> {
+    let config = RunConfig::from_toml_file(&run_dir.join("run.toml"))?;
+    let (weights, model) = load_base(&config.model)?;
+    let final_adapter = run_dir.join("final/adapter");
+    let adapter_dir = if final_adapter.is_dir() {
+        final_adapter
+    } else {
+        let newest = state::list_checkpoints(run_dir)?.into_iter().next().ok_or_else(|| Error::BadFile {
+            path: run_dir.to_path_buf(),
+            reason: "the run has no adapter yet (no final/ and no checkpoint)".into(),
+        })?;
+        newest.join("adapter")
+    };
+    let adapter = LoraAdapter::load_peft(&adapter_dir, &model)?;
+    match format {
+        ExportFormat::Peft => adapter.save_peft(to)?,
+        ExportFormat::Comfyui => write_comfyui(&adapter, to)?,
+        ExportFormat::Merged => write_merged(&weights, &adapter, to)?,
+    }
+    Ok(to.to_path_buf())
+}
+
+fn load_base(source: &ModelSource) -> Result<(DecoderWeights, DitModel)> {
+    match source {
+        ModelSource::Demo => {
+            let weights = crate::model::demo::demo_weights(DType::F32, &Device::Cpu)?;
+            let model = DitModel::new(&crate::model::demo::demo_config(), &weights)?;
+            Ok((weights, model))
+        }
+        ModelSource::Folder { path } => Err(Error::BadFile {
+            path: path.clone(),
+            reason: "exporting from ACE-Step model folders is not supported by this build yet".into(),
+        }),
+    }
+}
+
+/// ComfyUI's LoRA file for the ACE-Step decoder: `diffusion_model.decoder.<module>.
+/// {lora_down, lora_up}.weight` and `.alpha`, where ComfyUI scales by alpha / rank
+/// (so rsLoRA's alpha / sqrt(r) is written as alpha * sqrt(r)).
+pub fn write_comfyui(adapter: &LoraAdapter, path: &Path) -> Result<()> {
+    let c = &adapter.config;
+    let alpha = (c.scaling() * c.r as f64) as f32;
+    let mut out = HashMap::new();
+    for (key, t) in adapter.named_tensors() {
+        let (module, which) = key.rsplit_once(".lora_").expect("adapter keys name lora_A/lora_B");
+        let prefix = format!("diffusion_model.decoder.{module}");
+        let name = if which == "A.weight" { "lora_down" } else { "lora_up" };
+        out.insert(format!("{prefix}.{name}.weight"), t);
+        out.insert(format!("{prefix}.alpha"), Tensor::new(alpha, &Device::Cpu)?);
+    }
+    save(&out, path)
+}
+
+/// The whole decoder with the adapter merged, under `decoder.` + the original names.
+pub fn write_merged(weights: &DecoderWeights, adapter: &LoraAdapter, path: &Path) -> Result<()> {
+    let mut out = HashMap::new();
+    for (name, t) in weights.iter() {
+        let merged = match name.strip_suffix(".weight") {
+            Some(module) => adapter.merged_weight(module, t)?,
+            None => None,
+        };
+        out.insert(format!("decoder.{name}"), merged.unwrap_or_else(|| t.clone()));
+    }
+    save(&out, path)
+}
+
+fn save(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    }
+    candle_core::safetensors::save(tensors, path).map_err(|e| Error::BadFile {
+        path: path.to_path_buf(),
+        reason: format!("cannot write: {e}"),
+    })
+}
