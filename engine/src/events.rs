@@ -67,6 +67,8 @@ pub enum Event {
         total_params: u64,
         /// What the dataset preparation found.
         dataset: DatasetSummary,
+        /// Optimizer updates the whole run will apply (the schedule's length).
+        total_steps: u64,
     },
     /// A file of the dataset was prepared.
     DatasetProgress {
@@ -213,14 +215,7 @@ impl EventLog {
     /// Appends one event as a line and flushes it. The line goes out in a single
     /// write, so a crash leaves at most one torn line at the end.
     pub fn append(&mut self, event: &Event) -> Result<()> {
-        let mut line = serde_json::to_vec(&Line {
-            v: SCHEMA_VERSION,
-            event,
-        })
-        .map_err(|source| Error::Json {
-            path: self.path.clone(),
-            source,
-        })?;
+        let mut line = to_json_line(event).into_bytes();
         line.push(b'\n');
         let io = |e| Error::io(&self.path, e);
         self.file.write_all(&line).map_err(io)?;
@@ -254,6 +249,15 @@ pub fn read_events(path: &Path) -> Result<Vec<Event>> {
         events.push(event);
     }
     Ok(events)
+}
+
+/// One event as its log line (without the newline): `{"v":1,"type":...}`.
+pub fn to_json_line(event: &Event) -> String {
+    serde_json::to_string(&Line {
+        v: SCHEMA_VERSION,
+        event,
+    })
+    .expect("events serialise: their numbers are finite")
 }
 
 fn parse_line(line: &[u8]) -> std::result::Result<Event, String> {
@@ -307,6 +311,7 @@ mod tests {
                     cache_misses: 1,
                     total_seconds: 61.5,
                 },
+                total_steps: 40,
             },
             Event::DatasetProgress {
                 done: 1,

@@ -7,6 +7,7 @@
 pub mod block;
 pub mod config;
 pub mod demo;
+pub mod footprint;
 pub mod ops;
 pub mod source;
 pub mod weights;

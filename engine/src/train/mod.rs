@@ -12,4 +12,5 @@ pub mod state;
 pub mod step;
 
 pub use config::RunConfig;
-pub use run::{Run, RunEnd, RunHandle};
+pub use run::{Run, RunControl, RunEnd, RunHandle};
+pub mod history;

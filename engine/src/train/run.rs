@@ -17,6 +17,7 @@ use super::flow::Batch;
 use super::loss_scale::{LossScaler, SkipCounter};
 use super::optim::AdamW;
 use super::schedule::LrScheduler;
+use super::history;
 use super::state::{self, TrainingState};
 use super::step::{StepOutcome, StepSettings, Trainer};
 use crate::data::{prepare_dataset, DataEvent, LatentCache, PreparedDataset};
@@ -48,29 +49,52 @@ struct Control {
     wake: Condvar,
 }
 
+/// Pause, resume and stop a run from any thread (a signal handler, a UI command).
+#[derive(Clone)]
+pub struct RunControl(Arc<Control>);
+
+impl RunControl {
+    /// Pause at the next step boundary (after writing a checkpoint).
+    pub fn pause(&self) {
+        self.0.requests.lock().expect("control lock").pause = true;
+    }
+
+    /// Continue a paused run.
+    pub fn resume(&self) {
+        self.0.requests.lock().expect("control lock").pause = false;
+        self.0.wake.notify_all();
+    }
+
+    /// Stop at the next step boundary: checkpoint, final adapter, `stopped`.
+    pub fn stop(&self) {
+        self.0.requests.lock().expect("control lock").stop = true;
+        self.0.wake.notify_all();
+    }
+}
+
 pub struct RunHandle {
     run_dir: PathBuf,
-    control: Arc<Control>,
+    control: RunControl,
     events: Receiver<Event>,
     thread: JoinHandle<Result<RunEnd>>,
 }
 
 impl RunHandle {
-    /// Pause at the next step boundary (after writing a checkpoint).
     pub fn pause(&self) {
-        self.control.requests.lock().expect("control lock").pause = true;
+        self.control.pause()
     }
 
-    /// Continue a paused run.
     pub fn resume(&self) {
-        self.control.requests.lock().expect("control lock").pause = false;
-        self.control.wake.notify_all();
+        self.control.resume()
     }
 
-    /// Stop at the next step boundary: checkpoint, final adapter, `stopped`.
     pub fn stop(&self) {
-        self.control.requests.lock().expect("control lock").stop = true;
-        self.control.wake.notify_all();
+        self.control.stop()
+    }
+
+    /// A handle on pause/resume/stop that can move to other threads.
+    pub fn control(&self) -> RunControl {
+        self.control.clone()
     }
 
     pub fn events(&self) -> &Receiver<Event> {
@@ -143,25 +167,33 @@ fn spawn(config: RunConfig, run_dir: PathBuf, resuming: bool) -> RunHandle {
         std::thread::Builder::new()
             .name("ostinato-train".into())
             .spawn(move || {
-                let mut sink = match EventLog::open(run_dir.join("events.jsonl")) {
-                    Ok(log) => Sink { log, tx },
-                    Err(e) => return Err(e),
-                };
-                let result = Loop::setup(&config, &run_dir, resuming, &mut sink)
-                    .and_then(|mut l| l.run(&control, &mut sink));
-                if let Err(e) = &result {
-                    sink.emit(Event::Failed { step: 0, reason: e.to_string() });
-                }
+                let marker = run_dir.join(history::LIVE_MARKER);
+                let _ = std::fs::write(&marker, std::process::id().to_string());
+                let result = train(&config, &run_dir, resuming, &control, tx);
+                let _ = std::fs::remove_file(&marker);
                 result
             })
             .expect("spawn training thread")
     };
     RunHandle {
         run_dir,
-        control,
+        control: RunControl(control),
         events: rx,
         thread,
     }
+}
+
+/// The thread's body: set up, train, and report a failure as an event.
+fn train(config: &RunConfig, run_dir: &Path, resuming: bool, control: &Control, tx: Sender<Event>) -> Result<RunEnd> {
+    let mut sink = Sink {
+        log: EventLog::open(run_dir.join("events.jsonl"))?,
+        tx,
+    };
+    let result = Loop::setup(config, run_dir, resuming, &mut sink).and_then(|mut l| l.run(control, &mut sink));
+    if let Err(e) = &result {
+        sink.emit(Event::Failed { step: 0, reason: e.to_string() });
+    }
+    result
 }
 
 /// Every event goes to the log (flushed) and to the front end.
@@ -300,6 +332,7 @@ impl Loop {
                 cache_misses: data.cache_misses as u64,
                 total_seconds: data.total_seconds(),
             },
+            total_steps,
         });
         Ok(Self {
             config: config.clone(),

@@ -1,0 +1,135 @@
+//! `ostinato`: train, resume, list, export, benchmark and inspect from the command
+//! line. Parsing, wiring and reporting only; the engine does the work.
+
+mod progress;
+mod report;
+mod train;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use ostinato_engine::device::Precision;
+use ostinato_engine::export::ExportFormat;
+
+#[derive(Parser)]
+#[command(name = "ostinato", version, about = "Train LoRA adapters for ACE-Step 1.5 from a folder of songs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a new adapter on a folder of audio.
+    Train(TrainArgs),
+    /// Continue a paused, stopped or interrupted run.
+    Resume {
+        run_dir: PathBuf,
+        /// Print engine events as JSON lines instead of a progress bar.
+        #[arg(long)]
+        json: bool,
+        /// Stop (resumably) once this many optimizer steps are applied.
+        #[arg(long)]
+        stop_at_step: Option<u64>,
+    },
+    /// List runs with their status.
+    Runs {
+        #[arg(long)]
+        runs_dir: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Export a run's adapter.
+    Export {
+        run_dir: PathBuf,
+        #[arg(long, value_parser = parse_with::<ExportFormat>)]
+        format: ExportFormat,
+        /// Output directory (peft) or .safetensors file (comfyui, merged).
+        #[arg(long)]
+        to: PathBuf,
+    },
+    /// Print a model folder's config, parameter counts and a training-memory estimate.
+    Inspect { model_dir: PathBuf },
+}
+
+#[derive(Args)]
+pub struct TrainArgs {
+    /// Folder of songs (read only, never modified).
+    pub audio_dir: PathBuf,
+    /// Train the built-in demo model (the default when no --model is given).
+    #[arg(long, conflicts_with = "model")]
+    pub demo: bool,
+    /// An ACE-Step 1.5 model folder.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// A TOML run config; flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    pub runs_dir: Option<PathBuf>,
+    /// Run name (default: the date and time).
+    #[arg(long)]
+    pub name: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, overrides_with = "no_gradient_checkpointing")]
+    pub gradient_checkpointing: bool,
+    #[arg(long)]
+    pub no_gradient_checkpointing: bool,
+    #[arg(long, overrides_with = "no_cache")]
+    pub cache: bool,
+    #[arg(long)]
+    pub no_cache: bool,
+    #[arg(long)]
+    pub epochs: Option<u64>,
+    #[arg(long)]
+    pub max_steps: Option<u64>,
+    #[arg(long)]
+    pub stop_at_step: Option<u64>,
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    #[arg(long)]
+    pub grad_accum: Option<usize>,
+    #[arg(long)]
+    pub lr: Option<f64>,
+    #[arg(long)]
+    pub rank: Option<usize>,
+    #[arg(long)]
+    pub alpha: Option<f64>,
+    #[arg(long)]
+    pub dropout: Option<f64>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    #[arg(long)]
+    pub save_every_steps: Option<u64>,
+    #[arg(long, value_parser = parse_with::<Precision>)]
+    pub precision: Option<Precision>,
+    #[arg(long)]
+    pub crop_seconds: Option<f64>,
+}
+
+fn parse_with<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, String> {
+    s.parse()
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Train(args) => train::train(args),
+        Command::Resume { run_dir, json, stop_at_step } => train::resume(&run_dir, json, stop_at_step),
+        Command::Runs { runs_dir, json } => report::runs(runs_dir, json).map(|_| 0),
+        Command::Export { run_dir, format, to } => report::export(&run_dir, format, &to).map(|_| 0),
+        Command::Inspect { model_dir } => report::inspect(&model_dir).map(|_| 0),
+    }
+}

@@ -1,0 +1,79 @@
+//! `runs`, `export` and `inspect`: read what the engine wrote or can tell, and print it.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use ostinato_engine::export::{export_run, ExportFormat};
+use ostinato_engine::model::{footprint, DitConfig};
+use ostinato_engine::train::config::default_runs_dir;
+use ostinato_engine::train::history::list_runs;
+
+pub fn runs(runs_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
+    let dir = runs_dir.unwrap_or_else(default_runs_dir);
+    let runs = list_runs(&dir)?;
+    if json {
+        println!("{}", serde_json::to_string(&runs)?);
+        return Ok(());
+    }
+    if runs.is_empty() {
+        println!("no runs in {}", dir.display());
+        return Ok(());
+    }
+    println!("{:<28} {:<12} {:>11} {:>10}  adapter", "run", "status", "steps", "last loss");
+    for r in runs {
+        let steps = match r.total_steps {
+            Some(t) => format!("{}/{t}", r.steps),
+            None => r.steps.to_string(),
+        };
+        let loss = r.last_loss.map(|l| format!("{l:.4}")).unwrap_or_else(|| "-".into());
+        let adapter = r.adapter.map(|p| p.display().to_string()).unwrap_or_else(|| "-".into());
+        let status = serde_json::to_value(r.status)?.as_str().unwrap_or_default().to_string();
+        println!("{:<28} {:<12} {steps:>11} {loss:>10}  {adapter}", r.name, status);
+    }
+    Ok(())
+}
+
+pub fn export(run_dir: &Path, format: ExportFormat, to: &Path) -> anyhow::Result<()> {
+    if !run_dir.join("run.toml").is_file() {
+        bail!("{} is not a run directory (no run.toml)", run_dir.display());
+    }
+    let written = export_run(run_dir, format, to)?;
+    println!("{}", written.display());
+    Ok(())
+}
+
+/// The DiT config in a model folder: `config.json` there or in `acestep-v15-turbo/`.
+fn find_config(dir: &Path) -> anyhow::Result<PathBuf> {
+    if !dir.is_dir() {
+        bail!("model folder {} does not exist", dir.display());
+    }
+    [dir.join("config.json"), dir.join("acestep-v15-turbo/config.json")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .with_context(|| format!("{}: no config.json (nor acestep-v15-turbo/config.json)", dir.display()))
+}
+
+pub fn inspect(model_dir: &Path) -> anyhow::Result<()> {
+    let path = find_config(model_dir)?;
+    let cfg = DitConfig::from_file(&path)?;
+    println!("{}", path.display());
+    println!(
+        "DiT: {} layers, hidden {}, MLP {}, {} heads / {} KV heads of {}, patch {}, sliding window {}",
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        cfg.patch_size,
+        cfg.sliding_window
+    );
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    // A 4-minute song (25 latent frames a second), bf16 weights and activations, rank 64.
+    let f = footprint::estimate(&cfg, 240 * 25, 64, 2, 2);
+    println!("parameters: {} (DiT), {} trainable at LoRA rank 64 on q/k/v/o", f.dit_parameters, f.lora_parameters);
+    println!("estimated training memory for a 4-minute song (bf16 weights, batch 1):");
+    println!("  with gradient checkpointing:    {:.1} GiB", gib(f.total(true)));
+    println!("  without gradient checkpointing: {:.1} GiB", gib(f.total(false)));
+    Ok(())
+}

@@ -1,0 +1,122 @@
+//! `train` and `resume`: build the run config, start the run, follow its events,
+//! turn Ctrl-C / SIGTERM into a graceful stop.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use ostinato_engine::model::source::ModelSource;
+use ostinato_engine::train::{Run, RunConfig, RunEnd, RunHandle};
+
+use crate::progress::Progress;
+use crate::TrainArgs;
+
+/// Exit code after a stop by Ctrl-C or SIGTERM (128 + SIGINT).
+const INTERRUPTED: i32 = 130;
+
+pub fn train(args: TrainArgs) -> anyhow::Result<i32> {
+    let config = build_config(&args)?;
+    let handle = Run::start(config).context("cannot start the run")?;
+    follow(handle, args.json)
+}
+
+pub fn resume(run_dir: &Path, json: bool, stop_at_step: Option<u64>) -> anyhow::Result<i32> {
+    if !run_dir.join("run.toml").is_file() {
+        bail!("{} is not a run directory (no run.toml)", run_dir.display());
+    }
+    follow(Run::resume_with(run_dir, stop_at_step)?, json)
+}
+
+/// Flags override the config file, which overrides the defaults.
+fn build_config(a: &TrainArgs) -> anyhow::Result<RunConfig> {
+    let mut c = match &a.config {
+        Some(path) => RunConfig::from_toml_file(path)?,
+        None => RunConfig::default(),
+    };
+    if !a.audio_dir.is_dir() {
+        bail!("audio folder {} does not exist or is not a folder", a.audio_dir.display());
+    }
+    c.data.folder = a.audio_dir.clone();
+    if let Some(model) = &a.model {
+        c.model = ModelSource::Folder { path: model.clone() };
+    } else if a.demo || a.config.is_none() {
+        c.model = ModelSource::Demo;
+    }
+    if let Some(dir) = &a.runs_dir {
+        c.runs_dir = dir.clone();
+    }
+    c.name = a.name.clone().unwrap_or_else(timestamp_name);
+    if a.gradient_checkpointing || a.no_gradient_checkpointing {
+        c.gradient_checkpointing = a.gradient_checkpointing;
+    }
+    if a.cache || a.no_cache {
+        c.latent_cache = a.cache;
+    }
+    let set = |dst: &mut u64, v: Option<u64>| v.into_iter().for_each(|v| *dst = v);
+    set(&mut c.epochs, a.epochs);
+    set(&mut c.seed, a.seed);
+    c.max_steps = a.max_steps.or(c.max_steps);
+    c.stop_at_step = a.stop_at_step.or(c.stop_at_step);
+    c.save_every_steps = a.save_every_steps.or(c.save_every_steps);
+    c.batch_size = a.batch_size.unwrap_or(c.batch_size);
+    c.grad_accum = a.grad_accum.unwrap_or(c.grad_accum);
+    c.lr = a.lr.unwrap_or(c.lr);
+    c.lora.r = a.rank.unwrap_or(c.lora.r);
+    c.lora.alpha = a.alpha.unwrap_or(c.lora.alpha);
+    c.lora.dropout = a.dropout.unwrap_or(c.lora.dropout);
+    c.precision = a.precision.unwrap_or(c.precision);
+    c.data.crop_seconds = a.crop_seconds.or(c.data.crop_seconds);
+    c.validate()?;
+    Ok(c)
+}
+
+/// Shows the run's events until it ends; maps how it ended to an exit code.
+fn follow(handle: RunHandle, json: bool) -> anyhow::Result<i32> {
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let (control, interrupted) = (handle.control(), interrupted.clone());
+        ctrlc::set_handler(move || {
+            if interrupted.swap(true, Ordering::SeqCst) {
+                // Second Ctrl-C: leave now. Checkpoints are renamed into place whole,
+                // so the newest one on disk is intact.
+                std::process::exit(INTERRUPTED);
+            }
+            eprintln!("\nstopping after this step (Ctrl-C again to quit at once)...");
+            control.stop();
+        })
+        .context("cannot install the Ctrl-C handler")?;
+    }
+    let mut progress = Progress::new(json);
+    for event in handle.events().iter() {
+        progress.show(&event);
+    }
+    let end = handle.join();
+    progress.finish();
+    match end? {
+        RunEnd::Finished { .. } => Ok(0),
+        RunEnd::Stopped { .. } if interrupted.load(Ordering::SeqCst) => Ok(INTERRUPTED),
+        RunEnd::Stopped { .. } => Ok(0),
+        RunEnd::Failed { reason, .. } => bail!("training failed: {reason}"),
+    }
+}
+
+/// `YYYY-MM-DD_HHMMSS` in UTC.
+fn timestamp_name() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}_{:02}{:02}{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+}
