@@ -293,22 +293,24 @@ impl OobleckEncoder {
         let n = audio.dim(1)?;
         let frames = n / hop;
         let overlap = self.cfg.receptive_field().div_ceil(hop) + 1;
-        let chunk = chunk_frames.max(1);
+        let c = self.cfg.latent_channels();
+        if frames == 0 {
+            let empty = Tensor::zeros((0, c), DType::F32, audio.device())?;
+            return Ok(Posterior { mean: empty.clone(), scale: empty });
+        }
+        // Chunk [start, end) is encoded from [start - overlap, end + overlap) frames of
+        // audio (clamped), aligned to the hop so the strided grid matches the whole song.
         let mut parts = Vec::new();
         let mut start = 0;
-        while start < frames || (frames == 0 && parts.is_empty()) {
-            let end = (start + chunk).min(frames);
+        while start < frames {
+            let end = (start + chunk_frames.max(1)).min(frames);
             let lo = start.saturating_sub(overlap);
             let hi = if end + overlap >= frames { n } else { (end + overlap) * hop };
             let z = self.forward(&audio.narrow(1, lo * hop, hi - lo * hop)?)?;
             parts.push(z.narrow(1, start - lo, end - start)?);
-            if frames == 0 {
-                break;
-            }
             start = end;
         }
         let z = Tensor::cat(&parts, 1)?.t()?.contiguous()?; // (T, 2C)
-        let c = self.cfg.latent_channels();
         Ok(Posterior {
             mean: z.narrow(1, 0, c)?.contiguous()?,
             scale: z.narrow(1, c, c)?.contiguous()?,
@@ -425,5 +427,24 @@ impl LatentEncoder for VaeLatentEncoder {
             LatentChoice::Sample { seed } => post.sample(seed)?,
         };
         Ok(z.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ace_step_vae_hop_and_overlap() {
+        let cfg: VaeConfig = serde_json::from_str(
+            r#"{"encoder_hidden_size": 128, "downsampling_ratios": [2, 4, 4, 6, 10],
+                "channel_multiples": [1, 2, 4, 8, 16], "decoder_input_channels": 64,
+                "audio_channels": 2, "sampling_rate": 48000}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.hop(), 1920);
+        // About 14 frames (0.55 s) of context on each side of a chunk.
+        let overlap = cfg.receptive_field().div_ceil(cfg.hop()) + 1;
+        assert_eq!(overlap, 15);
     }
 }
