@@ -74,6 +74,12 @@ pub enum Error {
     #[error("latent cache {path}: {reason}")]
     Cache { path: PathBuf, reason: String },
 
+    #[error("{path}: `{key}`: {reason}")]
+    ModelFile { path: PathBuf, key: String, reason: String },
+
+    #[error("model folder {path}: {}", .problems.join("; "))]
+    ModelFolder { path: PathBuf, problems: Vec<String> },
+
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod condition;
 pub mod dataset;
 pub mod encode;
+pub mod preprocessed;
 pub mod scan;
 pub mod sidecar;
 pub mod synth;

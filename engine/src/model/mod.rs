@@ -5,11 +5,19 @@
 //! unpatchify, crop). Gradient checkpointing drives the same three pieces itself.
 
 pub mod block;
+pub mod condition_encoder;
 pub mod config;
 pub mod demo;
+pub mod folder;
 pub mod footprint;
 pub mod ops;
+pub mod qwen3;
 pub mod source;
+pub mod tensors;
+pub mod tokenizer;
+pub mod torch_pt;
+pub mod transformer;
+pub mod vae;
 pub mod weights;
 
 use std::collections::HashMap;

@@ -1,0 +1,183 @@
+//! Preprocessed samples on disk: one `<stem>.safetensors` per clip with ACE-Step's
+//! preprocessed-tensor keys (f32) plus `manifest.json`; and reading such a folder, or
+//! a folder of ACE-Step's own `.pt` files (through the safe torch reader).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::TrainingSample;
+use crate::model::torch_pt::read_pt;
+use crate::{Error, Result};
+
+pub const KEYS: [&str; 5] = [
+    "target_latents",
+    "attention_mask",
+    "encoder_hidden_states",
+    "encoder_attention_mask",
+    "context_latents",
+];
+pub const MANIFEST: &str = "manifest.json";
+pub const FORMAT: &str = "ostinato-preprocessed";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ManifestEntry {
+    pub file: String,
+    pub source: PathBuf,
+    pub frames: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub version: u32,
+    /// Ids of the latent encoder and conditioner that made the samples.
+    pub encoder: String,
+    pub conditioner: String,
+    pub samples: Vec<ManifestEntry>,
+}
+
+impl Manifest {
+    pub fn new(encoder: impl Into<String>, conditioner: impl Into<String>) -> Self {
+        Self {
+            format: FORMAT.into(),
+            version: 1,
+            encoder: encoder.into(),
+            conditioner: conditioner.into(),
+            samples: Vec::new(),
+        }
+    }
+}
+
+fn stem_of(source: &Path) -> String {
+    let s: String = source
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("sample")
+        .chars()
+        .map(|c| if c.is_alphanumeric() || "-_. ".contains(c) { c } else { '_' })
+        .collect();
+    if s.is_empty() { "sample".into() } else { s }
+}
+
+/// Writes every sample and the manifest (its `samples` list is filled in). Files are
+/// written to a temporary name and renamed. Returns the files written.
+pub fn write_preprocessed(dir: &Path, samples: &[TrainingSample], manifest: &Manifest) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let mut manifest = manifest.clone();
+    manifest.samples.clear();
+    let mut used = std::collections::HashSet::new();
+    let mut written = Vec::new();
+    for s in samples {
+        let base = stem_of(&s.source);
+        let mut stem = base.clone();
+        let mut n = 1;
+        while !used.insert(stem.clone()) {
+            n += 1;
+            stem = format!("{base}-{n}");
+        }
+        let file = format!("{stem}.safetensors");
+        let tensors: HashMap<String, Tensor> = [
+            ("target_latents", &s.target_latents),
+            ("attention_mask", &s.attention_mask),
+            ("encoder_hidden_states", &s.encoder_hidden_states),
+            ("encoder_attention_mask", &s.encoder_attention_mask),
+            ("context_latents", &s.context_latents),
+        ]
+        .into_iter()
+        .map(|(k, t)| Ok((k.to_string(), t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.contiguous()?)))
+        .collect::<Result<_>>()?;
+        let path = dir.join(&file);
+        let tmp = dir.join(format!(".{file}.tmp"));
+        candle_core::safetensors::save(&tensors, &tmp)?;
+        std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+        manifest.samples.push(ManifestEntry {
+            file,
+            source: s.source.clone(),
+            frames: s.target_latents.dim(0)?,
+        });
+        written.push(path);
+    }
+    let path = dir.join(MANIFEST);
+    let json = serde_json::to_string_pretty(&manifest).map_err(|e| Error::BadFile { path: path.clone(), reason: e.to_string() })?;
+    std::fs::write(&path, json).map_err(|e| Error::io(&path, e))?;
+    Ok(written)
+}
+
+/// Whether `dir` holds preprocessed samples (ours or ACE-Step's) rather than audio.
+pub fn is_preprocessed_dir(dir: &Path) -> bool {
+    sample_files(dir).map(|f| !f.is_empty()).unwrap_or(false)
+}
+
+fn sample_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let manifest = dir.join(MANIFEST);
+    if let Ok(text) = std::fs::read_to_string(&manifest) {
+        if let Ok(m) = serde_json::from_str::<Manifest>(&text) {
+            if m.format == FORMAT {
+                return Ok(m.samples.iter().map(|e| dir.join(&e.file)).collect());
+            }
+        }
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file() && matches!(p.extension().and_then(|e| e.to_str()), Some("safetensors" | "pt")))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Reads every sample of `dir`: the manifest's list, else every `*.safetensors` and
+/// `*.pt` file (ACE-Step's preprocessed tensors). Tensors come back f32 on the CPU.
+pub fn read_preprocessed_dir(dir: &Path) -> Result<Vec<TrainingSample>> {
+    let files = sample_files(dir)?;
+    if files.is_empty() {
+        return Err(Error::BadFile {
+            path: dir.to_path_buf(),
+            reason: "no preprocessed samples (*.safetensors or *.pt)".into(),
+        });
+    }
+    files.iter().map(|f| read_sample(f)).collect()
+}
+
+/// One preprocessed sample file, shapes checked.
+pub fn read_sample(path: &Path) -> Result<TrainingSample> {
+    let bad = |key: &str, reason: String| Error::ModelFile { path: path.to_path_buf(), key: key.into(), reason };
+    let mut tensors: HashMap<String, Tensor> = if path.extension().and_then(|e| e.to_str()) == Some("pt") {
+        let v = read_pt(path)?;
+        KEYS.iter()
+            .filter_map(|k| v.get(k).and_then(|x| x.as_tensor()).map(|t| (k.to_string(), t.clone())))
+            .collect()
+    } else {
+        candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| Error::BadFile {
+            path: path.to_path_buf(),
+            reason: format!("cannot read safetensors: {e}"),
+        })?
+    };
+    let mut take = |k: &str| -> Result<Tensor> {
+        let t = tensors.remove(k).ok_or_else(|| bad(k, "missing".into()))?;
+        Ok(t.to_dtype(DType::F32)?)
+    };
+    let s = TrainingSample {
+        source: path.to_path_buf(),
+        target_latents: take("target_latents")?,
+        attention_mask: take("attention_mask")?,
+        encoder_hidden_states: take("encoder_hidden_states")?,
+        encoder_attention_mask: take("encoder_attention_mask")?,
+        context_latents: take("context_latents")?,
+    };
+    let shape = |k: &str, t: &Tensor, want: &[Option<usize>]| -> Result<()> {
+        let ok = t.rank() == want.len() && t.dims().iter().zip(want).all(|(d, w)| w.is_none_or(|w| *d == w));
+        if ok { Ok(()) } else { Err(bad(k, format!("shape {:?}, expected {want:?}", t.dims()))) }
+    };
+    let (frames, channels) = s.target_latents.dims2().map_err(|_| bad("target_latents", format!("shape {:?}, expected [T, C]", s.target_latents.dims())))?;
+    let rows = s.encoder_hidden_states.dim(0)?;
+    shape("attention_mask", &s.attention_mask, &[Some(frames)])?;
+    shape("encoder_hidden_states", &s.encoder_hidden_states, &[Some(rows), None])?;
+    shape("encoder_attention_mask", &s.encoder_attention_mask, &[Some(rows)])?;
+    shape("context_latents", &s.context_latents, &[Some(frames), Some(2 * channels)])?;
+    Ok(s)
+}

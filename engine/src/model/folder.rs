@@ -1,0 +1,404 @@
+//! An ACE-Step 1.5 checkpoint folder as downloaded:
+//!
+//! ```text
+//! <root>/acestep-v15-turbo/{config.json, model.safetensors, silence_latent.pt}   (or -base, -sft, ...)
+//! <root>/vae/{config.json, diffusion_pytorch_model.safetensors}
+//! <root>/Qwen3-Embedding-0.6B/{config.json, model.safetensors, tokenizer.json, tokenizer_config.json}
+//! ```
+//!
+//! given by path (the root, or its DiT folder), or found in the Hugging Face cache
+//! (`models--<org>--<name>/snapshots/<rev>/`). `open` validates every file and names
+//! each one missing or malformed. The variant (turbo vs base/sft) sets the default
+//! timestep sampling.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use serde_json::Value;
+
+use super::condition_encoder::{ConditionEncoder, ConditionEncoderConfig};
+use super::qwen3::{Qwen3Config, Qwen3Encoder};
+use super::tensors::TensorFile;
+use super::tokenizer::PaddedTokenizer;
+use super::torch_pt::read_pt;
+use super::vae::{file_identity, VaeConfig, VaeLatentEncoder};
+use super::DitConfig;
+use crate::data::condition::{context_latents, text_prompt, Conditioner, Conditioning};
+use crate::data::{SongMeta, INSTRUMENTAL};
+use crate::train::schedule::TimestepSampling;
+use crate::{Error, Result};
+
+pub const VAE_DIR: &str = "vae";
+pub const TEXT_DIR: &str = "Qwen3-Embedding-0.6B";
+pub const DIT_PREFIX: &str = "acestep-v15-";
+pub const DEFAULT_DIT: &str = "acestep-v15-turbo";
+/// ACE-Step's text and lyric token lengths.
+pub const TEXT_TOKENS: usize = 256;
+pub const LYRIC_TOKENS: usize = 512;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    Turbo,
+    /// base or sft: trained with logit-normal timesteps.
+    Base,
+}
+
+impl Variant {
+    pub fn default_timestep_sampling(self) -> TimestepSampling {
+        match self {
+            Variant::Turbo => TimestepSampling::Turbo { shift: 3.0 },
+            Variant::Base => TimestepSampling::LogitNormal { mu: -0.4, sigma: 1.0, shift: 1.0 },
+        }
+    }
+
+    /// From `is_turbo` / `model_version` in config.json, else the folder's name.
+    fn detect(config: &Value, dit_dir: &Path) -> Self {
+        let version = config.get("model_version").and_then(Value::as_str).unwrap_or_default();
+        let name = dit_dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let turbo = config.get("is_turbo").and_then(Value::as_bool).unwrap_or(false)
+            || version.contains("turbo")
+            || (version.is_empty() && name.contains("turbo"));
+        if turbo {
+            Variant::Turbo
+        } else {
+            Variant::Base
+        }
+    }
+}
+
+pub struct ModelFolder {
+    pub root: PathBuf,
+    pub dit_dir: PathBuf,
+    pub variant: Variant,
+    pub dit: DitConfig,
+    pub encoder: ConditionEncoderConfig,
+    pub vae: VaeConfig,
+    pub text: Qwen3Config,
+}
+
+/// `<cache>/models--<org>--<name>/snapshots/<rev>`: the revision `refs/main` names,
+/// else the most recently modified snapshot.
+pub fn hf_snapshot(repo_dir: &Path) -> Option<PathBuf> {
+    let snapshots = repo_dir.join("snapshots");
+    if let Ok(rev) = std::fs::read_to_string(repo_dir.join("refs").join("main")) {
+        let p = snapshots.join(rev.trim());
+        if p.is_dir() {
+            return Some(p);
+        }
+    }
+    std::fs::read_dir(&snapshots)
+        .ok()?
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .map(|e| e.path())
+}
+
+/// The Hugging Face hub cache: `$HF_HUB_CACHE`, `$HF_HOME/hub`, `~/.cache/huggingface/hub`.
+pub fn hf_cache_dir() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("HF_HUB_CACHE") {
+        return Some(p.into());
+    }
+    if let Some(p) = std::env::var_os("HF_HOME") {
+        return Some(PathBuf::from(p).join("hub"));
+    }
+    directories::BaseDirs::new().map(|d| d.home_dir().join(".cache").join("huggingface").join("hub"))
+}
+
+fn is_root(p: &Path) -> bool {
+    p.join(VAE_DIR).is_dir() || p.join(TEXT_DIR).is_dir() || dit_dirs(p).next().is_some()
+}
+
+fn dit_dirs(root: &Path) -> impl Iterator<Item = PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(DIT_PREFIX)))
+        .collect();
+    dirs.sort();
+    dirs.into_iter()
+}
+
+/// The model root for `path`: the root itself, its DiT folder's parent, a hub repo
+/// folder (`models--*`) or a hub cache holding an ACE-Step repo.
+pub fn resolve_root(path: &Path) -> Option<(PathBuf, Option<PathBuf>)> {
+    if path.join("config.json").is_file() && path.join("silence_latent.pt").exists() {
+        return Some((path.parent()?.to_path_buf(), Some(path.to_path_buf())));
+    }
+    if is_root(path) {
+        return Some((path.to_path_buf(), None));
+    }
+    if path.join("snapshots").is_dir() {
+        return hf_snapshot(path).map(|p| (p, None));
+    }
+    // A hub cache: the first `models--*` repo whose snapshot looks like a root.
+    let mut repos: Vec<PathBuf> = std::fs::read_dir(path)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("models--")))
+        .collect();
+    repos.sort();
+    repos
+        .iter()
+        .filter_map(|r| hf_snapshot(r))
+        .find(|s| is_root(s) && dit_dirs(s).next().is_some())
+        .map(|p| (p, None))
+}
+
+fn read_json(path: &Path, problems: &mut Vec<String>) -> Option<Value> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            problems.push(format!("{}: {e}", path.display()));
+            return None;
+        }
+    };
+    match serde_json::from_str(&text) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            problems.push(format!("{}: invalid JSON: {e}", path.display()));
+            None
+        }
+    }
+}
+
+/// Records the file's problem; `Some` when it opened.
+fn check_safetensors(path: &Path, required: &[&str], problems: &mut Vec<String>) -> Option<TensorFile> {
+    match TensorFile::open(path, &Device::Cpu) {
+        Ok(f) => {
+            let missing: Vec<&str> = required.iter().copied().filter(|k| !f.contains(k)).collect();
+            if !missing.is_empty() {
+                problems.push(format!("{}: missing tensors {}", path.display(), missing.join(", ")));
+            }
+            Some(f)
+        }
+        Err(e) => {
+            problems.push(e.to_string());
+            None
+        }
+    }
+}
+
+impl ModelFolder {
+    /// Opens and validates the folder at `path` (see `resolve_root`); `dit` picks a DiT
+    /// folder by name (default: acestep-v15-turbo, else the only `acestep-v15-*`).
+    pub fn open(path: &Path, dit: Option<&str>) -> Result<Self> {
+        let fail = |problems: Vec<String>| Error::ModelFolder { path: path.to_path_buf(), problems };
+        let (root, given_dit) = resolve_root(path)
+            .ok_or_else(|| fail(vec!["no ACE-Step model here (expected acestep-v15-*/, vae/, Qwen3-Embedding-0.6B/)".into()]))?;
+        let dit_dir = match (dit, given_dit) {
+            (Some(name), _) => root.join(name),
+            (None, Some(d)) => d,
+            (None, None) => {
+                let all: Vec<PathBuf> = dit_dirs(&root).collect();
+                all.iter()
+                    .find(|d| d.ends_with(DEFAULT_DIT))
+                    .or(all.first())
+                    .cloned()
+                    .unwrap_or_else(|| root.join(DEFAULT_DIT))
+            }
+        };
+        let mut problems = Vec::new();
+        let missing_dir = |d: &Path, problems: &mut Vec<String>| {
+            if !d.is_dir() {
+                problems.push(format!("{}: folder missing", d.display()));
+            }
+        };
+        let (vae_dir, text_dir) = (root.join(VAE_DIR), root.join(TEXT_DIR));
+        for d in [&dit_dir, &vae_dir, &text_dir] {
+            missing_dir(d, &mut problems);
+        }
+
+        // DiT + condition encoder.
+        let dit_json = read_json(&dit_dir.join("config.json"), &mut problems);
+        let dit_cfg = dit_json.as_ref().and_then(|v| {
+            DitConfig::from_value(v).map_err(|e| problems.push(format!("{}: {e}", dit_dir.join("config.json").display()))).ok()
+        });
+        let enc_cfg = match (&dit_json, &dit_cfg) {
+            (Some(v), Some(d)) => ConditionEncoderConfig::from_value(v, d)
+                .map_err(|e| problems.push(format!("{}: {e}", dit_dir.join("config.json").display())))
+                .ok(),
+            _ => None,
+        };
+        check_safetensors(
+            &dit_dir.join("model.safetensors"),
+            &["decoder.proj_in.1.weight", "encoder.text_projector.weight"],
+            &mut problems,
+        );
+        let silence = match read_silence(&dit_dir.join("silence_latent.pt")) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                problems.push(e.to_string());
+                None
+            }
+        };
+
+        // VAE.
+        let vae_cfg = VaeConfig::from_file(&vae_dir.join("config.json")).map_err(|e| problems.push(e.to_string())).ok();
+        check_safetensors(
+            &vae_dir.join("diffusion_pytorch_model.safetensors"),
+            &["encoder.conv1.bias"],
+            &mut problems,
+        );
+
+        // Text encoder + tokenizer.
+        let text_cfg = Qwen3Config::from_file(&text_dir.join("config.json")).map_err(|e| problems.push(e.to_string())).ok();
+        if let Some(f) = check_safetensors(&text_dir.join("model.safetensors"), &[], &mut problems) {
+            if !f.contains("embed_tokens.weight") && !f.contains("model.embed_tokens.weight") {
+                problems.push(format!("{}: missing tensors embed_tokens.weight", f.path().display()));
+            }
+        }
+        if let Err(e) = PaddedTokenizer::from_dir(&text_dir, TEXT_TOKENS) {
+            problems.push(e.to_string());
+        }
+
+        // Cross-checks.
+        if let (Some(d), Some(v)) = (&dit_cfg, &vae_cfg) {
+            if v.latent_channels() != d.audio_acoustic_hidden_dim {
+                problems.push(format!(
+                    "the VAE gives {} latent channels, the DiT takes {}",
+                    v.latent_channels(),
+                    d.audio_acoustic_hidden_dim
+                ));
+            }
+        }
+        if let (Some(e), Some(t)) = (&enc_cfg, &text_cfg) {
+            if e.text_hidden_dim != t.hidden_size {
+                problems.push(format!("text_hidden_dim {} but the text encoder's hidden_size is {}", e.text_hidden_dim, t.hidden_size));
+            }
+        }
+        if let (Some(d), Some(s)) = (&dit_cfg, &silence) {
+            if s.dim(1).ok() != Some(d.audio_acoustic_hidden_dim) {
+                problems.push(format!("silence_latent.pt has shape {:?}, expected [frames, {}]", s.dims(), d.audio_acoustic_hidden_dim));
+            }
+        }
+
+        match (problems.is_empty(), dit_json, dit_cfg, enc_cfg, vae_cfg, text_cfg) {
+            (true, Some(json), Some(dit), Some(encoder), Some(vae), Some(text)) => Ok(Self {
+                variant: Variant::detect(&json, &dit_dir),
+                root,
+                dit_dir,
+                dit,
+                encoder,
+                vae,
+                text,
+            }),
+            _ => Err(Error::ModelFolder { path: path.to_path_buf(), problems }),
+        }
+    }
+
+    /// Finds the model in the Hugging Face cache (`hf_cache_dir()` unless given).
+    pub fn find_in_hf_cache(cache: Option<&Path>) -> Result<Self> {
+        let cache = cache.map(Path::to_path_buf).or_else(hf_cache_dir).unwrap_or_default();
+        Self::open(&cache, None)
+    }
+
+    pub fn dit_weights(&self) -> PathBuf {
+        self.dit_dir.join("model.safetensors")
+    }
+
+    pub fn vae_dir(&self) -> PathBuf {
+        self.root.join(VAE_DIR)
+    }
+
+    pub fn text_dir(&self) -> PathBuf {
+        self.root.join(TEXT_DIR)
+    }
+
+    pub fn default_timestep_sampling(&self) -> TimestepSampling {
+        self.variant.default_timestep_sampling()
+    }
+
+    /// `[frames, C]`, transposed from the file's `[1, C, frames]` as ACE-Step does.
+    pub fn silence_latent(&self) -> Result<Tensor> {
+        read_silence(&self.dit_dir.join("silence_latent.pt"))
+    }
+
+    pub fn latent_encoder(&self, device: &Device) -> Result<VaeLatentEncoder> {
+        VaeLatentEncoder::from_dir(&self.vae_dir(), device)
+    }
+
+    pub fn conditioner(&self, device: &Device) -> Result<RealConditioner> {
+        RealConditioner::load(self, device)
+    }
+}
+
+/// `silence_latent.pt`: a tensor `[1, C, F]` -> `[F, C]`.
+pub fn read_silence(path: &Path) -> Result<Tensor> {
+    let v = read_pt(path)?;
+    let t = v.as_tensor().ok_or_else(|| Error::BadFile {
+        path: path.to_path_buf(),
+        reason: "expected a single tensor".into(),
+    })?;
+    match t.dims() {
+        [1, _, _] => Ok(t.squeeze(0)?.t()?.contiguous()?),
+        d => Err(Error::BadFile {
+            path: path.to_path_buf(),
+            reason: format!("silence latent has shape {d:?}, expected [1, channels, frames]"),
+        }),
+    }
+}
+
+/// ACE-Step's conditioning: Qwen3 text states + lyric token embeddings through the
+/// condition encoder, and context latents from the silence latent.
+pub struct RealConditioner {
+    qwen: Qwen3Encoder,
+    text_tokens: PaddedTokenizer,
+    lyric_tokens: PaddedTokenizer,
+    encoder: ConditionEncoder,
+    /// `[F, C]`
+    silence: Tensor,
+    id: String,
+}
+
+impl RealConditioner {
+    pub fn load(folder: &ModelFolder, device: &Device) -> Result<Self> {
+        let text_dir = folder.text_dir();
+        let qwen_file = TensorFile::open(&text_dir.join("model.safetensors"), device)?;
+        let dit_file = TensorFile::open(&folder.dit_weights(), device)?;
+        let id = file_identity(&[
+            &folder.dit_dir.join("config.json"),
+            &folder.dit_weights(),
+            &folder.dit_dir.join("silence_latent.pt"),
+            &text_dir.join("model.safetensors"),
+            &text_dir.join("tokenizer.json"),
+            &text_dir.join("tokenizer_config.json"),
+        ])?;
+        Ok(Self {
+            qwen: Qwen3Encoder::load(&folder.text, &qwen_file)?,
+            text_tokens: PaddedTokenizer::from_dir(&text_dir, TEXT_TOKENS)?,
+            lyric_tokens: PaddedTokenizer::from_dir(&text_dir, LYRIC_TOKENS)?,
+            encoder: ConditionEncoder::load(&folder.encoder, &dit_file, "encoder")?,
+            silence: folder.silence_latent()?,
+            id: format!("acestep-cond:{id}:text{TEXT_TOKENS}:lyrics{LYRIC_TOKENS}"),
+        })
+    }
+}
+
+impl Conditioner for RealConditioner {
+    fn id(&self) -> String {
+        self.id.clone()
+    }
+
+    fn condition(&self, meta: &SongMeta, num_frames: usize) -> Result<Conditioning> {
+        // 1. Text: the prompt through the whole Qwen3 stack, no attention mask.
+        let text = self.text_tokens.encode(&text_prompt(meta))?;
+        let text_states = self.qwen.forward(&text.ids)?;
+        // 2. Lyrics: token embeddings only.
+        let lyrics = if meta.lyrics.trim().is_empty() { INSTRUMENTAL } else { meta.lyrics.as_str() };
+        let lyric = self.lyric_tokens.encode(lyrics)?;
+        let lyric_embeds = self.qwen.embed(&lyric.ids)?;
+        // 3. Condition encoder and packing.
+        let packed = self.encoder.forward(&text_states, &text.mask, &lyric_embeds, &lyric.mask)?;
+        let mask: Vec<f32> = packed.mask.iter().map(|&m| if m { 1.0 } else { 0.0 }).collect();
+        let cpu = Device::Cpu;
+        Ok(Conditioning {
+            encoder_hidden_states: packed.states.to_device(&cpu)?,
+            encoder_attention_mask: Tensor::from_vec(mask, packed.mask.len(), &cpu)?,
+            context_latents: context_latents(&self.silence.to_device(&cpu)?, num_frames)?,
+        })
+    }
+}

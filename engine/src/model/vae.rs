@@ -1,0 +1,450 @@
+//! The encoder half of diffusers' `AutoencoderOobleck` (ACE-Step's VAE), inference
+//! only. 48 kHz stereo `[2, N]` -> posterior mean and scale `[T, C]` each, T = N / hop.
+//!
+//! conv1 (k7) -> blocks [3 residual units (dilation 1, 3, 9) -> Snake -> strided
+//! conv (k = 2s, stride s, pad ceil(s/2))] -> Snake -> conv2 (k3) -> split into
+//! mean and scale. Convolutions are weight-normalised in the checkpoint
+//! (`weight_g`, `weight_v`); the weight g * v / |v| is folded once at load.
+//!
+//! Long audio is encoded in chunks of latent frames with enough overlap to cover the
+//! encoder's receptive field, so a chunked encode equals the whole-song encode up to
+//! float rounding while memory stays bounded by the chunk length.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use rand::SeedableRng;
+use rand_distr::{Distribution, StandardNormal};
+use serde::Deserialize;
+
+use super::tensors::TensorFile;
+use crate::data::encode::LatentEncoder;
+use crate::data::StereoAudio;
+use crate::{Error, Result};
+
+/// diffusers' `vae/config.json`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct VaeConfig {
+    #[serde(default = "d_hidden")]
+    pub encoder_hidden_size: usize,
+    #[serde(default = "d_ratios")]
+    pub downsampling_ratios: Vec<usize>,
+    #[serde(default = "d_multiples")]
+    pub channel_multiples: Vec<usize>,
+    /// The latent channels (the decoder's input).
+    #[serde(default = "d_latent")]
+    pub decoder_input_channels: usize,
+    #[serde(default = "d_audio")]
+    pub audio_channels: usize,
+    #[serde(default = "d_rate")]
+    pub sampling_rate: u32,
+}
+
+fn d_hidden() -> usize {
+    128
+}
+fn d_ratios() -> Vec<usize> {
+    vec![2, 4, 4, 8, 8]
+}
+fn d_multiples() -> Vec<usize> {
+    vec![1, 2, 4, 8, 16]
+}
+fn d_latent() -> usize {
+    64
+}
+fn d_audio() -> usize {
+    2
+}
+fn d_rate() -> u32 {
+    44_100
+}
+
+impl VaeConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let cfg: Self = serde_json::from_str(&text).map_err(|source| Error::Json {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let bad = |reason: String| Err(Error::BadFile { path: path.to_path_buf(), reason });
+        if cfg.encoder_hidden_size != 2 * cfg.decoder_input_channels {
+            return bad(format!(
+                "encoder_hidden_size {} must be twice decoder_input_channels {} (mean and scale)",
+                cfg.encoder_hidden_size, cfg.decoder_input_channels
+            ));
+        }
+        if cfg.channel_multiples.len() != cfg.downsampling_ratios.len() || cfg.downsampling_ratios.contains(&0) {
+            return bad("channel_multiples and downsampling_ratios must have equal lengths, ratios > 0".into());
+        }
+        if cfg.audio_channels != 2 {
+            return bad(format!("audio_channels is {}, ACE-Step's VAE is stereo", cfg.audio_channels));
+        }
+        Ok(cfg)
+    }
+
+    /// Audio samples per latent frame (1920 for ACE-Step).
+    pub fn hop(&self) -> usize {
+        self.downsampling_ratios.iter().product()
+    }
+
+    pub fn latent_channels(&self) -> usize {
+        self.decoder_input_channels
+    }
+
+    /// Half-width in samples of the encoder's receptive field (conservative: each conv
+    /// adds its whole extent).
+    pub fn receptive_field(&self) -> usize {
+        let mut j = 1; // samples per step at the current resolution
+        let mut r = 6; // conv1, k7
+        for &s in &self.downsampling_ratios {
+            r += 6 * (1 + 3 + 9) * j; // residual units, k7
+            r += (2 * s - 1) * j; // downsampling conv
+            j *= s;
+        }
+        r + 2 * j // conv2, k3
+    }
+}
+
+/// A 1-D convolution with its folded weight `[out, in, k]`.
+struct Conv {
+    w: Tensor,
+    b: Tensor,
+    padding: usize,
+    stride: usize,
+    dilation: usize,
+}
+
+impl Conv {
+    /// `name.weight_g` `[out, 1, 1]` and `name.weight_v` `[out, in, k]` (or torch's
+    /// parametrization names, or a plain `weight`).
+    #[allow(clippy::too_many_arguments)]
+    fn load(f: &TensorFile, name: &str, cin: usize, cout: usize, k: usize, stride: usize, dilation: usize, padding: usize) -> Result<Self> {
+        let v_keys = [format!("{name}.weight_v"), format!("{name}.parametrizations.weight.original1")];
+        let g_keys = [format!("{name}.weight_g"), format!("{name}.parametrizations.weight.original0")];
+        let w = if let Some(v_key) = v_keys.iter().find(|k| f.contains(k)) {
+            let v = f.get(v_key, &[cout, cin, k])?;
+            let g_key = g_keys.iter().find(|k| f.contains(k)).unwrap_or(&g_keys[0]);
+            let g = f.get(g_key, &[cout, 1, 1])?;
+            // w = g * v / ||v||, the norm over (in, k) per output channel.
+            let norm = v.sqr()?.sum_keepdim(1)?.sum_keepdim(2)?.sqrt()?;
+            v.broadcast_mul(&g.broadcast_div(&norm)?)?
+        } else {
+            f.get(&format!("{name}.weight"), &[cout, cin, k])?
+        };
+        Ok(Self {
+            w,
+            b: f.get(&format!("{name}.bias"), &[cout])?.reshape((1, cout, 1))?,
+            padding,
+            stride,
+            dilation,
+        })
+    }
+
+    /// `[1, in, n] -> [1, out, n']`
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.conv1d(&self.w, self.padding, self.stride, self.dilation, 1)?.broadcast_add(&self.b)?)
+    }
+}
+
+/// Snake with log-scale parameters: x + 1 / (e^beta + 1e-9) * sin(e^alpha * x)^2.
+struct Snake {
+    /// `[1, C, 1]`: e^alpha
+    alpha: Tensor,
+    /// `[1, C, 1]`: 1 / (e^beta + 1e-9)
+    inv_beta: Tensor,
+}
+
+impl Snake {
+    fn load(f: &TensorFile, name: &str, c: usize) -> Result<Self> {
+        let alpha = f.get(&format!("{name}.alpha"), &[1, c, 1])?.exp()?;
+        let inv_beta = (f.get(&format!("{name}.beta"), &[1, c, 1])?.exp()? + 1e-9)?.recip()?;
+        Ok(Self { alpha, inv_beta })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let s = x.broadcast_mul(&self.alpha)?.sin()?.sqr()?;
+        Ok((x + s.broadcast_mul(&self.inv_beta)?)?)
+    }
+}
+
+/// snake -> conv k7 (dilated) -> snake -> conv k1, plus the input.
+struct ResidualUnit {
+    snake1: Snake,
+    conv1: Conv,
+    snake2: Snake,
+    conv2: Conv,
+}
+
+impl ResidualUnit {
+    fn load(f: &TensorFile, name: &str, c: usize, dilation: usize) -> Result<Self> {
+        Ok(Self {
+            snake1: Snake::load(f, &format!("{name}.snake1"), c)?,
+            conv1: Conv::load(f, &format!("{name}.conv1"), c, c, 7, 1, dilation, 3 * dilation)?,
+            snake2: Snake::load(f, &format!("{name}.snake2"), c)?,
+            conv2: Conv::load(f, &format!("{name}.conv2"), c, c, 1, 1, 1, 0)?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.conv1.forward(&self.snake1.forward(x)?)?;
+        let y = self.conv2.forward(&self.snake2.forward(&y)?)?;
+        Ok((x + y)?) // same length: the padding keeps it
+    }
+}
+
+struct Block {
+    units: [ResidualUnit; 3],
+    snake: Snake,
+    conv: Conv,
+}
+
+impl Block {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut x = x.clone();
+        for u in &self.units {
+            x = u.forward(&x)?;
+        }
+        self.conv.forward(&self.snake.forward(&x)?)
+    }
+}
+
+pub struct OobleckEncoder {
+    cfg: VaeConfig,
+    conv1: Conv,
+    blocks: Vec<Block>,
+    snake: Snake,
+    conv2: Conv,
+}
+
+/// The posterior's parameters for T frames: `mean`, `scale` `[T, C]`.
+pub struct Posterior {
+    pub mean: Tensor,
+    pub scale: Tensor,
+}
+
+impl Posterior {
+    /// std = softplus(scale) + 1e-4, as diffusers' `OobleckDiagonalGaussianDistribution`.
+    pub fn std(&self) -> Result<Tensor> {
+        // softplus(x) = max(x, 0) + ln(1 + e^-|x|), stable for large |x|.
+        let s = &self.scale;
+        let sp = (s.relu()? + (s.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
+        Ok((sp + 1e-4)?)
+    }
+
+    /// mean + std * eps with eps ~ N(0, 1) from a ChaCha8 stream of `seed`.
+    pub fn sample(&self, seed: u64) -> Result<Tensor> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let eps: Vec<f32> = (0..self.mean.elem_count())
+            .map(|_| <StandardNormal as Distribution<f32>>::sample(&StandardNormal, &mut rng))
+            .collect();
+        let eps = Tensor::from_vec(eps, self.mean.shape(), self.mean.device())?;
+        Ok((&self.mean + self.std()?.mul(&eps)?)?)
+    }
+}
+
+impl OobleckEncoder {
+    /// Loads the `encoder.*` tensors of `diffusion_pytorch_model.safetensors`.
+    pub fn load(cfg: &VaeConfig, f: &TensorFile) -> Result<Self> {
+        let h = cfg.encoder_hidden_size;
+        let mut mult = vec![1];
+        mult.extend(&cfg.channel_multiples);
+        let blocks = cfg
+            .downsampling_ratios
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| {
+                let (cin, cout) = (h * mult[i], h * mult[i + 1]);
+                let name = format!("encoder.block.{i}");
+                let unit = |j: usize, d: usize| ResidualUnit::load(f, &format!("{name}.res_unit{j}"), cin, d);
+                Ok(Block {
+                    units: [unit(1, 1)?, unit(2, 3)?, unit(3, 9)?],
+                    snake: Snake::load(f, &format!("{name}.snake1"), cin)?,
+                    conv: Conv::load(f, &format!("{name}.conv1"), cin, cout, 2 * s, s, 1, s.div_ceil(2))?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let d_model = h * mult[mult.len() - 1];
+        Ok(Self {
+            cfg: cfg.clone(),
+            conv1: Conv::load(f, "encoder.conv1", cfg.audio_channels, h, 7, 1, 1, 3)?,
+            blocks,
+            snake: Snake::load(f, "encoder.snake1", d_model)?,
+            conv2: Conv::load(f, "encoder.conv2", d_model, h, 3, 1, 1, 1)?,
+        })
+    }
+
+    pub fn config(&self) -> &VaeConfig {
+        &self.cfg
+    }
+
+    /// `audio [2, N]` -> `[2C, N / hop]` (mean rows, then scale rows).
+    fn forward(&self, audio: &Tensor) -> Result<Tensor> {
+        let mut x = self.conv1.forward(&audio.unsqueeze(0)?)?;
+        for b in &self.blocks {
+            x = b.forward(&x)?;
+        }
+        Ok(self.conv2.forward(&self.snake.forward(&x)?)?.squeeze(0)?)
+    }
+
+    /// The posterior of `audio [2, N]`, encoded in chunks of at most `chunk_frames`
+    /// latent frames (plus overlap on each side). T = floor(N / hop).
+    pub fn encode(&self, audio: &Tensor, chunk_frames: usize) -> Result<Posterior> {
+        let hop = self.cfg.hop();
+        let n = audio.dim(1)?;
+        let frames = n / hop;
+        let overlap = self.cfg.receptive_field().div_ceil(hop) + 1;
+        let c = self.cfg.latent_channels();
+        if frames == 0 {
+            let empty = Tensor::zeros((0, c), DType::F32, audio.device())?;
+            return Ok(Posterior { mean: empty.clone(), scale: empty });
+        }
+        // Chunk [start, end) is encoded from [start - overlap, end + overlap) frames of
+        // audio (clamped), aligned to the hop so the strided grid matches the whole song.
+        let mut parts = Vec::new();
+        let mut start = 0;
+        while start < frames {
+            let end = (start + chunk_frames.max(1)).min(frames);
+            let lo = start.saturating_sub(overlap);
+            let hi = if end + overlap >= frames { n } else { (end + overlap) * hop };
+            let z = self.forward(&audio.narrow(1, lo * hop, hi - lo * hop)?)?;
+            parts.push(z.narrow(1, start - lo, end - start)?);
+            start = end;
+        }
+        let z = Tensor::cat(&parts, 1)?.t()?.contiguous()?; // (T, 2C)
+        Ok(Posterior {
+            mean: z.narrow(1, 0, c)?.contiguous()?,
+            scale: z.narrow(1, c, c)?.contiguous()?,
+        })
+    }
+}
+
+/// Which latent the VAE gives for training.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatentChoice {
+    /// The posterior mean: deterministic.
+    Mean,
+    /// A sample of the posterior from this seed (ACE-Step samples; our stream differs
+    /// from torch's, so the draw does too).
+    Sample { seed: u64 },
+}
+
+/// The VAE encoder as a `LatentEncoder`.
+pub struct VaeLatentEncoder {
+    encoder: OobleckEncoder,
+    choice: LatentChoice,
+    chunk_frames: usize,
+    /// Hash of the config and weights' identity: enters the cache key.
+    weights_id: String,
+}
+
+/// 30 s of latent frames at 25 Hz.
+pub const DEFAULT_CHUNK_FRAMES: usize = 750;
+
+impl VaeLatentEncoder {
+    /// Loads `dir/config.json` and `dir/diffusion_pytorch_model.safetensors`.
+    pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
+        let cfg_path = dir.join("config.json");
+        let weights = dir.join("diffusion_pytorch_model.safetensors");
+        let cfg = VaeConfig::from_file(&cfg_path)?;
+        let f = TensorFile::open(&weights, device)?;
+        let encoder = OobleckEncoder::load(&cfg, &f)?;
+        let weights_id = file_identity(&[&cfg_path, &weights])?;
+        Ok(Self {
+            encoder,
+            choice: LatentChoice::Mean,
+            chunk_frames: DEFAULT_CHUNK_FRAMES,
+            weights_id,
+        })
+    }
+
+    pub fn with_choice(mut self, choice: LatentChoice) -> Self {
+        self.choice = choice;
+        self
+    }
+
+    pub fn with_chunk_frames(mut self, frames: usize) -> Self {
+        self.chunk_frames = frames.max(1);
+        self
+    }
+
+    pub fn encoder(&self) -> &OobleckEncoder {
+        &self.encoder
+    }
+}
+
+/// A short hash of the files' sizes and first megabyte (their headers and config):
+/// cheap, and different whenever the model is.
+pub fn file_identity(paths: &[&Path]) -> Result<String> {
+    use std::io::Read;
+    let mut h = blake3::Hasher::new();
+    for p in paths {
+        let mut file = std::fs::File::open(p).map_err(|e| Error::io(*p, e))?;
+        let len = file.metadata().map_err(|e| Error::io(*p, e))?.len();
+        h.update(&len.to_le_bytes());
+        let mut head = Vec::new();
+        file.by_ref().take(1 << 20).read_to_end(&mut head).map_err(|e| Error::io(*p, e))?;
+        h.update(&head);
+    }
+    Ok(h.finalize().to_hex()[..16].to_string())
+}
+
+impl LatentEncoder for VaeLatentEncoder {
+    fn id(&self) -> String {
+        let choice = match self.choice {
+            LatentChoice::Mean => "mean".to_string(),
+            LatentChoice::Sample { seed } => format!("sample{seed}"),
+        };
+        format!("oobleck-vae:{}:{choice}", self.weights_id)
+    }
+
+    fn sample_rate(&self) -> u32 {
+        self.encoder.cfg.sampling_rate
+    }
+
+    fn frames_per_second(&self) -> f64 {
+        self.encoder.cfg.sampling_rate as f64 / self.encoder.cfg.hop() as f64
+    }
+
+    fn latent_channels(&self) -> usize {
+        self.encoder.cfg.latent_channels()
+    }
+
+    fn encode(&self, audio: &StereoAudio) -> Result<Tensor> {
+        if audio.sample_rate != self.sample_rate() {
+            return Err(Error::Encoder(format!(
+                "the VAE takes {} Hz audio, got {} Hz",
+                self.sample_rate(),
+                audio.sample_rate
+            )));
+        }
+        let n = audio.left.len().min(audio.right.len());
+        let samples: Vec<f32> = audio.left[..n].iter().chain(&audio.right[..n]).copied().collect();
+        let device = self.encoder.conv1.w.device();
+        let x = Tensor::from_vec(samples, (2, n), device)?;
+        let post = self.encoder.encode(&x, self.chunk_frames)?;
+        let z = match self.choice {
+            LatentChoice::Mean => post.mean,
+            LatentChoice::Sample { seed } => post.sample(seed)?,
+        };
+        Ok(z.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ace_step_vae_hop_and_overlap() {
+        let cfg: VaeConfig = serde_json::from_str(
+            r#"{"encoder_hidden_size": 128, "downsampling_ratios": [2, 4, 4, 6, 10],
+                "channel_multiples": [1, 2, 4, 8, 16], "decoder_input_channels": 64,
+                "audio_channels": 2, "sampling_rate": 48000}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.hop(), 1920);
+        // About 14 frames (0.55 s) of context on each side of a chunk.
+        let overlap = cfg.receptive_field().div_ceil(cfg.hop()) + 1;
+        assert_eq!(overlap, 15);
+    }
+}

@@ -1,0 +1,292 @@
+//! The real ACE-Step model path against reference outputs of the PyTorch
+//! implementations (diffusers 0.42.1, transformers), on the tiny random model folder
+//! in `tests/fixtures/real/` (made by `scripts/make-real-fixtures`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use ostinato_engine::data::condition::{text_prompt, Conditioner};
+use ostinato_engine::data::encode::LatentEncoder;
+use ostinato_engine::data::preprocessed::{read_preprocessed_dir, read_sample, write_preprocessed, Manifest};
+use ostinato_engine::data::{SongMeta, StereoAudio, TrainingSample};
+use ostinato_engine::model::folder::{ModelFolder, Variant, LYRIC_TOKENS, TEXT_TOKENS};
+use ostinato_engine::model::qwen3::Qwen3Encoder;
+use ostinato_engine::model::tensors::TensorFile;
+use ostinato_engine::model::tokenizer::PaddedTokenizer;
+use ostinato_engine::model::torch_pt::write_pt;
+use ostinato_engine::model::vae::LatentChoice;
+use ostinato_engine::model::condition_encoder::ConditionEncoder;
+use ostinato_engine::model::DecoderWeights;
+use ostinato_engine::Error;
+
+fn real_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real")
+}
+
+fn model_dir() -> PathBuf {
+    real_dir().join("model")
+}
+
+fn expected() -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(real_dir().join("expected.safetensors"), &Device::Cpu).unwrap()
+}
+
+fn meta() -> SongMeta {
+    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(real_dir().join("expected.json")).unwrap()).unwrap();
+    let m = &j["meta"];
+    SongMeta {
+        caption: m["caption"].as_str().unwrap().into(),
+        lyrics: m["lyrics"].as_str().unwrap().into(),
+        bpm: Some(m["bpm"].as_u64().unwrap() as u32),
+        keyscale: Some(m["keyscale"].as_str().unwrap().into()),
+        timesignature: Some(m["timesignature"].as_str().unwrap().into()),
+        duration_seconds: m["duration_seconds"].as_f64().unwrap(),
+        ..SongMeta::default()
+    }
+}
+
+/// The script's clip: the same formula in f64, then f32.
+fn clip() -> StereoAudio {
+    let rate = 48_000u32;
+    let n = 2 * rate as usize;
+    let tau = 2.0 * std::f64::consts::PI;
+    let t = |i: usize| i as f64 / rate as f64;
+    StereoAudio {
+        sample_rate: rate,
+        left: (0..n)
+            .map(|i| (0.5 * (tau * 220.0 * t(i)).sin() + 0.25 * (tau * 1234.5 * t(i) + 0.3).sin()) as f32)
+            .collect(),
+        right: (0..n)
+            .map(|i| (0.4 * (tau * 330.0 * t(i)).sin() * (-t(i)).exp() + 0.2 * (tau * 97.0 * t(i)).sin()) as f32)
+            .collect(),
+    }
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims(), "shapes differ");
+    (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+fn ints(t: &Tensor) -> Vec<i64> {
+    t.to_dtype(DType::I64).unwrap().to_vec1().unwrap()
+}
+
+#[test]
+fn tokenizer_matches_transformers() {
+    let e = expected();
+    let dir = model_dir().join("Qwen3-Embedding-0.6B");
+    let text = PaddedTokenizer::from_dir(&dir, TEXT_TOKENS).unwrap().encode(&text_prompt(&meta())).unwrap();
+    let ids: Vec<i64> = text.ids.iter().map(|&i| i as i64).collect();
+    assert_eq!(ids, ints(&e["text_input_ids"]), "text ids (left padding read from tokenizer_config.json)");
+    let mask: Vec<i64> = text.mask.iter().map(|&m| m as i64).collect();
+    assert_eq!(mask, ints(&e["text_attention_mask"]));
+    assert!(!text.mask[0] && text.mask[TEXT_TOKENS - 1], "Qwen3-Embedding pads on the left");
+
+    let lyrics = PaddedTokenizer::from_dir(&dir, LYRIC_TOKENS).unwrap().encode(&meta().lyrics).unwrap();
+    let ids: Vec<i64> = lyrics.ids.iter().map(|&i| i as i64).collect();
+    assert_eq!(ids, ints(&e["lyric_input_ids"]));
+}
+
+#[test]
+fn qwen3_matches_transformers() {
+    let e = expected();
+    let folder = ModelFolder::open(&model_dir(), None).unwrap();
+    let f = TensorFile::open(&folder.text_dir().join("model.safetensors"), &Device::Cpu).unwrap();
+    let qwen = Qwen3Encoder::load(&folder.text, &f).unwrap();
+    let ids: Vec<u32> = ints(&e["text_input_ids"]).iter().map(|&i| i as u32).collect();
+    let out = qwen.forward(&ids).unwrap();
+    let err = max_diff(&out, &e["text_hidden_states"]);
+    println!("qwen3 last hidden state [{}x{}]: max abs err {err:.2e}", out.dim(0).unwrap(), out.dim(1).unwrap());
+    assert!(err < 1e-4, "qwen3 err {err}");
+}
+
+#[test]
+fn condition_encoder_matches_diffusers() {
+    let e = expected();
+    let folder = ModelFolder::open(&model_dir(), None).unwrap();
+    let qf = TensorFile::open(&folder.text_dir().join("model.safetensors"), &Device::Cpu).unwrap();
+    let qwen = Qwen3Encoder::load(&folder.text, &qf).unwrap();
+    let df = TensorFile::open(&folder.dit_weights(), &Device::Cpu).unwrap();
+    let enc = ConditionEncoder::load(&folder.encoder, &df, "encoder").unwrap();
+    let mask = |k: &str| -> Vec<bool> { ints(&e[k]).iter().map(|&m| m != 0).collect() };
+    let lyric_ids: Vec<u32> = ints(&e["lyric_input_ids"]).iter().map(|&i| i as u32).collect();
+    let lyrics = qwen.embed(&lyric_ids).unwrap();
+    let packed = enc
+        .forward(&e["text_hidden_states"], &mask("text_attention_mask"), &lyrics, &mask("lyric_attention_mask"))
+        .unwrap();
+    let err = max_diff(&packed.states, &e["encoder_hidden_states"]);
+    // Padded lyric rows whose sliding window holds no valid key attend uniformly:
+    // finite, and equal to the reference (f32 minimum masks, not -inf).
+    let finite = packed.states.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|x| x.is_finite());
+    println!("condition encoder [{:?}]: max abs err {err:.2e}", packed.states.dims());
+    assert!(finite);
+    assert!(err < 1e-4, "condition encoder err {err}");
+    let want: Vec<bool> = e["encoder_attention_mask"].to_vec1::<f32>().unwrap().iter().map(|&m| m != 0.0).collect();
+    assert_eq!(packed.mask, want);
+}
+
+#[test]
+fn vae_encoder_matches_diffusers_whole_and_chunked() {
+    let e = expected();
+    let folder = ModelFolder::open(&model_dir(), None).unwrap();
+    let vae = folder.latent_encoder(&Device::Cpu).unwrap();
+    assert_eq!((vae.sample_rate(), vae.frames_per_second(), vae.latent_channels()), (48_000, 25.0, 8));
+    let audio = clip();
+    let n = audio.left.len();
+    let x = Tensor::from_vec(audio.left.iter().chain(&audio.right).copied().collect::<Vec<f32>>(), (2, n), &Device::Cpu).unwrap();
+
+    let whole = vae.encoder().encode(&x, 10_000).unwrap();
+    let err_mean = max_diff(&whole.mean, &e["vae_mean"]);
+    let err_scale = max_diff(&whole.scale, &e["vae_scale"]);
+    let err_std = max_diff(&whole.std().unwrap(), &e["vae_std"]);
+    let chunked = vae.encoder().encode(&x, 7).unwrap();
+    let err_chunk = max_diff(&chunked.mean, &whole.mean).max(max_diff(&chunked.scale, &whole.scale));
+    let scale: f32 = e["vae_mean"].abs().unwrap().max_all().unwrap().to_scalar().unwrap();
+    println!(
+        "vae [{:?}], |mean| max {scale:.2}: mean err {err_mean:.2e}, scale err {err_scale:.2e}, std err {err_std:.2e}, chunked(7) vs whole {err_chunk:.2e}",
+        whole.mean.dims()
+    );
+    assert!(err_mean < 1e-4 && err_scale < 1e-4 && err_std < 1e-4);
+    assert!(err_chunk < 1e-5, "chunked vs whole {err_chunk}");
+
+    // LatentEncoder: the mean by default; a seeded sample is reproducible and differs.
+    let z = vae.encode(&audio).unwrap();
+    assert!(max_diff(&z, &e["vae_mean"]) < 1e-4);
+    let vae = vae.with_choice(LatentChoice::Sample { seed: 7 });
+    let (a, b) = (vae.encode(&audio).unwrap(), vae.encode(&audio).unwrap());
+    assert_eq!(max_diff(&a, &b), 0.0);
+    assert!(max_diff(&a, &e["vae_mean"]) > 1e-3);
+}
+
+/// A complete model folder laid out as the Hugging Face cache holds it
+/// (`models--ACE-Step--Ace-Step1.5/snapshots/<rev>/...`, `refs/main`), with the tiny
+/// components' files and a silence latent this test writes in torch's zip format.
+fn write_tiny_hf_cache(cache: &Path) -> (PathBuf, Tensor) {
+    let repo = cache.join("models--ACE-Step--Ace-Step1.5");
+    let snap = repo.join("snapshots").join("0123abcd");
+    for sub in ["acestep-v15-turbo", "vae", "Qwen3-Embedding-0.6B"] {
+        let (src, dst) = (model_dir().join(sub), snap.join(sub));
+        std::fs::create_dir_all(&dst).unwrap();
+        for f in std::fs::read_dir(&src).unwrap().flatten() {
+            std::fs::copy(f.path(), dst.join(f.file_name())).unwrap();
+        }
+    }
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123abcd\n").unwrap();
+    // [1, C, F] like ACE-Step's file.
+    let silence = Tensor::randn(0f32, 1.0, (1, 8, 40), &Device::Cpu).unwrap();
+    write_pt(&snap.join("acestep-v15-turbo/silence_latent.pt"), &[(None, &silence)]).unwrap();
+    (snap, silence.squeeze(0).unwrap().t().unwrap())
+}
+
+#[test]
+fn model_folder_end_to_end_matches_reference_preprocessing() {
+    let e = expected();
+    let folder = ModelFolder::open(&model_dir(), None).unwrap();
+    assert_eq!(folder.variant, Variant::Turbo);
+    assert!(matches!(folder.default_timestep_sampling(), ostinato_engine::train::schedule::TimestepSampling::Turbo { shift } if shift == 3.0));
+    DecoderWeights::load(&[&folder.dit_weights()], &folder.dit, DType::F32, &Device::Cpu).unwrap();
+
+    // Encode + condition one clip, as `ostinato preprocess` does.
+    let vae = folder.latent_encoder(&Device::Cpu).unwrap();
+    let cond = folder.conditioner(&Device::Cpu).unwrap();
+    let latents = vae.encode(&clip()).unwrap();
+    let t = latents.dim(0).unwrap();
+    let c = cond.condition(&meta(), t).unwrap();
+    let sample = TrainingSample {
+        source: PathBuf::from("clip.wav"),
+        attention_mask: Tensor::ones(t, DType::F32, &Device::Cpu).unwrap(),
+        target_latents: latents,
+        encoder_hidden_states: c.encoder_hidden_states,
+        encoder_attention_mask: c.encoder_attention_mask,
+        context_latents: c.context_latents,
+    };
+    let errs = [
+        ("target_latents", max_diff(&sample.target_latents, &e["target_latents"])),
+        ("encoder_hidden_states", max_diff(&sample.encoder_hidden_states, &e["encoder_hidden_states"])),
+        ("encoder_attention_mask", max_diff(&sample.encoder_attention_mask, &e["encoder_attention_mask"])),
+        ("context_latents", max_diff(&sample.context_latents, &e["context_latents"])),
+    ];
+    println!("end to end vs reference preprocessing: {errs:?}");
+    for (k, err) in errs {
+        assert!(err < 1e-4, "{k}: {err}");
+    }
+
+    // Written and read back.
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_preprocessed(dir.path(), &[sample.clone()], &Manifest::new(vae.id(), cond.id())).unwrap();
+    assert_eq!(files, [dir.path().join("clip.safetensors")]);
+    let back = read_preprocessed_dir(dir.path()).unwrap();
+    assert_eq!(back.len(), 1);
+    assert_eq!(max_diff(&back[0].encoder_hidden_states, &sample.encoder_hidden_states), 0.0);
+    assert_eq!(max_diff(&back[0].context_latents, &sample.context_latents), 0.0);
+}
+
+#[test]
+fn hf_cache_layout_and_test_written_silence_latent() {
+    let cache = tempfile::tempdir().unwrap();
+    let (snap, silence) = write_tiny_hf_cache(cache.path());
+    let folder = ModelFolder::find_in_hf_cache(Some(cache.path())).unwrap();
+    assert_eq!(folder.root, snap);
+    assert_eq!(max_diff(&folder.silence_latent().unwrap(), &silence), 0.0);
+    // The DiT folder itself is accepted too.
+    let direct = ModelFolder::open(&snap.join("acestep-v15-turbo"), None).unwrap();
+    assert_eq!(direct.root, snap);
+    let c = folder.conditioner(&Device::Cpu).unwrap().condition(&meta(), 50).unwrap();
+    assert_eq!(c.context_latents.dims(), [50, 16]);
+    // Frames past the silence latent's 40 wrap to its start, as ACE-Step pads.
+    assert_eq!(max_diff(&c.context_latents.narrow(0, 40, 10).unwrap().narrow(1, 0, 8).unwrap(), &silence.narrow(0, 0, 10).unwrap()), 0.0);
+
+    // A base variant by config.
+    let cfg_path = snap.join("acestep-v15-turbo/config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["model_version"] = "base".into();
+    cfg["is_turbo"] = false.into();
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let base = ModelFolder::open(&snap, None).unwrap();
+    assert_eq!(base.variant, Variant::Base);
+}
+
+#[test]
+fn validation_names_every_missing_or_malformed_file() {
+    let cache = tempfile::tempdir().unwrap();
+    let (snap, _) = write_tiny_hf_cache(cache.path());
+    std::fs::remove_file(snap.join("vae/diffusion_pytorch_model.safetensors")).unwrap();
+    std::fs::write(snap.join("Qwen3-Embedding-0.6B/config.json"), "{ not json").unwrap();
+    std::fs::write(snap.join("acestep-v15-turbo/silence_latent.pt"), b"PK garbage").unwrap();
+    std::fs::remove_file(snap.join("Qwen3-Embedding-0.6B/tokenizer.json")).unwrap();
+    let err = ModelFolder::open(&snap, None).err().expect("invalid folder");
+    let Error::ModelFolder { problems, .. } = &err else { panic!("{err}") };
+    println!("{err}");
+    let text = err.to_string();
+    for file in ["diffusion_pytorch_model.safetensors", "Qwen3-Embedding-0.6B/config.json", "silence_latent.pt", "tokenizer.json"] {
+        assert!(text.contains(file), "{file} not named in: {text}");
+    }
+    assert!(problems.len() >= 4);
+}
+
+#[test]
+fn reads_acestep_preprocessed_pt() {
+    let e = expected();
+    let s = read_sample(&real_dir().join("acestep_sample.pt")).unwrap();
+    // Saved in bf16 with a bool mask by ACE-Step's trainer.
+    let rel = |a: &Tensor, b: &Tensor| {
+        let scale: f32 = b.abs().unwrap().max_all().unwrap().to_scalar().unwrap();
+        max_diff(a, b) / scale.max(1e-6)
+    };
+    assert!(rel(&s.target_latents, &e["target_latents"]) < 1e-2);
+    assert!(rel(&s.encoder_hidden_states, &e["encoder_hidden_states"]) < 1e-2);
+    assert!(rel(&s.context_latents, &e["context_latents"]) < 1e-2);
+    assert_eq!(max_diff(&s.encoder_attention_mask, &e["encoder_attention_mask"]), 0.0);
+    assert_eq!(s.attention_mask.sum_all().unwrap().to_scalar::<f32>().unwrap(), 50.0);
+}

@@ -1,0 +1,295 @@
+"""Tiny random ACE-Step model folder + reference preprocessing outputs.
+
+Run through scripts/make-real-fixtures (it sets up the venv). Writes
+engine/tests/fixtures/real/:
+
+  model/acestep-v15-turbo/{config.json, model.safetensors, silence_latent.pt}
+  model/vae/{config.json, diffusion_pytorch_model.safetensors}
+  model/Qwen3-Embedding-0.6B/{config.json, model.safetensors, tokenizer.json, tokenizer_config.json}
+  expected.safetensors   reference tensors for one generated clip (see `expected` below)
+  expected.json          the clip's metadata, prompt and sizes
+  acestep_sample.pt      the same sample as ACE-Step's trainer saves it (bf16, bool mask, metadata)
+
+The clip is a formula both sides compute (see `clip`), so no audio is stored.
+"""
+
+import json
+import math
+import os
+import shutil
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from diffusers import AutoencoderOobleck
+from diffusers.models.transformers.ace_step_transformer import AceStepTransformer1DModel
+from diffusers.pipelines.ace_step.modeling_ace_step import AceStepConditionEncoder
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders, processors, trainers, Regex
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
+
+OUT = os.path.join(os.path.dirname(__file__), "..", "engine", "tests", "fixtures", "real")
+MODEL = os.path.join(OUT, "model")
+torch.manual_seed(0)
+torch.set_grad_enabled(False)
+
+# ---- sizes (tiny; the real ones in comments) ----
+LATENT = 8  # 64
+HIDDEN = 32  # 2048
+TEXT_DIM = 32  # 1024 (Qwen3-Embedding-0.6B hidden)
+RATE = 48000
+SECONDS = 2.0
+TEXT_LEN, LYRIC_LEN = 256, 512
+
+META = {
+    "caption": "warm lo-fi piano with soft brushed drums",
+    "lyrics": "[Verse]\nla la la, under the paper moon\nhold the light",
+    "bpm": 84,
+    "keyscale": "F major",
+    "timesignature": "4",
+    "duration_seconds": SECONDS,
+}
+
+
+def clip():
+    """2 s stereo: a formula the Rust test computes identically (f64, then f32)."""
+    n = np.arange(int(RATE * SECONDS), dtype=np.float64)
+    t = n / RATE
+    left = 0.5 * np.sin(2 * np.pi * 220.0 * t) + 0.25 * np.sin(2 * np.pi * 1234.5 * t + 0.3)
+    right = 0.4 * np.sin(2 * np.pi * 330.0 * t) * np.exp(-t) + 0.2 * np.sin(2 * np.pi * 97.0 * t)
+    return torch.from_numpy(np.stack([left, right]).astype(np.float32))
+
+
+def prompt(meta):
+    metas = (
+        f"- bpm: {meta['bpm']}\n- timesignature: {meta['timesignature']}\n"
+        f"- keyscale: {meta['keyscale']}\n- duration: {int(meta['duration_seconds'])} seconds\n"
+    )
+    return (
+        "# Instruction\nFill the audio semantic mask based on the given conditions:\n\n"
+        f"# Caption\n{meta['caption']}\n\n# Metas\n{metas}<|endoftext|>\n"
+    )
+
+
+def randomize(module, scale=0.3):
+    """Random values everywhere (weight_g, Snake alpha/beta and norms included)."""
+    g = torch.Generator().manual_seed(1)
+    for name, p in module.named_parameters():
+        p.copy_(torch.randn(p.shape, generator=g) * scale + (1.0 if name.endswith("norm.weight") else 0.0))
+
+
+# ---- tokenizer: a tiny byte-level BPE laid out like Qwen's ----
+def build_tokenizer(path):
+    tok = Tokenizer(models.BPE())
+    qwen_split = (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    )
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(qwen_split), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = [prompt(META), META["lyrics"], "[Instrumental]", "the quick brown fox jumps over the lazy dog " * 4]
+    tok.train_from_iterator(corpus, trainer)
+    os.makedirs(path, exist_ok=True)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", padding_side="left")
+    fast.save_pretrained(path)
+    for extra in ["special_tokens_map.json"]:
+        if os.path.exists(os.path.join(path, extra)):
+            os.remove(os.path.join(path, extra))
+    return PreTrainedTokenizerFast.from_pretrained(path)
+
+
+def original_names(state, prefix):
+    """diffusers' attention names -> ACE-Step's checkpoint names."""
+    out = {}
+    for k, v in state.items():
+        k = (
+            k.replace("proj_in_conv.", "proj_in.1.")
+            .replace("proj_out_conv.", "proj_out.1.")
+            .replace(".to_q.", ".q_proj.")
+            .replace(".to_k.", ".k_proj.")
+            .replace(".to_v.", ".v_proj.")
+            .replace(".to_out.0.", ".o_proj.")
+            .replace(".norm_q.", ".q_norm.")
+            .replace(".norm_k.", ".k_norm.")
+        )
+        out[prefix + k] = v.contiguous()
+    return out
+
+
+def main():
+    if os.path.exists(OUT):
+        shutil.rmtree(OUT)
+    os.makedirs(MODEL)
+    expected = {}
+
+    # 1. Tokenizer + Qwen3.
+    qdir = os.path.join(MODEL, "Qwen3-Embedding-0.6B")
+    tokenizer = build_tokenizer(qdir)
+    qcfg = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=TEXT_DIM,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        rope_theta=1000000.0,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    )
+    qcfg._attn_implementation = "eager"
+    qwen = Qwen3Model(qcfg).eval()
+    randomize(qwen, 0.5)
+    qcfg.to_json_file(os.path.join(qdir, "config.json"))
+    save_file({k: v.contiguous() for k, v in qwen.state_dict().items()}, os.path.join(qdir, "model.safetensors"))
+
+    text = tokenizer(prompt(META), padding="max_length", max_length=TEXT_LEN, truncation=True, return_tensors="pt")
+    lyr = tokenizer(META["lyrics"], padding="max_length", max_length=LYRIC_LEN, truncation=True, return_tensors="pt")
+    text_hidden = qwen(text.input_ids).last_hidden_state  # no attention mask, as ACE-Step
+    lyric_embeds = qwen.embed_tokens(lyr.input_ids)
+    expected["text_input_ids"] = text.input_ids[0].to(torch.int64)
+    expected["text_attention_mask"] = text.attention_mask[0].to(torch.int64)
+    expected["lyric_input_ids"] = lyr.input_ids[0].to(torch.int64)
+    expected["lyric_attention_mask"] = lyr.attention_mask[0].to(torch.int64)
+    expected["text_hidden_states"] = text_hidden[0]
+
+    # 2. Condition encoder + DiT in one model.safetensors, original names.
+    layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(2)]
+    common = dict(
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        sliding_window=16,
+    )
+    encoder = AceStepConditionEncoder(
+        text_hidden_dim=TEXT_DIM,
+        timbre_hidden_dim=LATENT,
+        num_lyric_encoder_hidden_layers=2,
+        num_timbre_encoder_hidden_layers=2,
+        layer_types=layer_types,
+        **common,
+    ).eval()
+    randomize(encoder, 0.3)
+    for m in encoder.modules():
+        if hasattr(m, "set_attention_backend"):
+            pass
+    dit = AceStepTransformer1DModel(
+        num_hidden_layers=2,
+        in_channels=3 * LATENT,
+        audio_acoustic_hidden_dim=LATENT,
+        patch_size=2,
+        layer_types=layer_types,
+        is_turbo=True,
+        model_version="turbo",
+        **common,
+    ).eval()
+    randomize(dit, 0.1)
+    tdir = os.path.join(MODEL, "acestep-v15-turbo")
+    os.makedirs(tdir)
+    state = original_names(dit.state_dict(), "decoder.")
+    enc_state = {k: v for k, v in encoder.state_dict().items() if k != "silence_latent"}
+    state.update(original_names(enc_state, "encoder."))
+    save_file(state, os.path.join(tdir, "model.safetensors"))
+    config = dict(
+        common,
+        num_hidden_layers=2,
+        in_channels=3 * LATENT,
+        audio_acoustic_hidden_dim=LATENT,
+        patch_size=2,
+        use_sliding_window=True,
+        layer_types=layer_types,
+        attention_bias=False,
+        text_hidden_dim=TEXT_DIM,
+        timbre_hidden_dim=LATENT,
+        num_lyric_encoder_hidden_layers=2,
+        num_timbre_encoder_hidden_layers=2,
+        model_version="turbo",
+        is_turbo=True,
+        timestep_mu=-0.4,
+        timestep_sigma=1.0,
+        auto_map={"AutoModel": "modeling_acestep_v15_turbo.AceStepConditionGenerationModel"},
+    )
+    with open(os.path.join(tdir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+    # ACE-Step's run_encoder: a zero timbre reference of one frame.
+    states, mask = encoder(
+        text_hidden_states=text_hidden,
+        text_attention_mask=text.attention_mask,
+        lyric_hidden_states=lyric_embeds,
+        lyric_attention_mask=lyr.attention_mask,
+        refer_audio_acoustic_hidden_states_packed=torch.zeros(1, 1, LATENT),
+        refer_audio_order_mask=torch.zeros(1, dtype=torch.long),
+    )
+    expected["encoder_hidden_states"] = states[0]
+    expected["encoder_attention_mask"] = mask[0].to(torch.float32)
+
+    # 3. VAE (whole model, as diffusers saves it).
+    vae = AutoencoderOobleck(
+        encoder_hidden_size=2 * LATENT,
+        downsampling_ratios=[2, 4, 4, 6, 10],
+        channel_multiples=[1, 1, 1, 1, 2],
+        decoder_channels=8,
+        decoder_input_channels=LATENT,
+        audio_channels=2,
+        sampling_rate=RATE,
+    ).eval()
+    randomize(vae, 0.2)
+    vdir = os.path.join(MODEL, "vae")
+    vae.save_pretrained(vdir, safe_serialization=True)
+    audio = clip()
+    dist = vae.encode(audio[None]).latent_dist
+    expected["vae_mean"] = dist.mean[0].T.contiguous()  # (T, C)
+    expected["vae_scale"] = dist.scale[0].T.contiguous()
+    expected["vae_std"] = dist.std[0].T.contiguous()
+    frames = expected["vae_mean"].shape[0]
+
+    # 4. Silence latent, saved like ACE-Step's ([1, C, F]; F = 15000 in the real file).
+    silence = torch.randn(1, LATENT, 120)
+    torch.save(silence, os.path.join(tdir, "silence_latent.pt"))
+    sil = silence.transpose(1, 2)  # ACE-Step transposes after loading
+    ctx = torch.cat([sil[:, :frames, :], torch.ones(1, frames, LATENT)], dim=-1)
+    expected["context_latents"] = ctx[0]
+    expected["target_latents"] = expected["vae_mean"].clone()
+
+    save_file({k: v.contiguous() for k, v in expected.items()}, os.path.join(OUT, "expected.safetensors"))
+    with open(os.path.join(OUT, "expected.json"), "w") as f:
+        json.dump({"meta": META, "prompt": prompt(META), "frames": frames, "rate": RATE}, f, indent=2)
+
+    # 5. The sample as ACE-Step's trainer writes it (model dtype bf16, bool mask, metadata).
+    bf = torch.bfloat16
+    torch.save(
+        {
+            "target_latents": expected["target_latents"].to(bf),
+            "attention_mask": torch.ones(frames, dtype=bf),
+            "encoder_hidden_states": states[0].to(bf),
+            "encoder_attention_mask": mask[0],
+            "context_latents": ctx[0].to(bf),
+            "metadata": {"filename": "clip.wav", "caption": META["caption"], "bpm": 84, "duration": 2.0, "language": None},
+        },
+        os.path.join(OUT, "acestep_sample.pt"),
+    )
+
+    total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(OUT) for f in fs)
+    print(f"wrote {OUT}: {total / 1e6:.2f} MB; frames {frames}; vocab {len(tokenizer)}")
+    print("valid text tokens", int(text.attention_mask.sum()), "lyric tokens", int(lyr.attention_mask.sum()))
+
+
+if __name__ == "__main__":
+    main()
