@@ -8,7 +8,6 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::lora::LoraAdapter;
-use crate::model::source::ModelSource;
 use crate::model::{DecoderWeights, DitModel};
 use crate::train::{state, RunConfig};
 use crate::{Error, Result};
@@ -40,7 +39,8 @@ impl std::str::FromStr for ExportFormat {
 /// a directory for PEFT, a `.safetensors` file otherwise.
 pub fn export_run(run_dir: &Path, format: ExportFormat, to: &Path) -> Result<PathBuf> {
     let config = RunConfig::from_toml_file(&run_dir.join("run.toml"))?;
-    let (weights, model) = load_base(&config.model)?;
+    let (cfg, weights) = config.model.load_decoder(DType::F32, &Device::Cpu)?;
+    let model = DitModel::new(&cfg, &weights)?;
     let final_adapter = run_dir.join("final/adapter");
     let adapter_dir = if final_adapter.is_dir() {
         final_adapter
@@ -58,20 +58,6 @@ pub fn export_run(run_dir: &Path, format: ExportFormat, to: &Path) -> Result<Pat
         ExportFormat::Merged => write_merged(&weights, &adapter, to)?,
     }
     Ok(to.to_path_buf())
-}
-
-fn load_base(source: &ModelSource) -> Result<(DecoderWeights, DitModel)> {
-    match source {
-        ModelSource::Demo => {
-            let weights = crate::model::demo::demo_weights(DType::F32, &Device::Cpu)?;
-            let model = DitModel::new(&crate::model::demo::demo_config(), &weights)?;
-            Ok((weights, model))
-        }
-        ModelSource::Folder { path } => Err(Error::BadFile {
-            path: path.clone(),
-            reason: "exporting from ACE-Step model folders is not supported by this build yet".into(),
-        }),
-    }
 }
 
 /// ComfyUI's LoRA file for the ACE-Step decoder: `diffusion_model.decoder.<module>.

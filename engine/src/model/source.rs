@@ -8,10 +8,11 @@ use candle_core::{DType, Device};
 use serde::{Deserialize, Serialize};
 
 use super::demo;
-use super::DitModel;
+use super::folder::ModelFolder;
+use super::{DecoderWeights, DitConfig, DitModel};
 use crate::data::{Conditioner, HashConditioner, LatentEncoder, MelEncoder};
 use crate::train::schedule::TimestepSampling;
-use crate::{Error, Result};
+use crate::Result;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -37,27 +38,45 @@ const DEMO_TEXT_TOKENS: usize = 32;
 const DEMO_LYRIC_TOKENS: usize = 32;
 
 impl ModelSource {
-    pub fn load(&self, dtype: DType, device: &Device) -> Result<LoadedModel> {
+    /// The DiT's config and weights only (export, merge).
+    pub fn load_decoder(&self, dtype: DType, device: &Device) -> Result<(DitConfig, DecoderWeights)> {
         match self {
+            ModelSource::Demo => Ok((demo::demo_config(), demo::demo_weights(dtype, device)?)),
+            ModelSource::Folder { path } => {
+                let folder = ModelFolder::open(path, None)?;
+                let weights = DecoderWeights::load(&[&folder.dit_weights()], &folder.dit, dtype, device)?;
+                Ok((folder.dit, weights))
+            }
+        }
+    }
+
+    /// Everything a run needs.
+    pub fn load(&self, dtype: DType, device: &Device) -> Result<LoadedModel> {
+        let (cfg, weights) = self.load_decoder(dtype, device)?;
+        let parameters = weights.iter().map(|(_, t)| t.elem_count() as u64).sum();
+        let dit = DitModel::new(&cfg, &weights)?;
+        let (encoder, conditioner, default_timesteps): (Box<dyn LatentEncoder>, Box<dyn Conditioner>, _) = match self {
             ModelSource::Demo => {
-                let cfg = demo::demo_config();
-                let weights = demo::demo_weights(dtype, device)?;
-                let parameters = weights.iter().map(|(_, t)| t.elem_count() as u64).sum();
                 let encoder = MelEncoder::new();
                 let conditioner = HashConditioner::for_encoder(cfg.encoder_hidden_size, &encoder)?
                     .with_max_tokens(DEMO_TEXT_TOKENS, DEMO_LYRIC_TOKENS);
-                Ok(LoadedModel {
-                    dit: DitModel::new(&cfg, &weights)?,
-                    encoder: Box::new(encoder),
-                    conditioner: Box::new(conditioner),
-                    default_timesteps: TimestepSampling::Turbo { shift: 3.0 },
-                    parameters,
-                })
+                (Box::new(encoder), Box::new(conditioner), TimestepSampling::Turbo { shift: 3.0 })
             }
-            ModelSource::Folder { path } => Err(Error::BadFile {
-                path: path.clone(),
-                reason: "ACE-Step model folders are not supported by this build yet".into(),
-            }),
-        }
+            ModelSource::Folder { path } => {
+                let folder = ModelFolder::open(path, None)?;
+                (
+                    Box::new(folder.latent_encoder(device)?),
+                    Box::new(folder.conditioner(device)?),
+                    folder.default_timestep_sampling(),
+                )
+            }
+        };
+        Ok(LoadedModel {
+            dit,
+            encoder,
+            conditioner,
+            default_timesteps,
+            parameters,
+        })
     }
 }

@@ -1,0 +1,193 @@
+//! End-to-end tests of the `ostinato` binary on audio the tests generate.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ostinato_engine::data::synth;
+use ostinato_engine::events::{read_events, Event};
+
+fn ostinato() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ostinato"))
+}
+
+/// Three demo clips in a folder of their own.
+fn audio(dir: &Path) -> PathBuf {
+    let audio = dir.join("songs");
+    synth::write_demo(&audio).unwrap();
+    for entry in std::fs::read_dir(&audio).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !["pluck_arpeggio", "drum_groove", "funk_bass"].iter().any(|p| name.starts_with(p)) {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    audio
+}
+
+/// `train <audio> --demo` with quick settings and the given extra flags.
+fn train(dir: &Path, audio: &Path, name: &str, extra: &[&str]) -> Command {
+    let mut c = ostinato();
+    c.args(["train", audio.to_str().unwrap(), "--demo", "--name", name])
+        .args(["--runs-dir", dir.join("runs").to_str().unwrap()])
+        .args(["--crop-seconds", "3", "--rank", "4", "--alpha", "8", "--lr", "1e-3", "--seed", "3"])
+        .args(["--save-every-steps", "3"])
+        .args(extra)
+        .env("XDG_CACHE_HOME", dir.join("cache"));
+    c
+}
+
+fn ok(out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn step_losses(run: &Path) -> Vec<(u64, u64, f64)> {
+    read_events(&run.join("events.jsonl"))
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Step { step, epoch, loss, .. } => Some((step, epoch, loss)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn adapter(run: &Path) -> Vec<u8> {
+    std::fs::read(run.join("final/adapter/adapter_model.safetensors")).unwrap()
+}
+
+#[test]
+fn train_writes_an_adapter_and_the_loss_falls() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let out = ok(train(tmp.path(), &songs, "demo", &["--epochs", "12"]).output().unwrap());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let run = tmp.path().join("runs/demo");
+    assert!(stdout.contains(&run.join("final/adapter/adapter_model.safetensors").display().to_string()), "{stdout}");
+    assert!(!adapter(&run).is_empty());
+
+    let losses = step_losses(&run);
+    assert_eq!(losses.len(), 36);
+    let epoch_mean = |e: u64| {
+        let l: Vec<f64> = losses.iter().filter(|s| s.1 == e).map(|s| s.2).collect();
+        l.iter().sum::<f64>() / l.len() as f64
+    };
+    let (first, last) = ((epoch_mean(0) + epoch_mean(1)) / 2.0, (epoch_mean(10) + epoch_mean(11)) / 2.0);
+    println!("mean loss of the first two epochs {first:.4}, of the last two {last:.4}");
+    assert!(last < first, "loss falls: {first} -> {last}");
+
+    // `runs` lists it as finished with its adapter.
+    let out = ok(ostinato().args(["runs", "--json", "--runs-dir", tmp.path().join("runs").to_str().unwrap()]).output().unwrap());
+    let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(runs[0]["status"], "finished");
+    assert_eq!(runs[0]["steps"], 36);
+
+    // Every export format writes.
+    for (format, to) in [("peft", "peft"), ("comfyui", "comfy.safetensors"), ("merged", "merged.safetensors")] {
+        let to = tmp.path().join(to);
+        ok(ostinato().args(["export", run.to_str().unwrap(), "--format", format, "--to", to.to_str().unwrap()]).output().unwrap());
+        assert!(to.exists(), "{format}");
+    }
+}
+
+#[test]
+fn json_mode_prints_only_events() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let out = ok(train(tmp.path(), &songs, "json", &["--max-steps", "2", "--json"]).output().unwrap());
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every stdout line is a JSON event"))
+        .collect();
+    assert!(lines.iter().all(|l| l["v"] == 1 && l["type"].is_string()));
+    assert_eq!(lines.last().unwrap()["type"], "finished");
+}
+
+#[test]
+fn stop_at_step_then_resume_matches_an_uninterrupted_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    ok(train(tmp.path(), &songs, "straight", &["--max-steps", "8"]).output().unwrap());
+    ok(train(tmp.path(), &songs, "split", &["--max-steps", "8", "--stop-at-step", "4"]).output().unwrap());
+    let split = tmp.path().join("runs/split");
+    assert_eq!(step_losses(&split).len(), 4);
+    ok(ostinato().args(["resume", split.to_str().unwrap()]).output().unwrap());
+    let straight = tmp.path().join("runs/straight");
+    assert_eq!(step_losses(&straight), step_losses(&split));
+    assert!(adapter(&straight) == adapter(&split), "identical adapter bytes");
+}
+
+#[test]
+fn sigint_mid_run_stops_gracefully_and_leaves_a_resumable_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let mut child = train(tmp.path(), &songs, "interrupted", &["--max-steps", "200"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let run = tmp.path().join("runs/interrupted");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !run.join("events.jsonl").exists() || step_losses(&run).len() < 3 {
+        assert!(Instant::now() < deadline, "no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: sending SIGINT to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    let events = read_events(&run.join("events.jsonl")).unwrap();
+    let stopped_at = events.iter().find_map(|e| match e {
+        Event::Stopped { step, .. } => Some(*step),
+        _ => None,
+    });
+    let stopped_at = stopped_at.expect("a stopped event");
+    assert!(stopped_at < 200);
+    assert!(run.join(format!("checkpoints/step-{stopped_at:06}")).is_dir());
+
+    let out = ok(ostinato().args(["resume", run.to_str().unwrap(), "--stop-at-step", &(stopped_at + 2).to_string()]).output().unwrap());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("adapter:"));
+    assert_eq!(step_losses(&run).last().unwrap().0, stopped_at + 2);
+}
+
+fn fails_with(cmd: &mut Command, needle: &str) {
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "should fail: {stderr}");
+    assert!(stderr.contains(needle), "stderr should mention `{needle}`:\n{stderr}");
+}
+
+#[test]
+fn bad_input_gives_clear_errors_and_non_zero_exit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    let runs = runs.to_str().unwrap();
+    fails_with(ostinato().args(["train", "/nonexistent/songs", "--runs-dir", runs]), "/nonexistent/songs");
+
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    fails_with(ostinato().args(["train", empty.to_str().unwrap(), "--runs-dir", runs, "--name", "e"]), "no audio files");
+
+    let junk = tmp.path().join("junk");
+    std::fs::create_dir(&junk).unwrap();
+    std::fs::write(junk.join("song.wav"), "not audio at all").unwrap();
+    fails_with(ostinato().args(["train", junk.to_str().unwrap(), "--runs-dir", runs, "--name", "j"]), "no usable audio");
+
+    let songs = audio(tmp.path());
+    let bad_model = tmp.path().join("model");
+    std::fs::create_dir(&bad_model).unwrap();
+    fails_with(
+        ostinato().args(["train", songs.to_str().unwrap(), "--model", bad_model.to_str().unwrap(), "--runs-dir", runs, "--name", "m"]),
+        "model",
+    );
+    fails_with(ostinato().args(["train", songs.to_str().unwrap(), "--precision", "fp8"]), "fp8");
+    fails_with(ostinato().args(["train", songs.to_str().unwrap(), "--epochs", "many"]), "many");
+    fails_with(ostinato().args(["inspect", bad_model.to_str().unwrap()]), "config.json");
+}
