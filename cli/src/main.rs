@@ -50,6 +50,18 @@ enum Command {
     },
     /// Print a model folder's config, parameter counts and a training-memory estimate.
     Inspect { model_dir: PathBuf },
+    /// Encode a folder of songs once into ACE-Step's preprocessed tensors, which
+    /// `train` accepts in place of audio.
+    Preprocess {
+        audio_dir: PathBuf,
+        /// An ACE-Step 1.5 model folder (default: the built-in demo model).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        crop_seconds: Option<f64>,
+    },
 }
 
 #[derive(Args)]
@@ -131,5 +143,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Runs { runs_dir, json } => report::runs(runs_dir, json).map(|_| 0),
         Command::Export { run_dir, format, to } => report::export(&run_dir, format, &to).map(|_| 0),
         Command::Inspect { model_dir } => report::inspect(&model_dir).map(|_| 0),
+        Command::Preprocess { audio_dir, model, out, crop_seconds } => {
+            report::preprocess(&audio_dir, model, &out, crop_seconds).map(|_| 0)
+        }
     }
 }

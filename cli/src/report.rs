@@ -3,7 +3,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
+use ostinato_engine::data::preprocessed::preprocess as preprocess_folder;
+use ostinato_engine::data::{DataEvent, DataSpec};
 use ostinato_engine::export::{export_run, ExportFormat};
+use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::model::{footprint, DitConfig};
 use ostinato_engine::train::config::default_runs_dir;
 use ostinato_engine::train::history::list_runs;
@@ -75,5 +78,21 @@ pub fn inspect(model_dir: &Path) -> anyhow::Result<()> {
     println!("estimated training memory for a 4-minute song (bf16 weights, batch 1):");
     println!("  with gradient checkpointing:    {:.1} GiB", gib(f.total(true)));
     println!("  without gradient checkpointing: {:.1} GiB", gib(f.total(false)));
+    Ok(())
+}
+
+pub fn preprocess(audio_dir: &Path, model: Option<PathBuf>, out: &Path, crop_seconds: Option<f64>) -> anyhow::Result<()> {
+    if !audio_dir.is_dir() {
+        bail!("audio folder {} does not exist or is not a folder", audio_dir.display());
+    }
+    let source = model.map_or(ModelSource::Demo, |path| ModelSource::Folder { path });
+    let (encoder, conditioner, _) = source.encoders(&candle_core::Device::Cpu)?;
+    let spec = DataSpec { folder: audio_dir.to_path_buf(), crop_seconds, ..DataSpec::default() };
+    let written = preprocess_folder(&spec, encoder.as_ref(), conditioner.as_ref(), out, &mut |e| {
+        if let DataEvent::Issue { file, reason } = e {
+            eprintln!("skipped {}: {reason}", file.display());
+        }
+    })?;
+    println!("{} samples written to {}", written.len(), out.display());
     Ok(())
 }

@@ -181,3 +181,21 @@ pub fn read_sample(path: &Path) -> Result<TrainingSample> {
     shape("context_latents", &s.context_latents, &[Some(frames), Some(2 * channels)])?;
     Ok(s)
 }
+
+/// Encodes every usable song of `spec.folder` once (no crops drawn at random: the
+/// centre crop, if any) and writes the folder `train` accepts in place of audio.
+pub fn preprocess(
+    spec: &super::DataSpec,
+    encoder: &dyn super::LatentEncoder,
+    conditioner: &dyn super::Conditioner,
+    out: &Path,
+    report: &mut dyn FnMut(super::DataEvent),
+) -> Result<Vec<PathBuf>> {
+    let tmp_cache = out.join(".cache");
+    let cache = super::LatentCache::new(&tmp_cache)?;
+    let data = super::prepare_dataset(spec, encoder, conditioner, Some(&cache), report)?;
+    let samples: Vec<TrainingSample> = data.items.into_iter().filter_map(|i| i.cached).collect();
+    let written = write_preprocessed(out, &samples, &Manifest::new(encoder.id(), conditioner.id()));
+    std::fs::remove_dir_all(&tmp_cache).map_err(|e| Error::io(&tmp_cache, e))?;
+    written
+}

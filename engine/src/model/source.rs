@@ -50,15 +50,13 @@ impl ModelSource {
         }
     }
 
-    /// Everything a run needs.
-    pub fn load(&self, dtype: DType, device: &Device) -> Result<LoadedModel> {
-        let (cfg, weights) = self.load_decoder(dtype, device)?;
-        let parameters = weights.iter().map(|(_, t)| t.elem_count() as u64).sum();
-        let dit = DitModel::new(&cfg, &weights)?;
-        let (encoder, conditioner, default_timesteps): (Box<dyn LatentEncoder>, Box<dyn Conditioner>, _) = match self {
+    /// What turns songs into samples: the latent encoder, the conditioner, and the
+    /// model's default timestep sampling.
+    pub fn encoders(&self, device: &Device) -> Result<(Box<dyn LatentEncoder>, Box<dyn Conditioner>, TimestepSampling)> {
+        Ok(match self {
             ModelSource::Demo => {
                 let encoder = MelEncoder::new();
-                let conditioner = HashConditioner::for_encoder(cfg.encoder_hidden_size, &encoder)?
+                let conditioner = HashConditioner::for_encoder(demo::demo_config().encoder_hidden_size, &encoder)?
                     .with_max_tokens(DEMO_TEXT_TOKENS, DEMO_LYRIC_TOKENS);
                 (Box::new(encoder), Box::new(conditioner), TimestepSampling::Turbo { shift: 3.0 })
             }
@@ -70,7 +68,15 @@ impl ModelSource {
                     folder.default_timestep_sampling(),
                 )
             }
-        };
+        })
+    }
+
+    /// Everything a run needs.
+    pub fn load(&self, dtype: DType, device: &Device) -> Result<LoadedModel> {
+        let (cfg, weights) = self.load_decoder(dtype, device)?;
+        let parameters = weights.iter().map(|(_, t)| t.elem_count() as u64).sum();
+        let dit = DitModel::new(&cfg, &weights)?;
+        let (encoder, conditioner, default_timesteps) = self.encoders(device)?;
         Ok(LoadedModel {
             dit,
             encoder,

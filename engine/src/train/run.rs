@@ -20,6 +20,7 @@ use super::schedule::LrScheduler;
 use super::history;
 use super::state::{self, TrainingState};
 use super::step::{StepOutcome, StepSettings, Trainer};
+use crate::data::preprocessed::{is_preprocessed_dir, read_preprocessed_dir};
 use crate::data::{prepare_dataset, DataEvent, LatentCache, PreparedDataset};
 use crate::device;
 use crate::events::{DatasetSummary, Event, EventLog, MemoryFeatures};
@@ -239,13 +240,18 @@ impl Loop {
             (true, Some(dir)) => Some(LatentCache::new(dir)?),
             (true, None) => Some(LatentCache::open_default()?),
         };
-        let data = prepare_dataset(
-            &config.data,
-            encoder.as_ref(),
-            conditioner.as_ref(),
-            cache.as_ref(),
-            &mut |e| sink.emit(data_event(e, &config.data.folder)),
-        )?;
+        let data = if is_preprocessed_dir(&config.data.folder) {
+            let samples = read_preprocessed_dir(&config.data.folder)?;
+            PreparedDataset::preprocessed(&config.data, samples, encoder.frames_per_second())?
+        } else {
+            prepare_dataset(
+                &config.data,
+                encoder.as_ref(),
+                conditioner.as_ref(),
+                cache.as_ref(),
+                &mut |e| sink.emit(data_event(e, &config.data.folder)),
+            )?
+        };
 
         // 2. Schedule length.
         let batches_per_epoch = data.len().div_ceil(config.batch_size);
