@@ -260,3 +260,50 @@ fn sigkill_mid_step_loses_only_uncheckpointed_steps() {
     assert_eq!(losses(&straight), losses(&run_dir), "identical loss sequence");
     assert!(adapter_bytes(&straight) == adapter_bytes(&run_dir), "identical adapter bytes");
 }
+
+#[test]
+fn gradient_accumulation_flushes_the_remainder_at_epoch_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Two songs, batch 1, accumulate 3: each epoch's single update flushes 2 batches.
+    let c = RunConfig { grad_accum: 3, max_steps: None, epochs: 3, ..config(tmp.path(), "accum") };
+    let handle = Run::start(c).unwrap();
+    let run_dir = handle.run_dir().to_path_buf();
+    assert!(matches!(handle.join().unwrap(), RunEnd::Finished { steps: 3, .. }));
+    let events = read_events(&run_dir.join("events.jsonl")).unwrap();
+    let steps_per_epoch: Vec<(u64, u64)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Step { step, epoch, samples_per_sec, .. } => {
+                assert!(*samples_per_sec > 0.0);
+                Some((*step, *epoch))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(steps_per_epoch, vec![(1, 0), (2, 1), (3, 2)]);
+    let total = events.iter().find_map(|e| match e {
+        Event::RunStarted { total_steps, .. } => Some(*total_steps),
+        _ => None,
+    });
+    assert_eq!(total, Some(3));
+}
+
+#[test]
+fn a_diverged_run_fails_after_the_configured_consecutive_skips() {
+    let tmp = tempfile::tempdir().unwrap();
+    // An absurd learning rate makes the first update blow the adapter up; every later
+    // step is then non-finite and skipped, and the run gives up with a reason.
+    let c = RunConfig { lr: 1e30, max_consecutive_skips: 3, ..config(tmp.path(), "diverged") };
+    let handle = Run::start(c).unwrap();
+    let run_dir = handle.run_dir().to_path_buf();
+    let end = handle.join().unwrap();
+    assert!(matches!(end, RunEnd::Failed { steps: 1, .. }), "{end:?}");
+    let events = read_events(&run_dir.join("events.jsonl")).unwrap();
+    let skipped = events.iter().filter(|e| matches!(e, Event::StepSkipped { .. })).count();
+    assert_eq!(skipped, 3);
+    let reason = events.iter().find_map(|e| match e {
+        Event::Failed { reason, .. } => Some(reason.clone()),
+        _ => None,
+    });
+    assert!(reason.expect("failed event").contains("3 steps in a row"));
+}
