@@ -94,3 +94,12 @@ impl Error {
         }
     }
 }
+
+/// Reads and parses a JSON file; errors name the file.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_str(&text).map_err(|source| Error::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}

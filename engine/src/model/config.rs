@@ -67,11 +67,7 @@ fn required<T>(value: Option<T>, name: &str) -> Result<T> {
 impl DitConfig {
     /// Reads ACE-Step's `config.json`, or a fixture json whose `config` object holds it.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let value: Value = serde_json::from_str(&text).map_err(|source| Error::Json {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let value: Value = crate::error::read_json(path)?;
         Self::from_value(&value)
     }
 

@@ -39,11 +39,7 @@ fn default_theta() -> f64 {
 
 impl Qwen3Config {
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let cfg: Self = serde_json::from_str(&text).map_err(|source| Error::Json {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let cfg: Self = crate::error::read_json(path)?;
         let bad = |reason: String| Error::BadFile { path: path.to_path_buf(), reason };
         if cfg.attention_bias {
             return Err(bad("attention_bias = true is not Qwen3".into()));

@@ -61,11 +61,7 @@ fn d_rate() -> u32 {
 
 impl VaeConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let cfg: Self = serde_json::from_str(&text).map_err(|source| Error::Json {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let cfg: Self = crate::error::read_json(path)?;
         let bad = |reason: String| Err(Error::BadFile { path: path.to_path_buf(), reason });
         if cfg.encoder_hidden_size != 2 * cfg.decoder_input_channels {
             return bad(format!(

@@ -190,9 +190,17 @@ fn train(config: &RunConfig, run_dir: &Path, resuming: bool, control: &Control, 
         log: EventLog::open(run_dir.join("events.jsonl"))?,
         tx,
     };
-    let result = Loop::setup(config, run_dir, resuming, &mut sink).and_then(|mut l| l.run(control, &mut sink));
+    let mut training = match Loop::setup(config, run_dir, resuming, &mut sink) {
+        Ok(l) => l,
+        Err(e) => {
+            sink.emit(Event::Failed { step: 0, reason: e.to_string() });
+            return Err(e);
+        }
+    };
+    let result = training.run(control, &mut sink);
     if let Err(e) = &result {
-        sink.emit(Event::Failed { step: 0, reason: e.to_string() });
+        let step = training.trainer.applied_steps();
+        sink.emit(Event::Failed { step, reason: e.to_string() });
     }
     result
 }

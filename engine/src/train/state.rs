@@ -169,12 +169,7 @@ fn prune(root: &Path, keep: usize) -> Result<()> {
 
 /// Reads one checkpoint; any missing or corrupt file is an error naming it.
 pub fn load_checkpoint(dir: &Path, model: &crate::model::DitModel) -> Result<Checkpoint> {
-    let json_path = dir.join(STATE_JSON);
-    let text = std::fs::read_to_string(&json_path).map_err(|e| Error::io(&json_path, e))?;
-    let state: TrainingState = serde_json::from_str(&text).map_err(|source| Error::Json {
-        path: json_path.clone(),
-        source,
-    })?;
+    let state: TrainingState = crate::error::read_json(&dir.join(STATE_JSON))?;
     let adapter = LoraAdapter::load_peft(&dir.join("adapter"), model)?;
     let tensors_path = dir.join(STATE_TENSORS);
     if !tensors_path.is_file() {
