@@ -1,0 +1,922 @@
+//! The app's backend state machine, and the ONLY place that talks to the training engine.
+//!
+//! Commands (commands.rs) call [`AppState`]; `AppState` keeps the settings, the current
+//! dataset scan, the current run (its control handle, status and latest events) and
+//! forwards engine events to the web view from a background thread.
+//!
+//! Everything that needs the engine goes through the [`engine`] module at the bottom of
+//! this file. Until the engine's run API is wired in, its functions return
+//! [`BridgeError::EngineNotWired`] ("engine not wired yet"); nothing here fakes training.
+
+use std::collections::VecDeque;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::settings::{self, FieldErrors, Settings};
+
+/// Name of the event every engine event is forwarded under (payload: the event itself,
+/// `{"type": "step", ...}`).
+pub const ENGINE_EVENT: &str = "engine-event";
+/// Name of the event that carries freshly rendered charts (payload: [`Charts`]).
+pub const CHARTS_EVENT: &str = "charts";
+/// Name of the event sent whenever the run's status changes (payload: [`RunView`]).
+pub const RUN_EVENT: &str = "run-state";
+/// How many recent events the state keeps for the UI (and for `get_state` after a reload).
+pub const RECENT_EVENTS: usize = 200;
+/// Charts are re-rendered at most this often while events arrive (2.5 Hz >= 2 Hz).
+pub const CHART_INTERVAL: Duration = Duration::from_millis(400);
+
+#[derive(Debug, thiserror::Error)]
+pub enum BridgeError {
+    #[error("engine not wired yet")]
+    EngineNotWired,
+    #[error("invalid settings")]
+    InvalidSettings(FieldErrors),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("a run is already in progress; stop it first")]
+    RunActive,
+    #[error("no run is in progress")]
+    NoActiveRun,
+    #[error("{context}: {source}")]
+    Io { context: String, source: std::io::Error },
+    #[error("{0}")]
+    Engine(String),
+}
+
+impl BridgeError {
+    /// A stable machine-readable kind for the UI and tests.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BridgeError::EngineNotWired => "engine_not_wired",
+            BridgeError::InvalidSettings(_) => "invalid_settings",
+            BridgeError::Invalid(_) => "invalid",
+            BridgeError::RunActive => "run_active",
+            BridgeError::NoActiveRun => "no_active_run",
+            BridgeError::Io { .. } => "io",
+            BridgeError::Engine(_) => "engine",
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// What the UI sees (serialized to the web view as-is).
+// ---------------------------------------------------------------------------------------
+
+/// One file of the dataset, as the files table shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileRow {
+    /// Path relative to the dataset folder.
+    pub name: String,
+    pub duration_s: Option<f64>,
+    pub has_caption: bool,
+    pub has_lyrics: bool,
+    /// "ok", "cached" or "bad".
+    pub status: String,
+    /// For a bad file: what is wrong, in words ("cannot decode: ...", "too short: 0.4 s").
+    pub problem: Option<String>,
+}
+
+/// A scanned dataset folder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DatasetView {
+    pub path: PathBuf,
+    pub files: Vec<FileRow>,
+    pub total_duration_s: f64,
+    pub usable: usize,
+    pub bad: usize,
+}
+
+/// SVG documents rendered by the engine's chart module.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Charts {
+    /// Loss, raw and smoothed.
+    pub loss: String,
+    /// Samples per second.
+    pub throughput: String,
+    /// Memory now and peak.
+    pub memory: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Idle,
+    Running,
+    Pausing,
+    Paused,
+    Stopping,
+    Stopped,
+    Finished,
+    Failed,
+}
+
+impl RunStatus {
+    pub fn is_active(self) -> bool {
+        matches!(self, RunStatus::Running | RunStatus::Pausing | RunStatus::Paused | RunStatus::Stopping)
+    }
+
+    /// The status an engine event moves a run to, if it changes it.
+    pub fn after_event(event_type: &str) -> Option<RunStatus> {
+        Some(match event_type {
+            "run_started" | "resumed" | "step" => RunStatus::Running,
+            "paused" => RunStatus::Paused,
+            "stopped" => RunStatus::Stopped,
+            "finished" => RunStatus::Finished,
+            "failed" => RunStatus::Failed,
+            _ => return None,
+        })
+    }
+}
+
+/// The current (or last) run, as the Run panel and status bar show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunView {
+    pub status: RunStatus,
+    pub run_dir: Option<PathBuf>,
+    /// The run's `run_started` event (config, device, precision, memory features, ...).
+    pub started: Option<Value>,
+    /// The latest `step` event (step, epoch, loss, samples/s, memory, elapsed, eta).
+    pub last_step: Option<Value>,
+    /// The error of a failed run, or of the event stream.
+    pub error: Option<String>,
+    /// The last [`RECENT_EVENTS`] events, oldest first.
+    pub recent_events: Vec<Value>,
+}
+
+/// One past run in the History panel, read from its `events.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunSummary {
+    pub id: String,
+    pub dir: PathBuf,
+    /// Status from the last lifecycle event; "interrupted" when the log just ends
+    /// (the app or machine went away mid-run).
+    pub status: String,
+    pub last_step: Option<u64>,
+    pub epoch: Option<u64>,
+    pub last_loss: Option<f64>,
+    pub events: usize,
+    /// Modification time of `events.jsonl`, seconds since the Unix epoch.
+    pub updated_unix: Option<u64>,
+    pub has_final_adapter: bool,
+    pub resumable: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExportFormat {
+    /// PEFT adapter (adapter_config.json + adapter_model.safetensors): ACE-Step, diffusers.
+    Peft,
+    /// Single-file LoRA with ComfyUI key names.
+    Comfyui,
+    /// Full model weights with the adapter merged in.
+    Merged,
+}
+
+/// Everything the UI needs on load (after which it follows events).
+#[derive(Debug, Clone, Serialize)]
+pub struct StateView {
+    pub settings: Settings,
+    pub dataset: Option<DatasetView>,
+    pub run: RunView,
+    pub charts: Option<Charts>,
+    pub engine_wired: bool,
+    pub runs_dir: PathBuf,
+    pub config_dir: PathBuf,
+    pub notice: Option<String>,
+    pub version: &'static str,
+}
+
+// ---------------------------------------------------------------------------------------
+// Sending events to the web view.
+// ---------------------------------------------------------------------------------------
+
+/// Where forwarded events go: the app handle in the app, a recorder in tests.
+pub trait EventSink: Send + Sync + 'static {
+    fn send(&self, event: &str, payload: Value);
+}
+
+impl<R: tauri::Runtime> EventSink for tauri::AppHandle<R> {
+    fn send(&self, event: &str, payload: Value) {
+        use tauri::Emitter;
+        if let Err(e) = self.emit(event, payload) {
+            eprintln!("ostinato: could not emit {event}: {e}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The state machine.
+// ---------------------------------------------------------------------------------------
+
+/// Control of a run the engine is training. The lead implements this for the engine's
+/// `RunHandle` (pause/resume/stop forward to it).
+pub trait EngineRun: Send {
+    fn pause(&self) -> Result<(), BridgeError>;
+    fn resume(&self) -> Result<(), BridgeError>;
+    fn stop(&self) -> Result<(), BridgeError>;
+    /// The run directory (`<runs>/<run-id>`).
+    fn run_dir(&self) -> PathBuf;
+}
+
+/// What `engine::start` gets: the validated settings and where things are.
+#[derive(Debug, Clone)]
+pub struct StartRequest {
+    pub settings: Settings,
+    pub dataset_dir: PathBuf,
+    pub runs_dir: PathBuf,
+}
+
+struct CurrentRun {
+    /// Present while the engine is running the run.
+    control: Option<Box<dyn EngineRun>>,
+    /// Bumped for every new run, so a late forwarder of an old run changes nothing.
+    generation: u64,
+    status: RunStatus,
+    run_dir: Option<PathBuf>,
+    started: Option<Value>,
+    last_step: Option<Value>,
+    error: Option<String>,
+    recent: VecDeque<Value>,
+    /// Every event of this run, for re-rendering charts.
+    all: Vec<Value>,
+    charts: Option<Charts>,
+}
+
+impl CurrentRun {
+    fn idle() -> Self {
+        CurrentRun {
+            control: None,
+            generation: 0,
+            status: RunStatus::Idle,
+            run_dir: None,
+            started: None,
+            last_step: None,
+            error: None,
+            recent: VecDeque::new(),
+            all: Vec::new(),
+            charts: None,
+        }
+    }
+
+    fn view(&self) -> RunView {
+        RunView {
+            status: self.status,
+            run_dir: self.run_dir.clone(),
+            started: self.started.clone(),
+            last_step: self.last_step.clone(),
+            error: self.error.clone(),
+            recent_events: self.recent.iter().cloned().collect(),
+        }
+    }
+
+    /// Folds one engine event into the state. Returns true when the status changed.
+    fn apply(&mut self, event: &Value) -> bool {
+        let ty = event.get("type").and_then(Value::as_str).unwrap_or("");
+        match ty {
+            "run_started" => self.started = Some(event.clone()),
+            "step" => self.last_step = Some(event.clone()),
+            "failed" => {
+                self.error = Some(
+                    event
+                        .get("reason")
+                        .or_else(|| event.get("error"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("training failed")
+                        .to_string(),
+                )
+            }
+            _ => {}
+        }
+        if self.recent.len() == RECENT_EVENTS {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(event.clone());
+        self.all.push(event.clone());
+        let before = self.status;
+        if let Some(next) = RunStatus::after_event(ty) {
+            // A step that was already queued when Pause was pressed must not flip the
+            // status back to running; only `paused` / a terminal event ends "pausing".
+            let keep = (before == RunStatus::Pausing || before == RunStatus::Stopping) && ty == "step";
+            if !keep {
+                self.status = next;
+            }
+        }
+        if !self.status.is_active() {
+            self.control = None;
+        }
+        before != self.status
+    }
+}
+
+struct Inner {
+    settings: Settings,
+    dataset: Option<DatasetView>,
+    run: CurrentRun,
+    notice: Option<String>,
+    next_generation: u64,
+    /// The web view's appearance: charts are rendered to match it.
+    dark: bool,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    config_dir: PathBuf,
+    runs_dir: PathBuf,
+}
+
+/// The backend state. Cheap to clone (one `Arc`); managed by tauri and shared with the
+/// event-forwarding thread.
+#[derive(Clone)]
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    /// Loads settings from `config_dir`; runs live under `runs_dir`.
+    pub fn new(config_dir: PathBuf, runs_dir: PathBuf) -> Self {
+        let (settings, notice) = settings::load(&config_dir);
+        AppState(Arc::new(Shared {
+            inner: Mutex::new(Inner { settings, dataset: None, run: CurrentRun::idle(), notice, next_generation: 1, dark: false }),
+            config_dir,
+            runs_dir,
+        }))
+    }
+
+    /// The platform's config dir and runs dir (or `OSTINATO_CONFIG_DIR` / `OSTINATO_RUNS_DIR`).
+    pub fn from_env() -> Self {
+        AppState::new(settings::default_config_dir(), engine::default_runs_dir())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock must not take the whole UI down with it.
+        self.0.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn runs_dir(&self) -> &Path {
+        &self.0.runs_dir
+    }
+
+    pub fn state(&self) -> StateView {
+        let g = self.lock();
+        StateView {
+            settings: g.settings.clone(),
+            dataset: g.dataset.clone(),
+            run: g.run.view(),
+            charts: g.run.charts.clone(),
+            engine_wired: engine::WIRED,
+            runs_dir: self.0.runs_dir.clone(),
+            config_dir: self.0.config_dir.clone(),
+            notice: g.notice.clone(),
+            version: env!("CARGO_PKG_VERSION"),
+        }
+    }
+
+    /// The web view reports light/dark appearance; charts are drawn to match it.
+    pub fn set_appearance(&self, dark: bool) {
+        self.lock().dark = dark;
+    }
+
+    pub fn settings(&self) -> Settings {
+        self.lock().settings.clone()
+    }
+
+    /// Validates, persists and adopts new settings.
+    pub fn save_settings(&self, new: Settings) -> Result<Settings, BridgeError> {
+        new.validate().map_err(BridgeError::InvalidSettings)?;
+        settings::save(&self.0.config_dir, &new)
+            .map_err(|source| BridgeError::Io { context: format!("saving settings in {}", self.0.config_dir.display()), source })?;
+        let mut g = self.lock();
+        g.settings = new.clone();
+        g.notice = None;
+        Ok(new)
+    }
+
+    pub fn reset_settings(&self) -> Result<Settings, BridgeError> {
+        let keep_dataset = self.lock().settings.dataset_dir.clone();
+        self.save_settings(Settings { dataset_dir: keep_dataset, ..Settings::default() })
+    }
+
+    /// Remembers `path` as the dataset folder (persisted) and scans it with the engine.
+    /// Slow (decodes audio for durations): call it off the UI thread.
+    pub fn scan_dataset(&self, path: &Path) -> Result<DatasetView, BridgeError> {
+        if !path.is_dir() {
+            return Err(BridgeError::Invalid(format!("not a folder: {}", path.display())));
+        }
+        let mut s = self.settings();
+        if s.dataset_dir.as_deref() != Some(path) {
+            s.dataset_dir = Some(path.to_path_buf());
+            self.save_settings(s.clone())?;
+        }
+        let view = engine::scan(path, &s)?;
+        self.lock().dataset = Some(view.clone());
+        Ok(view)
+    }
+
+    /// Starts a run with the saved settings; events go to `sink` from a background thread.
+    pub fn start_run(&self, sink: impl EventSink) -> Result<RunView, BridgeError> {
+        let settings = self.settings();
+        settings.validate().map_err(BridgeError::InvalidSettings)?;
+        let dataset_dir = settings
+            .dataset_dir
+            .clone()
+            .ok_or_else(|| BridgeError::Invalid("choose a dataset folder first".into()))?;
+        if self.lock().run.status.is_active() {
+            return Err(BridgeError::RunActive);
+        }
+        let req = StartRequest { settings, dataset_dir, runs_dir: self.0.runs_dir.clone() };
+        let (control, events) = engine::start(&req)?;
+        Ok(self.adopt_run(control, events, sink))
+    }
+
+    /// Continues a paused, stopped or interrupted run from its directory.
+    pub fn resume_run(&self, dir: &Path, sink: impl EventSink) -> Result<RunView, BridgeError> {
+        let dir = self.checked_run_dir(dir)?;
+        if self.lock().run.status.is_active() {
+            return Err(BridgeError::RunActive);
+        }
+        let (control, events) = engine::resume(&dir)?;
+        Ok(self.adopt_run(control, events, sink))
+    }
+
+    /// Makes a freshly started engine run the current run and starts forwarding its
+    /// events. Public so tests can drive the forwarder with a scripted run.
+    pub fn adopt_run(&self, control: Box<dyn EngineRun>, events: Receiver<Value>, sink: impl EventSink) -> RunView {
+        let sink: Arc<dyn EventSink> = Arc::new(sink);
+        let (generation, view) = {
+            let mut g = self.lock();
+            let generation = g.next_generation;
+            g.next_generation += 1;
+            g.run = CurrentRun::idle();
+            g.run.generation = generation;
+            g.run.run_dir = Some(control.run_dir());
+            g.run.status = RunStatus::Running;
+            g.run.control = Some(control);
+            (generation, g.run.view())
+        };
+        sink.send(RUN_EVENT, serde_json::to_value(&view).unwrap_or(Value::Null));
+        let state = self.clone();
+        std::thread::Builder::new()
+            .name("ostinato-events".into())
+            .spawn(move || state.forward(generation, events, sink))
+            .expect("spawning the event thread");
+        view
+    }
+
+    /// The forwarding loop: folds each event into the state, emits it, and re-renders the
+    /// charts at most every [`CHART_INTERVAL`] (and once more when the run ends).
+    fn forward(&self, generation: u64, events: Receiver<Value>, sink: Arc<dyn EventSink>) {
+        let mut last_render: Option<Instant> = None;
+        let mut dirty = false;
+        let mut chart_error_reported = false;
+        loop {
+            let (ended, event) = match events.recv_timeout(CHART_INTERVAL / 2) {
+                Ok(ev) => (false, Some(ev)),
+                Err(RecvTimeoutError::Timeout) => (false, None),
+                Err(RecvTimeoutError::Disconnected) => (true, None),
+            };
+            if let Some(ev) = event {
+                let changed = {
+                    let mut g = self.lock();
+                    if g.run.generation != generation {
+                        return;
+                    }
+                    g.run.apply(&ev)
+                };
+                sink.send(ENGINE_EVENT, ev);
+                if changed {
+                    let view = self.lock().run.view();
+                    sink.send(RUN_EVENT, serde_json::to_value(view).unwrap_or(Value::Null));
+                }
+                dirty = true;
+            }
+            if ended {
+                let view = {
+                    let mut g = self.lock();
+                    if g.run.generation != generation {
+                        return;
+                    }
+                    g.run.control = None;
+                    if g.run.status.is_active() {
+                        // The engine's thread went away without saying how the run ended.
+                        g.run.status = RunStatus::Failed;
+                        g.run.error.get_or_insert_with(|| "the engine stopped sending events without finishing the run".into());
+                    }
+                    g.run.view()
+                };
+                sink.send(RUN_EVENT, serde_json::to_value(view).unwrap_or(Value::Null));
+            }
+            let due = last_render.is_none_or(|t| t.elapsed() >= CHART_INTERVAL);
+            if dirty && (due || ended) {
+                let (events, dark) = {
+                    let g = self.lock();
+                    (g.run.all.clone(), g.dark)
+                };
+                match engine::render_charts(&events, dark) {
+                    Ok(charts) => {
+                        let mut g = self.lock();
+                        if g.run.generation == generation {
+                            g.run.charts = Some(charts.clone());
+                        }
+                        drop(g);
+                        sink.send(CHARTS_EVENT, serde_json::to_value(charts).unwrap_or(Value::Null));
+                    }
+                    Err(e) if !chart_error_reported => {
+                        chart_error_reported = true;
+                        eprintln!("ostinato: charts unavailable: {e}");
+                    }
+                    Err(_) => {}
+                }
+                last_render = Some(Instant::now());
+                dirty = false;
+            }
+            if ended {
+                return;
+            }
+        }
+    }
+
+    fn with_control(&self, next: Option<RunStatus>, f: impl FnOnce(&dyn EngineRun) -> Result<(), BridgeError>) -> Result<RunView, BridgeError> {
+        let mut g = self.lock();
+        let control = g.run.control.as_deref().ok_or(BridgeError::NoActiveRun)?;
+        f(control)?;
+        if let Some(next) = next {
+            g.run.status = next;
+        }
+        Ok(g.run.view())
+    }
+
+    /// Asks the run to pause; the status is "pausing" until the engine's `paused` event.
+    pub fn pause(&self) -> Result<RunView, BridgeError> {
+        if self.lock().run.status != RunStatus::Running {
+            return Err(BridgeError::Invalid("the run is not running".into()));
+        }
+        self.with_control(Some(RunStatus::Pausing), |c| c.pause())
+    }
+
+    pub fn resume(&self) -> Result<RunView, BridgeError> {
+        if !matches!(self.lock().run.status, RunStatus::Paused | RunStatus::Pausing) {
+            return Err(BridgeError::Invalid("the run is not paused".into()));
+        }
+        self.with_control(None, |c| c.resume())
+    }
+
+    /// Asks the run to stop (it saves a checkpoint and ends with a `stopped` event).
+    pub fn stop(&self) -> Result<RunView, BridgeError> {
+        self.with_control(Some(RunStatus::Stopping), |c| c.stop())
+    }
+
+    /// Past runs under the runs dir, newest first.
+    pub fn list_runs(&self) -> Result<Vec<RunSummary>, BridgeError> {
+        let active = {
+            let g = self.lock();
+            g.run.status.is_active().then(|| g.run.run_dir.clone()).flatten()
+        };
+        let mut runs = list_runs_in(&self.0.runs_dir)?;
+        for r in &mut runs {
+            if active.as_deref() == Some(r.dir.as_path()) {
+                r.status = "active".into();
+                r.resumable = false;
+            }
+        }
+        Ok(runs)
+    }
+
+    /// Charts of the current run (`dir` = None) or of a past run replayed from its log.
+    pub fn charts(&self, dir: Option<&Path>) -> Result<Charts, BridgeError> {
+        match dir {
+            None => {
+                let (events, dark) = {
+                    let g = self.lock();
+                    (g.run.all.clone(), g.dark)
+                };
+                engine::render_charts(&events, dark)
+            }
+            Some(dir) => {
+                let dir = self.checked_run_dir(dir)?;
+                let events = read_events(&dir.join("events.jsonl"))?;
+                engine::render_charts(&events, self.lock().dark)
+            }
+        }
+    }
+
+    /// Exports a run's adapter (its final one, else its newest checkpoint) into `to`.
+    pub fn export(&self, dir: &Path, format: ExportFormat, to: &Path) -> Result<PathBuf, BridgeError> {
+        let dir = self.checked_run_dir(dir)?;
+        if !to.is_dir() {
+            return Err(BridgeError::Invalid(format!("not a folder: {}", to.display())));
+        }
+        engine::export(&dir, format, to, &self.settings())
+    }
+
+    /// Only directories directly under the runs dir are accepted as runs: the web view
+    /// cannot point resume/export/charts at arbitrary paths.
+    fn checked_run_dir(&self, dir: &Path) -> Result<PathBuf, BridgeError> {
+        let bad = || BridgeError::Invalid(format!("not a run of this app: {}", dir.display()));
+        let dir = dir.canonicalize().map_err(|_| bad())?;
+        let runs = self.0.runs_dir.canonicalize().map_err(|_| bad())?;
+        if dir.parent() != Some(runs.as_path()) || !dir.join("events.jsonl").is_file() {
+            return Err(bad());
+        }
+        Ok(dir)
+    }
+}
+
+/// Reads an `events.jsonl`; skips lines that do not parse (a crash can cut the last one).
+pub fn read_events(path: &Path) -> Result<Vec<Value>, BridgeError> {
+    let f = std::fs::File::open(path).map_err(|source| BridgeError::Io { context: format!("reading {}", path.display()), source })?;
+    Ok(std::io::BufReader::new(f)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| serde_json::from_str::<Value>(&l).ok())
+        .filter(|v| v.get("type").is_some())
+        .collect())
+}
+
+fn summarize(dir: &Path) -> Option<RunSummary> {
+    let log = dir.join("events.jsonl");
+    let events = read_events(&log).ok()?;
+    let mut status = "interrupted".to_string();
+    let (mut last_step, mut epoch, mut last_loss) = (None, None, None);
+    for ev in &events {
+        let ty = ev["type"].as_str().unwrap_or("");
+        match ty {
+            "step" => {
+                last_step = ev["step"].as_u64().or(last_step);
+                epoch = ev["epoch"].as_u64().or(epoch);
+                last_loss = ev["loss"].as_f64().or(last_loss);
+            }
+            "run_started" | "resumed" => status = "interrupted".into(),
+            "paused" | "stopped" | "finished" | "failed" => status = ty.into(),
+            _ => {}
+        }
+    }
+    let updated_unix = std::fs::metadata(&log)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs());
+    Some(RunSummary {
+        id: dir.file_name()?.to_string_lossy().into_owned(),
+        dir: dir.to_path_buf(),
+        resumable: matches!(status.as_str(), "paused" | "stopped" | "interrupted" | "failed"),
+        status,
+        last_step,
+        epoch,
+        last_loss,
+        events: events.len(),
+        updated_unix,
+        has_final_adapter: dir.join("final").join("adapter").is_dir(),
+    })
+}
+
+/// Every run directory (a folder with an `events.jsonl`) under `runs_dir`, newest first.
+pub fn list_runs_in(runs_dir: &Path) -> Result<Vec<RunSummary>, BridgeError> {
+    let entries = match std::fs::read_dir(runs_dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(BridgeError::Io { context: format!("listing {}", runs_dir.display()), source }),
+        Ok(it) => it,
+    };
+    let runs_dir = runs_dir.canonicalize().unwrap_or_else(|_| runs_dir.to_path_buf());
+    let mut runs: Vec<RunSummary> = entries
+        .filter_map(Result::ok)
+        .map(|e| runs_dir.join(e.file_name()))
+        .filter(|p| p.join("events.jsonl").is_file())
+        .filter_map(|p| summarize(&p))
+        .collect();
+    runs.sort_by(|a, b| b.updated_unix.cmp(&a.updated_unix).then_with(|| b.id.cmp(&a.id)));
+    Ok(runs)
+}
+
+/// Turns a receiver of any serializable event type (the engine's `Event`) into the
+/// `Value` receiver the forwarder takes, on a small thread of its own.
+pub fn value_channel<T: Serialize + Send + 'static>(rx: Receiver<T>) -> Receiver<Value> {
+    let (tx, out) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("ostinato-event-json".into())
+        .spawn(move || {
+            for ev in rx {
+                let v = serde_json::to_value(&ev).unwrap_or_else(|e| json!({"type": "bridge_error", "error": e.to_string()}));
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        })
+        .expect("spawning the event conversion thread");
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// The engine. PLACEHOLDER until the engine's run API lands: the lead replaces the bodies
+// of these functions (and sets WIRED = true). Nothing here fakes training data.
+// ---------------------------------------------------------------------------------------
+mod engine {
+    use super::*;
+
+    /// True once these functions call the real engine.
+    pub const WIRED: bool = false;
+
+    /// `<data dir>/runs`, or `OSTINATO_RUNS_DIR`. Should equal the engine's default so
+    /// the CLI and the app see the same runs.
+    pub fn default_runs_dir() -> PathBuf {
+        if let Some(dir) = std::env::var_os("OSTINATO_RUNS_DIR") {
+            return PathBuf::from(dir);
+        }
+        directories::ProjectDirs::from("app", "Ostinato", "Ostinato")
+            .map(|d| d.data_dir().join("runs"))
+            .unwrap_or_else(|| std::env::temp_dir().join("ostinato-runs"))
+    }
+
+    /// Engine: `data::scan` of the folder (+ sidecars, durations, problems) -> DatasetView.
+    pub fn scan(_dir: &Path, _settings: &Settings) -> Result<DatasetView, BridgeError> {
+        Err(BridgeError::EngineNotWired)
+    }
+
+    /// Engine: build a `RunConfig` from `req`, `Run::start(cfg)`, return the handle and
+    /// `value_channel(handle.events())`.
+    pub fn start(_req: &StartRequest) -> Result<(Box<dyn EngineRun>, Receiver<Value>), BridgeError> {
+        Err(BridgeError::EngineNotWired)
+    }
+
+    /// Engine: `Run::resume(run_dir)`.
+    pub fn resume(_run_dir: &Path) -> Result<(Box<dyn EngineRun>, Receiver<Value>), BridgeError> {
+        Err(BridgeError::EngineNotWired)
+    }
+
+    /// Engine: `charts::render_svg(Chart::{Loss, Throughput, Memory}, &events, (720, 300),
+    /// if dark { Theme::Dark } else { Theme::Light })`, the events parsed from these
+    /// values (`serde_json::from_value::<Event>`; the log's extra "v" field is ignored).
+    pub fn render_charts(_events: &[Value], _dark: bool) -> Result<Charts, BridgeError> {
+        Err(BridgeError::EngineNotWired)
+    }
+
+    /// Engine: export the run's final adapter (else newest checkpoint) as `format` into
+    /// `to`; returns the written file or folder. Merged needs the base model (settings).
+    pub fn export(_run_dir: &Path, _format: ExportFormat, _to: &Path, _settings: &Settings) -> Result<PathBuf, BridgeError> {
+        Err(BridgeError::EngineNotWired)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    #[derive(Default, Clone)]
+    struct Recorder(Arc<Mutex<Vec<(String, Value)>>>);
+    impl EventSink for Recorder {
+        fn send(&self, event: &str, payload: Value) {
+            self.0.lock().unwrap().push((event.to_string(), payload));
+        }
+    }
+
+    /// A test double for the engine's run control: records calls. Events come from the
+    /// test through the channel.
+    struct Scripted(PathBuf, Arc<Mutex<Vec<&'static str>>>);
+    impl EngineRun for Scripted {
+        fn pause(&self) -> Result<(), BridgeError> {
+            self.1.lock().unwrap().push("pause");
+            Ok(())
+        }
+        fn resume(&self) -> Result<(), BridgeError> {
+            self.1.lock().unwrap().push("resume");
+            Ok(())
+        }
+        fn stop(&self) -> Result<(), BridgeError> {
+            self.1.lock().unwrap().push("stop");
+            Ok(())
+        }
+        fn run_dir(&self) -> PathBuf {
+            self.0.clone()
+        }
+    }
+
+    fn wait_for(mut f: impl FnMut() -> bool) {
+        let t = Instant::now();
+        while !f() {
+            assert!(t.elapsed() < Duration::from_secs(5), "timed out");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn forwards_events_and_tracks_status() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = AppState::new(tmp.path().join("cfg"), tmp.path().join("runs"));
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let rec = Recorder::default();
+        let view = state.adopt_run(Box::new(Scripted(tmp.path().join("runs/r1"), calls.clone())), rx, rec.clone());
+        assert_eq!(view.status, RunStatus::Running);
+
+        tx.send(json!({"type": "run_started", "device": "cpu"})).unwrap();
+        tx.send(json!({"type": "step", "step": 1, "loss": 0.9})).unwrap();
+        wait_for(|| state.state().run.last_step.is_some());
+        state.pause().unwrap();
+        assert_eq!(state.state().run.status, RunStatus::Pausing);
+        // A step already in flight keeps the run "pausing".
+        tx.send(json!({"type": "step", "step": 2, "loss": 0.8})).unwrap();
+        tx.send(json!({"type": "paused", "step": 2})).unwrap();
+        wait_for(|| state.state().run.status == RunStatus::Paused);
+        assert!(state.pause().is_err(), "pausing a paused run is an error");
+        state.resume().unwrap();
+        tx.send(json!({"type": "resumed"})).unwrap();
+        wait_for(|| state.state().run.status == RunStatus::Running);
+        state.stop().unwrap();
+        tx.send(json!({"type": "stopped", "step": 2})).unwrap();
+        drop(tx);
+        wait_for(|| state.state().run.status == RunStatus::Stopped);
+        assert_eq!(*calls.lock().unwrap(), ["pause", "resume", "stop"]);
+        assert!(matches!(state.stop(), Err(BridgeError::NoActiveRun)));
+
+        let s = state.state();
+        assert_eq!(s.run.last_step.unwrap()["step"], 2);
+        assert_eq!(s.run.started.unwrap()["device"], "cpu");
+        assert_eq!(s.run.recent_events.len(), 6);
+        wait_for(|| rec.0.lock().unwrap().iter().filter(|(n, _)| n == ENGINE_EVENT).count() == 6);
+        let sent = rec.0.lock().unwrap();
+        let types: Vec<_> = sent.iter().filter(|(n, _)| n == ENGINE_EVENT).map(|(_, v)| v["type"].as_str().unwrap()).collect();
+        assert_eq!(types, ["run_started", "step", "step", "paused", "resumed", "stopped"]);
+        assert!(sent.iter().any(|(n, v)| n == RUN_EVENT && v["status"] == "stopped"));
+    }
+
+    #[test]
+    fn a_stream_that_just_ends_is_a_failure() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = AppState::new(tmp.path().join("cfg"), tmp.path().join("runs"));
+        let (tx, rx) = mpsc::channel();
+        state.adopt_run(Box::new(Scripted(tmp.path().into(), Default::default())), rx, Recorder::default());
+        tx.send(json!({"type": "step", "step": 1})).unwrap();
+        drop(tx);
+        wait_for(|| state.state().run.status == RunStatus::Failed);
+        assert!(state.state().run.error.unwrap().contains("stopped sending events"));
+    }
+
+    #[test]
+    fn recent_events_are_bounded() {
+        let mut run = CurrentRun::idle();
+        for i in 0..(RECENT_EVENTS + 10) {
+            run.apply(&json!({"type": "step", "step": i}));
+        }
+        assert_eq!(run.recent.len(), RECENT_EVENTS);
+        assert_eq!(run.recent[0]["step"], 10);
+        assert_eq!(run.all.len(), RECENT_EVENTS + 10);
+    }
+
+    #[test]
+    fn lists_runs_from_their_logs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let runs = tmp.path().join("runs");
+        let write = |id: &str, lines: &[Value], tail: &str| {
+            let d = runs.join(id);
+            std::fs::create_dir_all(&d).unwrap();
+            let mut s: String = lines.iter().map(|l| format!("{l}\n")).collect();
+            s.push_str(tail);
+            std::fs::write(d.join("events.jsonl"), s).unwrap();
+        };
+        write(
+            "a-paused",
+            &[json!({"type":"run_started"}), json!({"type":"step","step":5,"epoch":1,"loss":0.5}), json!({"type":"paused"})],
+            "",
+        );
+        // Cut mid-line by a crash: the partial line is skipped and the run is interrupted.
+        write("b-crashed", &[json!({"type":"run_started"}), json!({"type":"step","step":7,"loss":0.4})], "{\"type\":\"st");
+        write("c-done", &[json!({"type":"run_started"}), json!({"type":"finished"})], "");
+        std::fs::create_dir_all(runs.join("not-a-run")).unwrap();
+        let state = AppState::new(tmp.path().join("cfg"), runs.clone());
+        let mut list = state.list_runs().unwrap();
+        list.sort_by(|a, b| a.id.cmp(&b.id));
+        let got: Vec<_> = list.iter().map(|r| (r.id.as_str(), r.status.as_str(), r.last_step, r.resumable)).collect();
+        assert_eq!(
+            got,
+            [("a-paused", "paused", Some(5), true), ("b-crashed", "interrupted", Some(7), true), ("c-done", "finished", None, false)]
+        );
+        assert_eq!(list[0].last_loss, Some(0.5));
+        // Paths outside the runs dir are refused before the engine is asked.
+        assert!(matches!(state.resume_run(tmp.path(), Recorder::default()), Err(BridgeError::Invalid(_))));
+        assert!(matches!(state.resume_run(&runs.join("not-a-run"), Recorder::default()), Err(BridgeError::Invalid(_))));
+        assert!(matches!(
+            state.resume_run(&runs.join("a-paused"), Recorder::default()),
+            Err(BridgeError::EngineNotWired)
+        ));
+    }
+
+    #[test]
+    fn value_channel_serializes() {
+        #[derive(Serialize)]
+        #[serde(tag = "type", rename_all = "snake_case")]
+        enum Ev {
+            Step { step: u64 },
+        }
+        let (tx, rx) = mpsc::channel();
+        let out = value_channel(rx);
+        tx.send(Ev::Step { step: 3 }).unwrap();
+        drop(tx);
+        assert_eq!(out.recv().unwrap(), json!({"type": "step", "step": 3}));
+        assert!(out.recv().is_err());
+    }
+}

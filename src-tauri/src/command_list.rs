@@ -1,0 +1,18 @@
+//! The app's IPC commands, by name. Shared by build.rs (which generates one
+//! `allow-<name>` permission each) and the invoke handler; a test checks they agree.
+pub const COMMANDS: &[&str] = &[
+    "get_state",
+    "set_appearance",
+    "save_settings",
+    "reset_settings",
+    "choose_folder",
+    "scan_dataset",
+    "start_run",
+    "pause_run",
+    "resume_run",
+    "stop_run",
+    "list_runs",
+    "resume_past_run",
+    "run_charts",
+    "export_run",
+];

@@ -1,0 +1,129 @@
+//! IPC commands the web view calls. Thin: each one hands over to [`AppState`] and turns
+//! its error into a [`CommandError`] the UI can show. Anything slow runs off the main
+//! thread (async commands + `spawn_blocking`).
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+use tauri::{AppHandle, Runtime, State};
+
+use crate::bridge::{AppState, BridgeError, Charts, DatasetView, ExportFormat, RunSummary, RunView, StateView};
+use crate::settings::{FieldErrors, Settings};
+
+/// What a failed command rejects with in JS: `{kind, message, fields?}`.
+#[derive(Debug, Serialize)]
+pub struct CommandError {
+    pub kind: &'static str,
+    pub message: String,
+    /// For invalid settings: field name -> problem.
+    #[serde(skip_serializing_if = "FieldErrors::is_empty")]
+    pub fields: FieldErrors,
+}
+
+impl From<BridgeError> for CommandError {
+    fn from(e: BridgeError) -> Self {
+        let kind = e.kind();
+        match e {
+            BridgeError::InvalidSettings(fields) => CommandError {
+                kind,
+                message: fields.values().cloned().collect::<Vec<_>>().join("; "),
+                fields,
+            },
+            other => CommandError { kind, message: other.to_string(), fields: FieldErrors::new() },
+        }
+    }
+}
+
+type Res<T> = Result<T, CommandError>;
+
+/// Runs blocking bridge work on tauri's blocking pool so the UI thread never waits.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, BridgeError> + Send + 'static) -> Res<T> {
+    tauri::async_runtime::spawn_blocking(f)
+        .await
+        .map_err(|e| CommandError { kind: "internal", message: e.to_string(), fields: FieldErrors::new() })?
+        .map_err(CommandError::from)
+}
+
+#[tauri::command]
+pub fn get_state(state: State<'_, AppState>) -> StateView {
+    state.state()
+}
+
+/// The web view's light/dark appearance, so the engine draws charts to match.
+#[tauri::command]
+pub fn set_appearance(state: State<'_, AppState>, dark: bool) {
+    state.set_appearance(dark)
+}
+
+#[tauri::command]
+pub fn save_settings(state: State<'_, AppState>, settings: Settings) -> Res<Settings> {
+    Ok(state.save_settings(settings)?)
+}
+
+#[tauri::command]
+pub fn reset_settings(state: State<'_, AppState>) -> Res<Settings> {
+    Ok(state.reset_settings()?)
+}
+
+/// Native folder dialog (rfd, gtk3 on Linux). `None` when the user cancels.
+#[tauri::command]
+pub async fn choose_folder(title: Option<String>, start: Option<String>) -> Res<Option<String>> {
+    let mut dialog = rfd::AsyncFileDialog::new().set_title(title.as_deref().unwrap_or("Choose a folder"));
+    if let Some(start) = start.filter(|s| !s.is_empty()) {
+        dialog = dialog.set_directory(start);
+    }
+    Ok(dialog.pick_folder().await.map(|h| h.path().display().to_string()))
+}
+
+#[tauri::command]
+pub async fn scan_dataset(state: State<'_, AppState>, path: String) -> Res<DatasetView> {
+    let state = state.inner().clone();
+    blocking(move || state.scan_dataset(&PathBuf::from(path))).await
+}
+
+#[tauri::command]
+pub async fn start_run<R: Runtime>(app: AppHandle<R>, state: State<'_, AppState>) -> Res<RunView> {
+    let state = state.inner().clone();
+    blocking(move || state.start_run(app)).await
+}
+
+#[tauri::command]
+pub fn pause_run(state: State<'_, AppState>) -> Res<RunView> {
+    Ok(state.pause()?)
+}
+
+#[tauri::command]
+pub fn resume_run(state: State<'_, AppState>) -> Res<RunView> {
+    Ok(state.resume()?)
+}
+
+#[tauri::command]
+pub fn stop_run(state: State<'_, AppState>) -> Res<RunView> {
+    Ok(state.stop()?)
+}
+
+#[tauri::command]
+pub async fn list_runs(state: State<'_, AppState>) -> Res<Vec<RunSummary>> {
+    let state = state.inner().clone();
+    blocking(move || state.list_runs()).await
+}
+
+/// Resumes a past (paused / stopped / interrupted) run from its directory.
+#[tauri::command]
+pub async fn resume_past_run<R: Runtime>(app: AppHandle<R>, state: State<'_, AppState>, dir: String) -> Res<RunView> {
+    let state = state.inner().clone();
+    blocking(move || state.resume_run(&PathBuf::from(dir), app)).await
+}
+
+/// Charts of the current run (`dir` absent) or of a past run replayed from its log.
+#[tauri::command]
+pub async fn run_charts(state: State<'_, AppState>, dir: Option<String>) -> Res<Charts> {
+    let state = state.inner().clone();
+    blocking(move || state.charts(dir.as_deref().map(std::path::Path::new))).await
+}
+
+#[tauri::command]
+pub async fn export_run(state: State<'_, AppState>, dir: String, format: ExportFormat, to: String) -> Res<String> {
+    let state = state.inner().clone();
+    blocking(move || state.export(&PathBuf::from(dir), format, &PathBuf::from(to)).map(|p| p.display().to_string())).await
+}

@@ -1,0 +1,37 @@
+//! Ostinato's desktop shell: tauri commands and the engine-event bridge. Thin by design:
+//! the training engine computes, this crate forwards (see bridge.rs).
+
+pub mod bridge;
+pub mod command_list;
+pub mod commands;
+pub mod settings;
+
+pub use bridge::AppState;
+
+/// Adds the app's state and commands to a builder (the real one, or tauri's mock one in
+/// tests). `Builder::setup` does not run under the mock runtime, so nothing here needs it.
+pub fn app_builder<R: tauri::Runtime>(builder: tauri::Builder<R>, state: AppState) -> tauri::Builder<R> {
+    builder.manage(state).invoke_handler(tauri::generate_handler![
+        commands::get_state,
+        commands::set_appearance,
+        commands::save_settings,
+        commands::reset_settings,
+        commands::choose_folder,
+        commands::scan_dataset,
+        commands::start_run,
+        commands::pause_run,
+        commands::resume_run,
+        commands::stop_run,
+        commands::list_runs,
+        commands::resume_past_run,
+        commands::run_charts,
+        commands::export_run,
+    ])
+}
+
+/// The app's entry point (main.rs calls only this).
+pub fn run() {
+    app_builder(tauri::Builder::default(), AppState::from_env())
+        .run(tauri::generate_context!())
+        .expect("error while running Ostinato");
+}

@@ -1,0 +1,215 @@
+//! Command-level tests through tauri's mock runtime: the real command handlers, the
+//! real IPC (de)serialization, no window.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use tauri::ipc::{CallbackFn, InvokeBody};
+use tauri::test::{get_ipc_response, mock_builder, mock_context, noop_assets, MockRuntime, INVOKE_KEY};
+use tauri::webview::InvokeRequest;
+use tauri::{App, WebviewWindow, WebviewWindowBuilder};
+
+use ostinato_app::AppState;
+
+struct TestApp {
+    _app: App<MockRuntime>,
+    window: WebviewWindow<MockRuntime>,
+}
+
+impl TestApp {
+    fn new(dir: &Path) -> Self {
+        let state = AppState::new(dir.join("config"), dir.join("runs"));
+        let app = ostinato_app::app_builder(mock_builder(), state)
+            .build(mock_context(noop_assets()))
+            .expect("building the mock app");
+        let window = WebviewWindowBuilder::new(&app, "main", Default::default()).build().expect("mock window");
+        TestApp { _app: app, window }
+    }
+
+    /// Invokes a command as the web view would; Ok(value) or Err(rejection).
+    fn invoke(&self, cmd: &str, args: Value) -> Result<Value, Value> {
+        get_ipc_response(
+            &self.window,
+            InvokeRequest {
+                cmd: cmd.into(),
+                callback: CallbackFn(0),
+                error: CallbackFn(1),
+                url: "http://tauri.localhost".parse().unwrap(),
+                body: InvokeBody::Json(args),
+                headers: Default::default(),
+                invoke_key: INVOKE_KEY.to_string(),
+            },
+        )
+        .map(|body| body.deserialize::<Value>().expect("response is JSON"))
+    }
+}
+
+#[test]
+fn get_state_gives_defaults_and_says_the_engine_is_not_wired() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = TestApp::new(dir.path());
+    let s = app.invoke("get_state", json!({})).unwrap();
+    assert_eq!(s["settings"]["rank"], 64);
+    assert_eq!(s["settings"]["alpha"], 128.0);
+    assert_eq!(s["settings"]["dropout"], 0.1);
+    assert_eq!(s["settings"]["learning_rate"], 3e-4);
+    assert_eq!(s["settings"]["gradient_checkpointing"], true);
+    assert_eq!(s["settings"]["latent_cache"], true);
+    assert_eq!(s["settings"]["model"], json!({"kind": "demo"}));
+    assert_eq!(s["run"]["status"], "idle");
+    assert_eq!(s["run"]["recent_events"], json!([]));
+    assert_eq!(s["engine_wired"], false);
+    assert_eq!(s["dataset"], Value::Null);
+    assert_eq!(s["runs_dir"], json!(dir.path().join("runs")));
+}
+
+#[test]
+fn settings_persist_across_launches() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let app = TestApp::new(dir.path());
+        let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+        s["gradient_checkpointing"] = json!(false);
+        s["rank"] = json!(16);
+        s["precision"] = json!("bf16");
+        s["model"] = json!({"kind": "folder", "path": "/models/acestep-v15"});
+        let saved = app.invoke("save_settings", json!({ "settings": s })).unwrap();
+        assert_eq!(saved["rank"], 16);
+    }
+    let on_disk: Value = serde_json::from_slice(&std::fs::read(dir.path().join("config/settings.json")).unwrap()).unwrap();
+    assert_eq!(on_disk["gradient_checkpointing"], false);
+
+    let app = TestApp::new(dir.path());
+    let s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+    assert_eq!(s["gradient_checkpointing"], false);
+    assert_eq!(s["rank"], 16);
+    assert_eq!(s["precision"], "bf16");
+    assert_eq!(s["model"]["path"], "/models/acestep-v15");
+
+    let reset = app.invoke("reset_settings", json!({})).unwrap();
+    assert_eq!(reset["gradient_checkpointing"], true);
+    assert_eq!(reset["rank"], 64);
+}
+
+#[test]
+fn invalid_settings_are_rejected_field_by_field_and_not_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = TestApp::new(dir.path());
+    let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+    s["rank"] = json!(0);
+    s["dropout"] = json!(1.5);
+    s["learning_rate"] = json!(-1.0);
+    let err = app.invoke("save_settings", json!({ "settings": s })).unwrap_err();
+    assert_eq!(err["kind"], "invalid_settings");
+    assert!(err["fields"]["rank"].as_str().unwrap().contains("between 1 and 1024"), "{err}");
+    assert!(err["fields"]["dropout"].is_string());
+    assert!(err["fields"]["learning_rate"].is_string());
+    assert!(err["fields"].get("alpha").is_none());
+    assert!(!dir.path().join("config/settings.json").exists(), "nothing was written");
+    assert_eq!(app.invoke("get_state", json!({})).unwrap()["settings"]["rank"], 64);
+
+    // A value of the wrong type is refused by deserialization, with a message.
+    let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+    s["rank"] = json!("lots");
+    let err = app.invoke("save_settings", json!({ "settings": s })).unwrap_err();
+    assert!(err.to_string().contains("rank") || err.to_string().contains("invalid type"), "{err}");
+}
+
+#[test]
+fn dataset_and_runs_need_the_engine_and_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = TestApp::new(dir.path());
+
+    let err = app.invoke("scan_dataset", json!({"path": dir.path().join("nope")})).unwrap_err();
+    assert_eq!(err["kind"], "invalid");
+    assert!(err["message"].as_str().unwrap().starts_with("not a folder"));
+
+    let err = app.invoke("start_run", json!({})).unwrap_err();
+    assert_eq!(err["message"], "choose a dataset folder first");
+
+    let songs = dir.path().join("songs");
+    std::fs::create_dir(&songs).unwrap();
+    let err = app.invoke("scan_dataset", json!({"path": songs})).unwrap_err();
+    assert_eq!(err["kind"], "engine_not_wired");
+    assert_eq!(err["message"], "engine not wired yet");
+    // The folder is remembered even so.
+    assert_eq!(app.invoke("get_state", json!({})).unwrap()["settings"]["dataset_dir"], json!(songs));
+
+    let err = app.invoke("start_run", json!({})).unwrap_err();
+    assert_eq!(err["kind"], "engine_not_wired");
+    for cmd in ["pause_run", "resume_run", "stop_run"] {
+        let err = app.invoke(cmd, json!({})).unwrap_err();
+        assert!(matches!(err["kind"].as_str(), Some("invalid" | "no_active_run")), "{cmd}: {err}");
+    }
+    assert_eq!(app.invoke("list_runs", json!({})).unwrap(), json!([]));
+    assert!(app.invoke("set_appearance", json!({"dark": true})).is_ok());
+}
+
+#[test]
+fn history_lists_runs_and_refuses_paths_outside_the_runs_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("runs/20261101-120000-demo");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::write(
+        run.join("events.jsonl"),
+        concat!(
+            r#"{"v":1,"type":"run_started","device":"cpu","precision":"f32"}"#, "\n",
+            r#"{"v":1,"type":"step","step":12,"epoch":0,"loss":0.31}"#, "\n",
+            r#"{"v":1,"type":"stopped","step":12,"adapter_path":"x"}"#, "\n",
+        ),
+    )
+    .unwrap();
+    let app = TestApp::new(dir.path());
+    let runs = app.invoke("list_runs", json!({})).unwrap();
+    assert_eq!(runs.as_array().unwrap().len(), 1);
+    assert_eq!(runs[0]["id"], "20261101-120000-demo");
+    assert_eq!(runs[0]["status"], "stopped");
+    assert_eq!(runs[0]["last_step"], 12);
+    assert_eq!(runs[0]["resumable"], true);
+
+    let outside = dir.path().join("config");
+    std::fs::create_dir_all(&outside).unwrap();
+    for (cmd, args) in [
+        ("resume_past_run", json!({"dir": outside})),
+        ("run_charts", json!({"dir": "/etc"})),
+        ("export_run", json!({"dir": outside, "format": "peft", "to": dir.path()})),
+    ] {
+        let err = app.invoke(cmd, args).unwrap_err();
+        assert_eq!(err["kind"], "invalid", "{cmd}: {err}");
+    }
+    let err = app.invoke("resume_past_run", json!({"dir": run})).unwrap_err();
+    assert_eq!(err["kind"], "engine_not_wired");
+    let err = app.invoke("export_run", json!({"dir": run, "format": "comfyui", "to": dir.path()})).unwrap_err();
+    assert_eq!(err["kind"], "engine_not_wired");
+    let err = app.invoke("export_run", json!({"dir": run, "format": "onnx", "to": dir.path()})).unwrap_err();
+    assert!(err.to_string().contains("unknown variant"), "{err}");
+}
+
+/// Every command the UI may call is registered and granted exactly once.
+#[test]
+fn command_list_handler_and_capability_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = TestApp::new(dir.path());
+    for cmd in ostinato_app::command_list::COMMANDS {
+        // choose_folder opens a native dialog: its registration is checked by the
+        // capability comparison below and by the end-to-end test's build.
+        if *cmd == "choose_folder" {
+            continue;
+        }
+        if let Err(e) = app.invoke(cmd, json!({})) {
+            assert!(!e.to_string().contains("not found"), "{cmd} is not registered: {e}");
+        }
+    }
+    assert!(app.invoke("no_such_command", json!({})).unwrap_err().to_string().contains("not found"));
+
+    let cap: Value = serde_json::from_str(include_str!("../capabilities/default.json")).unwrap();
+    let mut granted: Vec<String> = cap["permissions"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect();
+    granted.sort();
+    let mut expected: Vec<String> = ostinato_app::command_list::COMMANDS
+        .iter()
+        .map(|c| format!("allow-{}", c.replace('_', "-")))
+        .chain(["core:event:default".to_string()])
+        .collect();
+    expected.sort();
+    assert_eq!(granted, expected, "capabilities/default.json must grant exactly the app's commands and event listening");
+}

@@ -1,0 +1,586 @@
+// Ostinato's web view. It never computes training numbers: it shows what the backend
+// says (get_state on load) and then follows its events:
+//   engine-event  every engine event ({type: "step" | "paused" | ...})
+//   run-state     the run's status view whenever it changes
+//   charts        fresh SVG charts from the engine's chart module (>= 2 Hz while running)
+
+import { invoke, listen, onDragDrop, errorText, available } from './api.js';
+import * as fmt from './format.js';
+import { setSvg } from './svg.js';
+
+const $ = (id) => document.getElementById(id);
+
+const ui = {
+  settings: null,      // as last saved by the backend
+  run: null,           // RunView
+  dataset: null,       // DatasetView
+  stepAt: 0,           // performance.now() when the last step event arrived
+  runs: [],
+  saveChain: Promise.resolve(),
+};
+
+const ACTIVE = new Set(['running', 'pausing', 'paused', 'stopping']);
+const STATUS_TEXT = {
+  idle: 'Idle', running: 'Running', pausing: 'Pausing…', paused: 'Paused',
+  stopping: 'Stopping…', stopped: 'Stopped', finished: 'Finished', failed: 'Failed',
+};
+
+// ---- messages ---------------------------------------------------------------------
+
+let messageTimer = 0;
+function say(text, { error = false, sticky = false } = {}) {
+  const el = $('message');
+  el.textContent = text;
+  el.classList.toggle('error', error);
+  el.title = text;
+  clearTimeout(messageTimer);
+  if (!sticky) messageTimer = setTimeout(() => { el.textContent = ''; }, error ? 12000 : 5000);
+}
+
+function activity(text, cls = '') {
+  const list = $('activity');
+  list.querySelector('.empty')?.remove();
+  const li = document.createElement('li');
+  if (cls) li.className = cls;
+  const t = document.createElement('time');
+  t.textContent = fmt.clock();
+  const span = document.createElement('span');
+  span.textContent = text;
+  li.append(t, span);
+  list.prepend(li);
+  while (list.children.length > 50) list.lastChild.remove();
+}
+
+// ---- settings ---------------------------------------------------------------------
+
+function settingInputs() {
+  return [...document.querySelectorAll('[data-setting]')];
+}
+
+function showSettings(s) {
+  for (const el of settingInputs()) {
+    const v = s[el.dataset.setting];
+    if (el.dataset.kind === 'bool') el.checked = Boolean(v);
+    else if (el.dataset.kind === 'enum') el.value = v;
+    else if (document.activeElement !== el) el.value = v;
+  }
+  const folder = s.model && s.model.kind === 'folder';
+  $('model-demo').checked = !folder;
+  $('model-folder').checked = folder;
+  $('model-path').value = folder ? s.model.path : '';
+  if (s.dataset_dir && document.activeElement !== $('dataset-path')) $('dataset-path').value = s.dataset_dir;
+  updateStatusBar();
+}
+
+/** Reads the form; returns [settings, localErrors]. */
+function readSettings() {
+  const s = structuredClone(ui.settings);
+  const errors = {};
+  for (const el of settingInputs()) {
+    const key = el.dataset.setting;
+    const kind = el.dataset.kind;
+    if (kind === 'bool') s[key] = el.checked;
+    else if (kind === 'enum') s[key] = el.value;
+    else {
+      const raw = el.value.trim();
+      const v = Number(raw);
+      if (raw === '' || !Number.isFinite(v)) errors[key] = 'enter a number';
+      else if (kind === 'int' && (!Number.isInteger(v) || v < 0)) errors[key] = 'enter a whole number';
+      else s[key] = v;
+    }
+  }
+  if ($('model-folder').checked) s.model = { kind: 'folder', path: $('model-path').value };
+  else s.model = { kind: 'demo' };
+  return [s, errors];
+}
+
+function markErrors(fields = {}) {
+  for (const el of document.querySelectorAll('[data-error-for]')) {
+    const key = el.dataset.errorFor;
+    el.textContent = fields[key] || '';
+    document.querySelector(`[data-setting="${key}"]`)?.setAttribute('aria-invalid', fields[key] ? 'true' : 'false');
+  }
+  const modelErr = fields.model;
+  if (modelErr) say(modelErr, { error: true });
+}
+
+function setSaveStatus(text, error = false) {
+  const el = $('settings-status');
+  el.textContent = text;
+  el.classList.toggle('error', error);
+  el.dataset.state = error ? 'error' : text === 'Saved' ? 'saved' : 'saving';
+}
+
+/** Saves the form (serialized: one save at a time, in order). */
+function saveSettings() {
+  const [s, localErrors] = readSettings();
+  if (Object.keys(localErrors).length) {
+    markErrors(localErrors);
+    setSaveStatus('Fix the marked fields', true);
+    return ui.saveChain;
+  }
+  setSaveStatus('Saving…');
+  ui.saveChain = ui.saveChain.then(async () => {
+    try {
+      ui.settings = await invoke('save_settings', { settings: s });
+      markErrors({});
+      setSaveStatus('Saved');
+      updateStatusBar();
+    } catch (e) {
+      markErrors(e.fields || {});
+      setSaveStatus(e.fields ? 'Fix the marked fields' : 'Not saved', true);
+      if (!e.fields) say(errorText(e), { error: true });
+    }
+  });
+  return ui.saveChain;
+}
+
+let saveTimer = 0;
+function saveSoon() {
+  clearTimeout(saveTimer);
+  setSaveStatus('Editing…');
+  saveTimer = setTimeout(saveSettings, 350);
+}
+
+// ---- dataset ----------------------------------------------------------------------
+
+async function scanDataset(path) {
+  path = (path || '').trim();
+  if (!path) return;
+  $('dataset-path').value = path;
+  const summary = $('dataset-summary');
+  summary.classList.remove('error');
+  summary.textContent = 'Scanning…';
+  try {
+    ui.dataset = await invoke('scan_dataset', { path });
+    showDataset(ui.dataset);
+  } catch (e) {
+    summary.textContent = errorText(e);
+    summary.classList.add('error');
+    summary.dataset.kind = e.kind || 'error';
+  }
+  // The folder is remembered even when the scan failed.
+  try { ui.settings = (await invoke('get_state')).settings; } catch { /* keep */ }
+}
+
+function showDataset(d) {
+  const summary = $('dataset-summary');
+  summary.classList.remove('error');
+  if (!d) return;
+  summary.replaceChildren();
+  const b = (t) => { const x = document.createElement('b'); x.textContent = t; return x; };
+  summary.append(b(String(d.usable)), ` usable song${d.usable === 1 ? '' : 's'} · `, b(fmt.duration(d.total_duration_s)));
+  if (d.bad) summary.append(' · ', b(String(d.bad)), ' with problems');
+  $('files-count').textContent = String(d.files.length);
+
+  const body = $('files-body');
+  body.replaceChildren();
+  if (!d.files.length) {
+    body.innerHTML = '<tr class="empty-row"><td colspan="6">No audio files in this folder.</td></tr>';
+    return;
+  }
+  for (const f of d.files) body.append(fileRow(f));
+}
+
+function fileRow(f) {
+  const tr = document.createElement('tr');
+  tr.dataset.file = f.name;
+  const td = (text, cls) => { const c = document.createElement('td'); if (cls) c.className = cls; c.textContent = text; return c; };
+  const yes = (v) => { const c = td(v ? 'Yes' : '—', v ? 'yes' : 'no'); return c; };
+  const status = document.createElement('td');
+  const badge = document.createElement('span');
+  badge.className = `badge ${f.status}`;
+  badge.textContent = f.status;
+  status.append(badge);
+  tr.append(td(f.name, 'name'), td(fmt.duration(f.duration_s), 'num'), yes(f.has_caption), yes(f.has_lyrics), status, td(f.problem || '', 'problem'));
+  return tr;
+}
+
+function markFileProblem(file, reason) {
+  const name = String(file);
+  for (const tr of $('files-body').querySelectorAll('tr[data-file]')) {
+    if (name === tr.dataset.file || name.endsWith('/' + tr.dataset.file)) {
+      tr.cells[4].firstChild.className = 'badge bad';
+      tr.cells[4].firstChild.textContent = 'bad';
+      tr.cells[5].textContent = reason;
+    }
+  }
+}
+
+// ---- runs -------------------------------------------------------------------------
+
+function setRun(run) {
+  if (!run) return;
+  const prev = ui.run?.status;
+  ui.run = run;
+  if (run.last_step && !ui.stepAt) ui.stepAt = performance.now();
+  showRunStatus();
+  showStep(run.last_step);
+  updateStatusBar();
+  if (prev && prev !== run.status && !ACTIVE.has(run.status)) refreshRuns();
+  if (run.status === 'failed' && run.error) say(`Run failed: ${run.error}`, { error: true, sticky: true });
+}
+
+function showRunStatus() {
+  const status = ui.run?.status || 'idle';
+  const pill = $('run-status');
+  pill.dataset.status = status;
+  pill.textContent = STATUS_TEXT[status] || status;
+  document.body.dataset.runStatus = status;
+  $('btn-start').disabled = ACTIVE.has(status);
+  $('btn-pause').disabled = status !== 'running';
+  $('btn-resume').disabled = !(status === 'paused' || status === 'pausing');
+  $('btn-stop').disabled = !(status === 'running' || status === 'paused' || status === 'pausing');
+  $('btn-pause').hidden = status === 'paused';
+  $('btn-resume').hidden = status !== 'paused';
+  $('settings-fields').disabled = ACTIVE.has(status);
+  $('settings-hint').textContent = ACTIVE.has(status)
+    ? 'Settings apply to the next run.'
+    : "Defaults follow ACE-Step's LoRA recipe.";
+}
+
+function showStep(ev) {
+  const set = (id, text) => { $(id).textContent = text; };
+  if (!ev) {
+    for (const id of ['stat-step', 'stat-epoch', 'stat-loss', 'stat-throughput', 'stat-memory', 'stat-lr']) set(id, '—');
+    return;
+  }
+  set('stat-step', String(ev.step));
+  set('stat-epoch', ev.epoch != null ? String(ev.epoch + 1) : '—');
+  set('stat-loss', fmt.num(ev.loss));
+  set('stat-throughput', fmt.rate(ev.samples_per_sec));
+  set('stat-memory', `${fmt.bytes(ev.memory_now_bytes)}`);
+  $('stat-memory').title = `peak ${fmt.bytes(ev.memory_peak_bytes)}`;
+  set('stat-lr', fmt.num(ev.lr, 3));
+}
+
+function updateStatusBar() {
+  const started = ui.run?.started;
+  const step = ui.run?.last_step;
+  const s = ui.settings || {};
+  $('sb-device').textContent = `Device ${started?.device ?? '—'}`;
+  $('sb-precision').textContent = `Precision ${started?.precision ?? s.precision ?? '—'}`;
+  const mem = started?.memory ?? { gradient_checkpointing: s.gradient_checkpointing, latent_cache: s.latent_cache };
+  const onOff = (v) => (v ? 'on' : 'off');
+  $('sb-memory').textContent = `Checkpointing ${onOff(mem.gradient_checkpointing)} · Latent cache ${onOff(mem.latent_cache)}`;
+  $('sb-step').textContent = step ? `Step ${step.step} · Epoch ${step.epoch + 1}` : 'Step — · Epoch —';
+  tick();
+}
+
+/** Elapsed and ETA move between step events (2 Hz), from the last event's numbers. */
+function tick() {
+  const step = ui.run?.last_step;
+  const running = ui.run?.status === 'running';
+  const since = running && ui.stepAt ? (performance.now() - ui.stepAt) / 1000 : 0;
+  $('sb-elapsed').textContent = `Elapsed ${step ? fmt.duration(step.elapsed_s + since) : '—'}`;
+  const eta = step?.eta_s;
+  $('sb-eta').textContent = `ETA ${eta != null && ACTIVE.has(ui.run?.status) ? fmt.duration(Math.max(0, eta - since)) : '—'}`;
+}
+
+function onEngineEvent(ev) {
+  if (!ev || !ev.type) return;
+  const run = ui.run || (ui.run = { status: 'running' });
+  switch (ev.type) {
+    case 'run_started':
+      run.started = ev;
+      activity(`Run started on ${ev.device} (${ev.precision})`);
+      updateStatusBar();
+      break;
+    case 'step':
+      run.last_step = ev;
+      ui.stepAt = performance.now();
+      showStep(ev);
+      updateStatusBar();
+      break;
+    case 'dataset_progress':
+      $('dataset-summary').textContent = `Preparing ${ev.done} / ${ev.total}…`;
+      break;
+    case 'dataset_issue':
+      markFileProblem(ev.file, ev.reason);
+      activity(`${ev.file}: ${ev.reason}`, 'bad');
+      break;
+    case 'step_skipped':
+      activity(`Step ${ev.step} skipped: ${ev.reason} (${ev.consecutive} in a row)`, 'bad');
+      break;
+    case 'epoch_end':
+      activity(`Epoch ${ev.epoch + 1} done${ev.mean_loss != null ? `, mean loss ${fmt.num(ev.mean_loss)}` : ''}`);
+      break;
+    case 'checkpoint_saved': activity(`Checkpoint saved at step ${ev.step}`); break;
+    case 'paused': activity(`Paused at step ${ev.step}`); break;
+    case 'resumed': activity(`Resumed at step ${ev.step}`); break;
+    case 'warning': activity(ev.message, 'bad'); say(ev.message); break;
+    case 'finished': activity(`Finished after ${ev.steps} steps`); say('Training finished. The adapter is in History.'); break;
+    case 'stopped': activity(`Stopped at step ${ev.step}; it can be resumed from History`); break;
+    case 'failed': activity(`Failed: ${ev.reason}`, 'bad'); break;
+    default: break;
+  }
+}
+
+function showCharts(charts, prefix = 'chart') {
+  if (!charts) return;
+  for (const key of ['loss', 'throughput', 'memory']) {
+    const el = $(`${prefix}-${key}`);
+    if (el && charts[key]) {
+      setSvg(el, charts[key]);
+      el.dataset.updated = String(Date.now());
+    }
+  }
+}
+
+async function command(name, args) {
+  try {
+    const view = await invoke(name, args);
+    if (view && view.status) setRun(view);
+    return view;
+  } catch (e) {
+    say(errorText(e), { error: true });
+    return null;
+  }
+}
+
+async function start() {
+  if ($('btn-start').disabled) return;
+  clearTimeout(saveTimer);
+  await saveSettings();
+  if ($('settings-status').dataset.state === 'error') {
+    say('Fix the marked settings before starting.', { error: true });
+    return;
+  }
+  const view = await command('start_run');
+  if (view) {
+    $('activity').replaceChildren();
+    activity('Starting…');
+  }
+}
+const pause = () => { if (!$('btn-pause').disabled) command('pause_run'); };
+const resume = () => { if (!$('btn-resume').disabled) command('resume_run'); };
+const stop = () => { if (!$('btn-stop').disabled) command('stop_run'); };
+
+// ---- history ----------------------------------------------------------------------
+
+async function refreshRuns() {
+  try {
+    ui.runs = await invoke('list_runs');
+  } catch (e) {
+    say(errorText(e), { error: true });
+    return;
+  }
+  $('runs-count').textContent = ui.runs.length ? String(ui.runs.length) : '';
+  const body = $('runs-body');
+  body.replaceChildren();
+  if (!ui.runs.length) {
+    body.innerHTML = '<tr class="empty-row"><td colspan="6">No runs yet.</td></tr>';
+    return;
+  }
+  for (const r of ui.runs) {
+    const tr = document.createElement('tr');
+    tr.dataset.run = r.id;
+    const td = (text, cls) => { const c = document.createElement('td'); if (cls) c.className = cls; c.textContent = text; return c; };
+    const status = document.createElement('td');
+    const badge = document.createElement('span');
+    badge.className = `badge ${r.status}`;
+    badge.textContent = r.status;
+    status.append(badge);
+    const actions = document.createElement('td');
+    const box = document.createElement('div');
+    box.className = 'actions';
+    const btn = (label, testid, fn, enabled = true) => {
+      const b = document.createElement('button');
+      b.className = 'btn small';
+      b.textContent = label;
+      b.dataset.testid = testid;
+      b.disabled = !enabled;
+      b.addEventListener('click', fn);
+      box.append(b);
+    };
+    btn('Charts', 'run-charts', () => historyCharts(r));
+    btn('Resume', 'run-resume', () => command('resume_past_run', { dir: r.dir }), r.resumable && !ACTIVE.has(ui.run?.status));
+    btn('PEFT', 'export-peft', () => exportRun(r, 'peft'), r.status !== 'active');
+    btn('ComfyUI', 'export-comfyui', () => exportRun(r, 'comfyui'), r.status !== 'active');
+    btn('Merged', 'export-merged', () => exportRun(r, 'merged'), r.status !== 'active');
+    actions.append(box);
+    tr.append(td(r.id, 'name'), status, td(r.last_step != null ? String(r.last_step) : '—', 'num'),
+      td(fmt.num(r.last_loss), 'num'), td(fmt.when(r.updated_unix)), actions);
+    body.append(tr);
+  }
+}
+
+async function historyCharts(r) {
+  const box = $('history-charts');
+  box.hidden = false;
+  box.replaceChildren();
+  for (const key of ['loss', 'throughput', 'memory']) {
+    const fig = document.createElement('figure');
+    fig.className = 'chart-card';
+    const cap = document.createElement('figcaption');
+    cap.textContent = `${r.id} · ${key}`;
+    const div = document.createElement('div');
+    div.className = 'chart';
+    div.id = `history-${key}`;
+    div.innerHTML = '<p class="empty">Drawing…</p>';
+    fig.append(cap, div);
+    box.append(fig);
+  }
+  try {
+    showCharts(await invoke('run_charts', { dir: r.dir }), 'history');
+  } catch (e) {
+    for (const el of box.querySelectorAll('.chart')) el.innerHTML = '';
+    box.querySelector('.chart').textContent = errorText(e);
+  }
+}
+
+async function exportRun(r, format) {
+  try {
+    const to = await invoke('choose_folder', { title: `Export ${r.id} (${format}) to…` });
+    if (!to) return;
+    const path = await invoke('export_run', { dir: r.dir, format, to });
+    say(`Exported to ${path}`);
+  } catch (e) {
+    say(errorText(e), { error: true });
+  }
+}
+
+// ---- wiring -----------------------------------------------------------------------
+
+function selectTab(name) {
+  for (const tab of document.querySelectorAll('[role=tab]')) {
+    const on = tab.dataset.tab === name;
+    tab.setAttribute('aria-selected', String(on));
+    tab.tabIndex = on ? 0 : -1;
+    $(`panel-${tab.dataset.tab}`).hidden = !on;
+  }
+  if (name === 'history') refreshRuns();
+}
+
+function isTyping(target) {
+  return target instanceof HTMLElement && (target.matches('input, select, textarea, [contenteditable]'));
+}
+
+/** Shortcut hints in the platform's own words (⌘ on a Mac, Ctrl elsewhere). */
+function showShortcuts() {
+  const mac = /Mac|iPhone|iPad/.test(navigator.platform || navigator.userAgent);
+  for (const k of document.querySelectorAll('kbd[data-keys]')) {
+    const [, key] = k.dataset.keys.split('+');
+    const name = key === 'enter' ? (mac ? '↩' : 'Enter') : key;
+    k.textContent = mac ? `⌘${name}` : `Ctrl+${name}`;
+  }
+}
+
+function bindUi() {
+  showShortcuts();
+  $('btn-start').addEventListener('click', start);
+  $('btn-pause').addEventListener('click', pause);
+  $('btn-resume').addEventListener('click', resume);
+  $('btn-stop').addEventListener('click', stop);
+
+  document.addEventListener('keydown', (e) => {
+    const mod = e.ctrlKey || e.metaKey;
+    if (mod && e.key === 'Enter') { e.preventDefault(); start(); }
+    else if (mod && e.key === '.') { e.preventDefault(); stop(); }
+    else if (e.key === ' ' && !mod && !isTyping(e.target) && !(e.target instanceof HTMLButtonElement)) {
+      e.preventDefault();
+      if (ui.run?.status === 'running') pause(); else if (ui.run?.status === 'paused') resume();
+    }
+  });
+
+  for (const tab of document.querySelectorAll('[role=tab]')) {
+    tab.addEventListener('click', () => selectTab(tab.dataset.tab));
+  }
+
+  for (const el of settingInputs()) {
+    if (el.dataset.kind === 'bool' || el.dataset.kind === 'enum') el.addEventListener('change', saveSettings);
+    else {
+      el.addEventListener('input', saveSoon);
+      el.addEventListener('change', () => { clearTimeout(saveTimer); saveSettings(); });
+    }
+  }
+  $('btn-reset-settings').addEventListener('click', async () => {
+    try {
+      ui.settings = await invoke('reset_settings');
+      showSettings(ui.settings);
+      markErrors({});
+      setSaveStatus('Saved');
+    } catch (e) { say(errorText(e), { error: true }); }
+  });
+
+  $('model-demo').addEventListener('change', saveSettings);
+  $('model-folder').addEventListener('change', async () => {
+    if (!$('model-path').value) await chooseModel(); else saveSettings();
+  });
+  $('btn-choose-model').addEventListener('click', chooseModel);
+
+  $('btn-choose-dataset').addEventListener('click', async () => {
+    try {
+      const path = await invoke('choose_folder', { title: 'Choose a folder of songs', start: $('dataset-path').value || null });
+      if (path) scanDataset(path);
+    } catch (e) { say(errorText(e), { error: true }); }
+  });
+  $('dataset-form').addEventListener('submit', (e) => { e.preventDefault(); scanDataset($('dataset-path').value); });
+  $('btn-refresh-runs').addEventListener('click', refreshRuns);
+}
+
+async function chooseModel() {
+  try {
+    const path = await invoke('choose_folder', { title: 'Choose an ACE-Step model folder', start: $('model-path').value || null });
+    if (path) {
+      $('model-path').value = path;
+      $('model-folder').checked = true;
+    } else if (!$('model-path').value) {
+      $('model-demo').checked = true;
+    }
+    await saveSettings();
+  } catch (e) { say(errorText(e), { error: true }); }
+}
+
+async function setupDragDrop() {
+  const zone = $('dropzone');
+  await onDragDrop((p) => {
+    if (p.type === 'enter' || p.type === 'over') zone.classList.add('dragging');
+    else if (p.type === 'leave') zone.classList.remove('dragging');
+    else if (p.type === 'drop') {
+      zone.classList.remove('dragging');
+      if (p.paths && p.paths.length) {
+        if (p.paths.length > 1) say('Several items dropped: using the first one.');
+        scanDataset(p.paths[0]);
+      }
+    }
+  });
+}
+
+async function init() {
+  bindUi();
+  if (!available) {
+    say('Open this page in the Ostinato app.', { error: true, sticky: true });
+    return;
+  }
+  // Listen first, then ask for the state: nothing sent in between is lost.
+  await Promise.all([
+    listen('engine-event', onEngineEvent),
+    listen('run-state', setRun),
+    listen('charts', (c) => showCharts(c)),
+    setupDragDrop(),
+  ]);
+  const dark = window.matchMedia('(prefers-color-scheme: dark)');
+  await invoke('set_appearance', { dark: dark.matches }).catch(() => {});
+  dark.addEventListener('change', async (e) => {
+    await invoke('set_appearance', { dark: e.matches }).catch(() => {});
+    if (ui.run?.last_step) invoke('run_charts').then((c) => showCharts(c)).catch(() => {});
+  });
+
+  const s = await invoke('get_state');
+  ui.settings = s.settings;
+  showSettings(s.settings);
+  $('engine-banner').hidden = s.engine_wired;
+  if (s.notice) { $('notice').textContent = s.notice; $('notice').hidden = false; }
+  $('runs-dir').textContent = `Runs are kept in ${s.runs_dir}`;
+  if (s.dataset) showDataset(s.dataset);
+  setRun(s.run);
+  showCharts(s.charts);
+  for (const ev of s.run.recent_events || []) if (ev.type !== 'step') onEngineEvent(ev);
+  setSaveStatus('');
+  refreshRuns();
+  setInterval(tick, 500);
+  document.body.dataset.ready = 'true';
+}
+
+init().catch((e) => say(`Could not start: ${errorText(e)}`, { error: true, sticky: true }));
