@@ -5,8 +5,7 @@
 //! forwards engine events to the web view from a background thread.
 //!
 //! Everything that needs the engine goes through the [`engine`] module at the bottom of
-//! this file. Until the engine's run API is wired in, its functions return
-//! [`BridgeError::EngineNotWired`] ("engine not wired yet"); nothing here fakes training.
+//! this file.
 
 use std::collections::VecDeque;
 use std::io::BufRead;
@@ -34,8 +33,6 @@ pub const CHART_INTERVAL: Duration = Duration::from_millis(400);
 
 #[derive(Debug, thiserror::Error)]
 pub enum BridgeError {
-    #[error("engine not wired yet")]
-    EngineNotWired,
     #[error("invalid settings")]
     InvalidSettings(FieldErrors),
     #[error("{0}")]
@@ -54,7 +51,6 @@ impl BridgeError {
     /// A stable machine-readable kind for the UI and tests.
     pub fn kind(&self) -> &'static str {
         match self {
-            BridgeError::EngineNotWired => "engine_not_wired",
             BridgeError::InvalidSettings(_) => "invalid_settings",
             BridgeError::Invalid(_) => "invalid",
             BridgeError::RunActive => "run_active",
@@ -186,7 +182,6 @@ pub struct StateView {
     pub dataset: Option<DatasetView>,
     pub run: RunView,
     pub charts: Option<Charts>,
-    pub engine_wired: bool,
     pub runs_dir: PathBuf,
     pub config_dir: PathBuf,
     pub notice: Option<String>,
@@ -368,7 +363,6 @@ impl AppState {
             dataset: g.dataset.clone(),
             run: g.run.view(),
             charts: g.run.charts.clone(),
-            engine_wired: engine::WIRED,
             runs_dir: self.0.runs_dir.clone(),
             config_dir: self.0.config_dir.clone(),
             notice: g.notice.clone(),
@@ -711,53 +705,186 @@ pub fn value_channel<T: Serialize + Send + 'static>(rx: Receiver<T>) -> Receiver
 }
 
 // ---------------------------------------------------------------------------------------
-// The engine. PLACEHOLDER until the engine's run API lands: the lead replaces the bodies
-// of these functions (and sets WIRED = true). Nothing here fakes training data.
+// The engine: the only place the app calls it.
 // ---------------------------------------------------------------------------------------
 mod engine {
     use super::*;
+    use ostinato_engine::charts::{render_svg, Chart, Theme};
+    use ostinato_engine::data::{audio, scan::scan_folder, sidecar::Sidecars};
+    use ostinato_engine::device::Precision as EnginePrecision;
+    use ostinato_engine::events::Event;
+    use ostinato_engine::export::{export_run, ExportFormat as EngineFormat};
+    use ostinato_engine::model::source::ModelSource;
+    use ostinato_engine::train::{Run, RunConfig, RunControl, RunHandle};
+    use crate::settings::{ModelChoice, Precision};
 
-    /// True once these functions call the real engine.
-    pub const WIRED: bool = false;
+    fn engine_err(e: impl std::fmt::Display) -> BridgeError {
+        BridgeError::Engine(e.to_string())
+    }
 
-    /// `<data dir>/runs`, or `OSTINATO_RUNS_DIR`. Should equal the engine's default so
-    /// the CLI and the app see the same runs.
+    /// `OSTINATO_RUNS_DIR`, else the engine's default (the one the CLI uses too).
     pub fn default_runs_dir() -> PathBuf {
-        if let Some(dir) = std::env::var_os("OSTINATO_RUNS_DIR") {
-            return PathBuf::from(dir);
+        std::env::var_os("OSTINATO_RUNS_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(ostinato_engine::train::config::default_runs_dir)
+    }
+
+    /// Every audio file under `dir` with its duration, sidecars and, for a bad one,
+    /// what is wrong: the checks training applies, without encoding anything.
+    pub fn scan(dir: &Path, _settings: &Settings) -> Result<DatasetView, BridgeError> {
+        let outcome = scan_folder(dir).map_err(engine_err)?;
+        let mut sidecars = Sidecars::new();
+        let mut sidecar_issues = Vec::new();
+        let name = |p: &Path| p.strip_prefix(dir).unwrap_or(p).display().to_string();
+        let mut files = Vec::new();
+        for path in &outcome.audio {
+            let meta = sidecars.read(path, &mut sidecar_issues);
+            let checked = audio::decode(path).and_then(|a| audio::check_usable(&a).map(|_| a.duration_seconds()));
+            files.push(FileRow {
+                name: name(path),
+                duration_s: checked.as_ref().ok().copied(),
+                has_caption: !meta.caption.trim().is_empty(),
+                has_lyrics: meta.lyrics.trim() != "[Instrumental]" && !meta.lyrics.trim().is_empty(),
+                status: if checked.is_ok() { "ok" } else { "bad" }.into(),
+                problem: checked.err(),
+            });
         }
-        directories::ProjectDirs::from("app", "Ostinato", "Ostinato")
-            .map(|d| d.data_dir().join("runs"))
-            .unwrap_or_else(|| std::env::temp_dir().join("ostinato-runs"))
+        for (path, reason) in &outcome.skipped {
+            files.push(FileRow {
+                name: name(path),
+                duration_s: None,
+                has_caption: false,
+                has_lyrics: false,
+                status: "bad".into(),
+                problem: Some(reason.clone()),
+            });
+        }
+        let usable = files.iter().filter(|f| f.status == "ok").count();
+        Ok(DatasetView {
+            path: dir.to_path_buf(),
+            total_duration_s: files.iter().filter_map(|f| f.duration_s).sum(),
+            usable,
+            bad: files.len() - usable,
+            files,
+        })
     }
 
-    /// Engine: `data::scan` of the folder (+ sidecars, durations, problems) -> DatasetView.
-    pub fn scan(_dir: &Path, _settings: &Settings) -> Result<DatasetView, BridgeError> {
-        Err(BridgeError::EngineNotWired)
+    fn run_config(req: &StartRequest) -> RunConfig {
+        let s = &req.settings;
+        let mut c = RunConfig {
+            name: run_name(),
+            runs_dir: req.runs_dir.clone(),
+            model: match &s.model {
+                ModelChoice::Demo => ModelSource::Demo,
+                ModelChoice::Folder { path } => ModelSource::Folder { path: path.clone() },
+            },
+            gradient_checkpointing: s.gradient_checkpointing,
+            latent_cache: s.latent_cache,
+            precision: match s.precision {
+                Precision::Auto => EnginePrecision::Auto,
+                Precision::F32 => EnginePrecision::F32,
+                Precision::Bf16 => EnginePrecision::Bf16,
+                Precision::F16 => EnginePrecision::F16,
+            },
+            lr: s.learning_rate,
+            epochs: s.epochs as u64,
+            batch_size: s.batch_size as usize,
+            grad_accum: s.grad_accumulation as usize,
+            save_every_steps: Some(s.save_every as u64),
+            seed: s.seed,
+            ..RunConfig::default()
+        };
+        c.data.folder = req.dataset_dir.clone();
+        c.lora.r = s.rank as usize;
+        c.lora.alpha = s.alpha;
+        c.lora.dropout = s.dropout;
+        c
     }
 
-    /// Engine: build a `RunConfig` from `req`, `Run::start(cfg)`, return the handle and
-    /// `value_channel(handle.events())`.
-    pub fn start(_req: &StartRequest) -> Result<(Box<dyn EngineRun>, Receiver<Value>), BridgeError> {
-        Err(BridgeError::EngineNotWired)
+    /// `run-<unix seconds>`: unique per start, sorts by time.
+    fn run_name() -> String {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        format!("run-{secs}")
     }
 
-    /// Engine: `Run::resume(run_dir)`.
-    pub fn resume(_run_dir: &Path) -> Result<(Box<dyn EngineRun>, Receiver<Value>), BridgeError> {
-        Err(BridgeError::EngineNotWired)
+    struct Handle {
+        control: RunControl,
+        run_dir: PathBuf,
     }
 
-    /// Engine: `charts::render_svg(Chart::{Loss, Throughput, Memory}, &events, (720, 300),
-    /// if dark { Theme::Dark } else { Theme::Light })`, the events parsed from these
-    /// values (`serde_json::from_value::<Event>`; the log's extra "v" field is ignored).
-    pub fn render_charts(_events: &[Value], _dark: bool) -> Result<Charts, BridgeError> {
-        Err(BridgeError::EngineNotWired)
+    impl EngineRun for Handle {
+        fn pause(&self) -> Result<(), BridgeError> {
+            self.control.pause();
+            Ok(())
+        }
+        fn resume(&self) -> Result<(), BridgeError> {
+            self.control.resume();
+            Ok(())
+        }
+        fn stop(&self) -> Result<(), BridgeError> {
+            self.control.stop();
+            Ok(())
+        }
+        fn run_dir(&self) -> PathBuf {
+            self.run_dir.clone()
+        }
     }
 
-    /// Engine: export the run's final adapter (else newest checkpoint) as `format` into
-    /// `to`; returns the written file or folder. Merged needs the base model (settings).
-    pub fn export(_run_dir: &Path, _format: ExportFormat, _to: &Path, _settings: &Settings) -> Result<PathBuf, BridgeError> {
-        Err(BridgeError::EngineNotWired)
+    /// The run's control and its events as JSON values; the handle's thread is
+    /// joined by the event thread once the events end.
+    fn attach(handle: RunHandle) -> (Box<dyn EngineRun>, Receiver<Value>) {
+        let control = Handle {
+            control: handle.control(),
+            run_dir: handle.run_dir().to_path_buf(),
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<Event>();
+        std::thread::Builder::new()
+            .name("ostinato-run-events".into())
+            .spawn(move || {
+                for event in handle.events().iter() {
+                    if tx.send(event).is_err() {
+                        break;
+                    }
+                }
+                let _ = handle.join();
+            })
+            .expect("spawning the run event thread");
+        (Box::new(control), value_channel(rx))
+    }
+
+    pub fn start(req: &StartRequest) -> Result<(Box<dyn EngineRun>, Receiver<Value>), BridgeError> {
+        Run::start(run_config(req)).map(attach).map_err(engine_err)
+    }
+
+    pub fn resume(run_dir: &Path) -> Result<(Box<dyn EngineRun>, Receiver<Value>), BridgeError> {
+        Run::resume(run_dir).map(attach).map_err(engine_err)
+    }
+
+    /// The three charts, drawn by the engine from the run's events.
+    pub fn render_charts(events: &[Value], dark: bool) -> Result<Charts, BridgeError> {
+        let events: Vec<Event> = events.iter().filter_map(|v| serde_json::from_value(v.clone()).ok()).collect();
+        let theme = if dark { Theme::Dark } else { Theme::Light };
+        let draw = |chart| render_svg(chart, &events, (720, 300), theme).map_err(engine_err);
+        Ok(Charts {
+            loss: draw(Chart::Loss)?,
+            throughput: draw(Chart::Throughput)?,
+            memory: draw(Chart::Memory)?,
+        })
+    }
+
+    /// Into the folder `to`: `<run>-peft/`, `<run>-comfyui.safetensors` or
+    /// `<run>-merged.safetensors`.
+    pub fn export(run_dir: &Path, format: ExportFormat, to: &Path, _settings: &Settings) -> Result<PathBuf, BridgeError> {
+        let run = run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let (format, target) = match format {
+            ExportFormat::Peft => (EngineFormat::Peft, to.join(format!("{run}-peft"))),
+            ExportFormat::Comfyui => (EngineFormat::Comfyui, to.join(format!("{run}-comfyui.safetensors"))),
+            ExportFormat::Merged => (EngineFormat::Merged, to.join(format!("{run}-merged.safetensors"))),
+        };
+        export_run(run_dir, format, &target).map_err(engine_err)
     }
 }
 
@@ -899,10 +1026,11 @@ mod tests {
         // Paths outside the runs dir are refused before the engine is asked.
         assert!(matches!(state.resume_run(tmp.path(), Recorder::default()), Err(BridgeError::Invalid(_))));
         assert!(matches!(state.resume_run(&runs.join("not-a-run"), Recorder::default()), Err(BridgeError::Invalid(_))));
-        assert!(matches!(
-            state.resume_run(&runs.join("a-paused"), Recorder::default()),
-            Err(BridgeError::EngineNotWired)
-        ));
+        // A run directory without run.toml: the engine says what is missing.
+        match state.resume_run(&runs.join("a-paused"), Recorder::default()) {
+            Err(BridgeError::Engine(m)) => assert!(m.contains("run.toml"), "{m}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 use tauri::ipc::{CallbackFn, InvokeBody};
-use tauri::test::{get_ipc_response, mock_builder, mock_context, noop_assets, MockRuntime, INVOKE_KEY};
+use tauri::test::{get_ipc_response, mock_builder, MockRuntime, INVOKE_KEY};
 use tauri::webview::InvokeRequest;
 use tauri::{App, WebviewWindow, WebviewWindowBuilder};
 
@@ -20,7 +20,7 @@ impl TestApp {
     fn new(dir: &Path) -> Self {
         let state = AppState::new(dir.join("config"), dir.join("runs"));
         let app = ostinato_app::app_builder(mock_builder(), state)
-            .build(mock_context(noop_assets()))
+            .build(tauri::generate_context!(test = true))
             .expect("building the mock app");
         let window = WebviewWindowBuilder::new(&app, "main", Default::default()).build().expect("mock window");
         TestApp { _app: app, window }
@@ -34,7 +34,7 @@ impl TestApp {
                 cmd: cmd.into(),
                 callback: CallbackFn(0),
                 error: CallbackFn(1),
-                url: "http://tauri.localhost".parse().unwrap(),
+                url: self.window.url().expect("the window has a URL"),
                 body: InvokeBody::Json(args),
                 headers: Default::default(),
                 invoke_key: INVOKE_KEY.to_string(),
@@ -45,7 +45,7 @@ impl TestApp {
 }
 
 #[test]
-fn get_state_gives_defaults_and_says_the_engine_is_not_wired() {
+fn get_state_gives_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let app = TestApp::new(dir.path());
     let s = app.invoke("get_state", json!({})).unwrap();
@@ -58,7 +58,6 @@ fn get_state_gives_defaults_and_says_the_engine_is_not_wired() {
     assert_eq!(s["settings"]["model"], json!({"kind": "demo"}));
     assert_eq!(s["run"]["status"], "idle");
     assert_eq!(s["run"]["recent_events"], json!([]));
-    assert_eq!(s["engine_wired"], false);
     assert_eq!(s["dataset"], Value::Null);
     assert_eq!(s["runs_dir"], json!(dir.path().join("runs")));
 }
@@ -115,34 +114,72 @@ fn invalid_settings_are_rejected_field_by_field_and_not_saved() {
     assert!(err.to_string().contains("rank") || err.to_string().contains("invalid type"), "{err}");
 }
 
+/// Two demo songs and one file that is not audio.
+fn songs(dir: &Path) -> std::path::PathBuf {
+    let songs = dir.join("songs");
+    ostinato_engine::data::synth::write_demo(&songs).unwrap();
+    for entry in std::fs::read_dir(&songs).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.starts_with("pluck_arpeggio") && !name.starts_with("drum_groove") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    std::fs::write(songs.join("notes.wav"), "not audio").unwrap();
+    songs
+}
+
 #[test]
-fn dataset_and_runs_need_the_engine_and_say_so() {
+fn scan_start_follow_and_export_a_demo_run() {
     let dir = tempfile::tempdir().unwrap();
+    std::env::set_var("XDG_CACHE_HOME", dir.path().join("cache"));
     let app = TestApp::new(dir.path());
 
     let err = app.invoke("scan_dataset", json!({"path": dir.path().join("nope")})).unwrap_err();
     assert_eq!(err["kind"], "invalid");
     assert!(err["message"].as_str().unwrap().starts_with("not a folder"));
-
     let err = app.invoke("start_run", json!({})).unwrap_err();
     assert_eq!(err["message"], "choose a dataset folder first");
 
-    let songs = dir.path().join("songs");
-    std::fs::create_dir(&songs).unwrap();
-    let err = app.invoke("scan_dataset", json!({"path": songs})).unwrap_err();
-    assert_eq!(err["kind"], "engine_not_wired");
-    assert_eq!(err["message"], "engine not wired yet");
-    // The folder is remembered even so.
-    assert_eq!(app.invoke("get_state", json!({})).unwrap()["settings"]["dataset_dir"], json!(songs));
+    let songs = songs(dir.path());
+    let view = app.invoke("scan_dataset", json!({"path": songs})).unwrap();
+    assert_eq!(view["usable"], 2);
+    assert_eq!(view["bad"], 1);
+    let bad = view["files"].as_array().unwrap().iter().find(|f| f["status"] == "bad").unwrap();
+    assert_eq!(bad["name"], "notes.wav");
+    assert!(bad["problem"].as_str().unwrap().len() > 3, "{bad}");
+    let good = view["files"].as_array().unwrap().iter().find(|f| f["status"] == "ok").unwrap();
+    assert!(good["duration_s"].as_f64().unwrap() > 5.0);
+    assert_eq!(good["has_caption"], true);
 
-    let err = app.invoke("start_run", json!({})).unwrap_err();
-    assert_eq!(err["kind"], "engine_not_wired");
-    for cmd in ["pause_run", "resume_run", "stop_run"] {
-        let err = app.invoke(cmd, json!({})).unwrap_err();
-        assert!(matches!(err["kind"].as_str(), Some("invalid" | "no_active_run")), "{cmd}: {err}");
+    let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+    s["epochs"] = json!(1);
+    s["rank"] = json!(4);
+    s["alpha"] = json!(8.0);
+    app.invoke("save_settings", json!({ "settings": s })).unwrap();
+    app.invoke("start_run", json!({})).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    let state = loop {
+        let state = app.invoke("get_state", json!({})).unwrap();
+        if state["run"]["status"] == "finished" {
+            break state;
+        }
+        assert_ne!(state["run"]["status"], "failed", "{state}");
+        assert!(std::time::Instant::now() < deadline, "the run did not finish: {state}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(state["run"]["recent_events"].as_array().unwrap().iter().any(|e| e["type"] == "step"));
+
+    let runs = app.invoke("list_runs", json!({})).unwrap();
+    assert_eq!(runs[0]["status"], "finished");
+    let run_dir = runs[0]["dir"].clone();
+    let charts = app.invoke("run_charts", json!({"dir": run_dir})).unwrap();
+    for chart in ["loss", "throughput", "memory"] {
+        assert!(charts[chart].as_str().unwrap().contains("<svg"), "{chart}");
     }
-    assert_eq!(app.invoke("list_runs", json!({})).unwrap(), json!([]));
-    assert!(app.invoke("set_appearance", json!({"dark": true})).is_ok());
+    let written = app.invoke("export_run", json!({"dir": run_dir, "format": "comfyui", "to": dir.path()})).unwrap();
+    let written = std::path::PathBuf::from(written.as_str().unwrap());
+    assert!(written.is_file() && written.starts_with(dir.path()), "{}", written.display());
 }
 
 #[test]
@@ -177,10 +214,12 @@ fn history_lists_runs_and_refuses_paths_outside_the_runs_dir() {
         let err = app.invoke(cmd, args).unwrap_err();
         assert_eq!(err["kind"], "invalid", "{cmd}: {err}");
     }
+    // A run directory without run.toml cannot be resumed or exported: the engine names it.
     let err = app.invoke("resume_past_run", json!({"dir": run})).unwrap_err();
-    assert_eq!(err["kind"], "engine_not_wired");
+    assert_eq!(err["kind"], "engine");
+    assert!(err["message"].as_str().unwrap().contains("run.toml"), "{err}");
     let err = app.invoke("export_run", json!({"dir": run, "format": "comfyui", "to": dir.path()})).unwrap_err();
-    assert_eq!(err["kind"], "engine_not_wired");
+    assert!(err["message"].as_str().unwrap().contains("run.toml"), "{err}");
     let err = app.invoke("export_run", json!({"dir": run, "format": "onnx", "to": dir.path()})).unwrap_err();
     assert!(err.to_string().contains("unknown variant"), "{err}");
 }

@@ -570,7 +570,6 @@ async function init() {
   const s = await invoke('get_state');
   ui.settings = s.settings;
   showSettings(s.settings);
-  $('engine-banner').hidden = s.engine_wired;
   if (s.notice) { $('notice').textContent = s.notice; $('notice').hidden = false; }
   $('runs-dir').textContent = `Runs are kept in ${s.runs_dir}`;
   if (s.dataset) showDataset(s.dataset);
