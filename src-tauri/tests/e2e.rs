@@ -132,6 +132,11 @@ async fn screenshot(c: &Client, name: &str) -> PathBuf {
     path
 }
 
+/// JS returning the status bar's step number, or (with `cond`, e.g. "> 3") whether it holds.
+fn step_js(cond: &str) -> String {
+    format!("const m = document.getElementById('sb-step').textContent.match(/Step (\\d+)/); const s = m ? Number(m[1]) : 0; return s {cond};")
+}
+
 fn checked(c: &Value) -> bool {
     c.as_bool().expect("a boolean")
 }
@@ -150,7 +155,7 @@ async fn the_app_window_loads_and_keeps_settings() {
         eprintln!("\n*** {msg}: SKIPPED ***\n");
         return;
     };
-    tokio::time::timeout(Duration::from_secs(240), run(&tauri_driver, &xvfb)).await.expect("e2e test timed out");
+    tokio::time::timeout(Duration::from_secs(600), run(&tauri_driver, &xvfb)).await.expect("e2e test timed out");
 }
 
 async fn run(tauri_driver: &Path, xvfb: &Path) {
@@ -216,11 +221,45 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     wait_js(&c, "return document.getElementById('settings-status').dataset.state === 'saved'", "rank to save").await;
     assert_eq!(text(&c, "[data-error-for=rank]").await, "");
 
-    // Without the engine, Start says so instead of pretending.
+    // Load the demo dataset by typing its folder, as a user without drag and drop would.
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/demo").canonicalize().unwrap();
+    let path = c.find(Locator::Id("dataset-path")).await.unwrap();
+    path.send_keys(demo.to_str().unwrap()).await.unwrap();
+    c.find(Locator::Css("#dataset-form button")).await.unwrap().click().await.unwrap();
+    wait_js(&c, "return document.querySelectorAll('#panel-files tbody tr').length === 6", "the demo files table").await;
+    let epochs = c.find(Locator::Id("set-epochs")).await.unwrap();
+    epochs.clear().await.unwrap();
+    epochs.send_keys("100").await.unwrap();
+    c.find(Locator::Id("h-settings")).await.unwrap().click().await.unwrap();
+    wait_js(&c, "return document.getElementById('settings-status').dataset.state === 'saved'", "epochs to save").await;
+
+    // Start: the step counter and the loss chart advance.
+    let step = step_js("");
     c.find(Locator::Id("btn-start")).await.unwrap().click().await.unwrap();
-    wait_js(&c, "return document.getElementById('message').textContent.length > 0", "a message after Start").await;
-    let msg = text(&c, "#message").await;
-    eprintln!("e2e: Start says: {msg}");
+    wait_js(&c, &step_js(">= 3"), "three steps").await;
+    wait_js(&c, "return document.querySelector('#chart-loss svg polyline') !== null", "the loss chart").await;
+    // The longest line in the loss chart: the loss series (grid lines have two points).
+    let points = "return Math.max(...[...document.querySelectorAll('#chart-loss svg polyline')].map(p => p.getAttribute('points').trim().split(/\\s+/).length))";
+    let before = js(&c, points).await.as_u64().unwrap();
+    wait_js(&c, &format!("{points} > {before}"), "the loss chart to grow").await;
+    screenshot(&c, "03-training.png").await;
+
+    // Pause: the counter stops.
+    c.find(Locator::Id("btn-pause")).await.unwrap().click().await.unwrap();
+    wait_js(&c, "return document.getElementById('run-status').dataset.status === 'paused'", "paused").await;
+    let paused_at = js(&c, &step).await.as_u64().unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(js(&c, &step).await.as_u64().unwrap(), paused_at, "no steps while paused");
+    screenshot(&c, "04-paused.png").await;
+
+    // Resume: it moves again. Stop: an adapter is written and the run can be resumed.
+    c.find(Locator::Id("btn-resume")).await.unwrap().click().await.unwrap();
+    wait_js(&c, &step_js(&format!("> {paused_at}")), "steps after resuming").await;
+    c.find(Locator::Id("btn-stop")).await.unwrap().click().await.unwrap();
+    wait_js(&c, "return document.getElementById('run-status').dataset.status === 'stopped'", "stopped").await;
+    let run = std::fs::read_dir(&runs).unwrap().next().unwrap().unwrap().path();
+    assert!(run.join("final/adapter/adapter_model.safetensors").is_file());
+    eprintln!("e2e: paused at step {paused_at}, stopped with {}", text(&c, "#sb-step").await);
 
     // Tabs switch panels.
     c.find(Locator::Id("tab-history")).await.unwrap().click().await.unwrap();
@@ -235,7 +274,7 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     assert!(!checked(&js(&c, toggle).await), "gradient checkpointing stayed off after a relaunch");
     assert_eq!(js(&c, "return document.getElementById('set-rank').value").await, "32");
     assert!(text(&c, "#sb-memory").await.contains("Checkpointing off"));
-    screenshot(&c, "03-relaunch.png").await;
+    screenshot(&c, "05-relaunch.png").await;
     c.close().await.unwrap();
     drop(driver);
     eprintln!("e2e: done in {:.1} s", t0.elapsed().as_secs_f64());
