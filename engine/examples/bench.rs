@@ -1,0 +1,63 @@
+//! Stand-in for `ostinato bench` until the CLI wires it:
+//!
+//! ```text
+//! cargo run --release -p ostinato-engine --example bench -- --preset small-30s \
+//!     [--gradient-checkpointing on|off] [--json] [--warmup N] [--steps N] [--device cpu|cuda]
+//! ```
+//!
+//! One invocation measures one configuration (peak RSS is per process).
+//! Build with `--features mimalloc` to use mimalloc as the global allocator.
+
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use ostinato_engine::bench::{run_bench_on, Preset};
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let mut preset: Option<Preset> = None;
+    let (mut ckpt, mut json, mut warmup, mut steps) = (false, false, 2usize, 5usize);
+    let mut device_name = "cpu".to_string();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+        match a.as_str() {
+            "--preset" => preset = Some(value("--preset")?.parse()?),
+            "--gradient-checkpointing" => {
+                ckpt = match value("--gradient-checkpointing")?.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    v => return Err(format!("--gradient-checkpointing takes on|off, not `{v}`")),
+                }
+            }
+            "--json" => json = true,
+            "--warmup" => warmup = value("--warmup")?.parse().map_err(|e| format!("--warmup: {e}"))?,
+            "--steps" => steps = value("--steps")?.parse().map_err(|e| format!("--steps: {e}"))?,
+            "--device" => device_name = value("--device")?,
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    let preset = preset.ok_or("--preset NAME is required")?;
+    let (device, dtype) = match device_name.as_str() {
+        "cpu" => (candle_core::Device::Cpu, candle_core::DType::F32),
+        "cuda" => (
+            candle_core::Device::new_cuda(0).map_err(|e| format!("cuda: {e}"))?,
+            candle_core::DType::BF16,
+        ),
+        d => return Err(format!("unknown device `{d}`")),
+    };
+    let report = run_bench_on(preset, ckpt, warmup, steps, &device, dtype).map_err(|e| e.to_string())?;
+    if json {
+        println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
