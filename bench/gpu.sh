@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the engine with candle's CUDA backend and runs the bench presets on GPU 0
+# (bf16 weights, f32 LoRA/optimizer, as the precision policy), checkpointing off and on.
+# One process per configuration. Needs the CUDA toolkit (nvcc) for candle-kernels.
+#
+#   bench/gpu.sh [--steps N] [--warmup N] [PRESET ...]
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+steps=5 warmup=2 presets=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --steps) steps="$2"; shift 2 ;;
+    --warmup) warmup="$2"; shift 2 ;;
+    *) presets+=("$1"); shift ;;
+  esac
+done
+[ ${#presets[@]} -gt 0 ] || presets=(small-30s small-240s full-layer full-pair-240s)
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+# candle-kernels compiles for the GPU it finds unless CUDA_COMPUTE_CAP is set.
+cargo build --release -p ostinato-engine --example bench --features cuda
+bin="$CARGO_TARGET_DIR/release/examples/bench"
+mkdir -p "$root/bench/results"
+out="$root/bench/results/gpu-$(date +%Y%m%d-%H%M%S).jsonl"
+for p in "${presets[@]}"; do
+  for ckpt in off on; do
+    echo "== $p, gradient checkpointing $ckpt" >&2
+    "$bin" --device cuda --preset "$p" --gradient-checkpointing "$ckpt" \
+      --warmup "$warmup" --steps "$steps" --json | tee -a "$out"
+  done
+done
+python3 - "$out" <<'PY'
+import json, sys
+print(f"{'preset':>16} {'ckpt':>5} {'s/step':>9} {'samples/s':>10}")
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(f"{r['preset']:>16} {('on' if r['gradient_checkpointing'] else 'off'):>5} "
+          f"{r['median_s_per_step']:9.4f} {r['samples_per_sec']:10.3f}")
+PY
+echo "raw: $out (peak_rss_bytes is host RSS; GPU memory is not probed yet)" >&2
