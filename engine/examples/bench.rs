@@ -15,6 +15,12 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use ostinato_engine::bench::{run_bench_on, Preset};
 
 fn main() {
+    // candle's elementwise pool spin-waits between ops; on 2 cores shared with other work
+    // one elementwise thread measured 1.3-2x faster per step (bench/NOTES.md). GEMMs and
+    // the fused ops still use rayon's threads. An explicit setting wins.
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    }
     if let Err(e) = run() {
         eprintln!("error: {e}");
         std::process::exit(1);

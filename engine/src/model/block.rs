@@ -80,13 +80,9 @@ impl Rope {
         })
     }
 
-    /// `x * cos + rotate_half(x) * sin` for `x [B, P, heads, head_dim]`.
-    fn apply(&self, x: &Tensor) -> Result<Tensor> {
-        let d = x.dim(D::Minus1)?;
-        let x1 = x.narrow(D::Minus1, 0, d / 2)?;
-        let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
-        let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-        Ok(ops::add(&ops::mul(x, &self.cos)?, &ops::mul(&rotated, &self.sin)?)?)
+    /// `scale * (x * cos + rotate_half(x) * sin)` for `x [B, P, heads, head_dim]`.
+    fn apply(&self, x: &Tensor, scale: f64) -> Result<Tensor> {
+        Ok(ops::rope(x, &self.cos, &self.sin, scale)?)
     }
 }
 
@@ -140,17 +136,18 @@ impl Attention {
         let q = ops::rms_norm(&q, &self.q_norm, self.eps)?;
         let k = ops::rms_norm(&k, &self.k_norm, self.eps)?;
 
-        // 2. RoPE (self-attention only), on the (B, P, heads, D) layout.
+        // 2. RoPE (self-attention only), on the (B, P, heads, D) layout. The 1/sqrt(D)
+        //    score scale goes on q (P * heads * D values, fused with RoPE when there is
+        //    one) rather than on the scores.
+        let scale = (hd as f64).powf(-0.5);
         let (q, k) = match rope {
-            Some(rope) => (rope.apply(&q)?, rope.apply(&k)?),
-            None => (q, k),
+            Some(rope) => (rope.apply(&q, scale)?, rope.apply(&k, 1.0)?),
+            None => ((q * scale)?, k),
         };
 
         // 3. GQA without repeating K/V: query head h = kv * rep + r, rows ordered
-        //    (position, r) per KV head: (B, KV, P * rep, D). The 1/sqrt(D) scale goes on
-        //    q (P * heads * D values) rather than on the scores.
-        let q = (q.reshape((b, p, kv, rep * hd))?.transpose(1, 2)?.contiguous()? * (hd as f64).powf(-0.5))?
-            .reshape((b, kv, p * rep, hd))?;
+        //    (position, r) per KV head: (B, KV, P * rep, D).
+        let q = q.reshape((b, p, kv, rep * hd))?.transpose(1, 2)?.contiguous()?.reshape((b, kv, p * rep, hd))?;
         let k = k.transpose(1, 2)?.contiguous()?; // (B, KV, S, D)
         let v = v.transpose(1, 2)?.contiguous()?; // (B, KV, S, D)
 
