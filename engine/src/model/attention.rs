@@ -14,7 +14,8 @@
 //! both forms give the same softmax up to summation order. Everything is built from
 //! differentiable ops, so gradients flow to q, k, v (and the LoRA tensors behind them).
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CudaStorage, DType, Device, Layout, MetalStorage, Shape, Storage, Tensor};
 
 use super::ops;
 use crate::Result;
@@ -131,10 +132,174 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor>)
     Ok(ops::matmul(&probs, v)?)
 }
 
-/// Attention over all keys with an optional `(P, 1, S)` additive mask.
+/// Attention over all keys with an optional `(P, 1, S)` additive mask. Past
+/// [`RECOMPUTE_ELEMENTS`] scores (and without a mask) it runs in query blocks through
+/// [`Recompute`], which keeps no scores for the backward.
 pub fn full(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor>) -> Result<Tensor> {
+    let (b, kv, rows, _) = q.dims4()?;
+    let s = k.dim(2)?;
+    if mask.is_none() && b * kv * rows * s > RECOMPUTE_ELEMENTS && !ops::bench_switch("OSTINATO_KEEP_SCORES") {
+        let p = rows / rep;
+        let block = (RECOMPUTE_BLOCK_ELEMENTS / (b * kv * rep * s)).clamp(16, p);
+        let blocks = (0..p)
+            .step_by(block)
+            .map(|q_start| BandBlock { q_start, q_len: block.min(p - q_start), k_start: 0, k_len: s, mask: None })
+            .collect::<Vec<_>>();
+        return recompute(q, k, v, rep, &blocks);
+    }
     attend(q, k, v, rep, mask)
 }
+
+/// Score count above which attention no longer keeps its scores for the backward.
+pub const RECOMPUTE_ELEMENTS: usize = 1 << 23;
+/// About how many scores one query block of the recompute path holds at a time.
+const RECOMPUTE_BLOCK_ELEMENTS: usize = 1 << 23;
+
+/// Blockwise attention whose backward recomputes each block's probabilities instead of
+/// keeping them: memory O(block) rather than O(P * S) per layer, for one more
+/// `q k^T` + softmax per block in the backward. The forward runs without a graph; the
+/// op only attaches the backward to q, k and v.
+fn recompute(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<Tensor> {
+    let out = blocked_forward(&q.detach(), &k.detach(), &v.detach(), rep, blocks)?;
+    if !(q.track_op() || k.track_op() || v.track_op()) {
+        return Ok(out);
+    }
+    Ok(q.apply_op3(k, v, Recompute { out, rep, blocks: blocks.to_vec() })?)
+}
+
+fn blocked_forward(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<Tensor> {
+    let outs = blocks
+        .iter()
+        .map(|blk| {
+            let q = q.narrow(2, blk.q_start * rep, blk.q_len * rep)?;
+            let k = k.narrow(2, blk.k_start, blk.k_len)?;
+            let v = v.narrow(2, blk.k_start, blk.k_len)?;
+            attend(&q, &k, &v, rep, blk.mask.as_ref())
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&outs, 2)?)
+}
+
+/// The banded blocks as plain differentiable ops (the graph keeps every block's
+/// scores); the reference the recompute path is tested against.
+fn blocked_forward_tracked(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<Tensor> {
+    blocked_forward(q, k, v, rep, blocks)
+}
+
+struct Recompute {
+    /// The forward's result, computed without a graph.
+    out: Tensor,
+    rep: usize,
+    blocks: Vec<BandBlock>,
+}
+
+impl candle_core::CustomOp3 for Recompute {
+    fn name(&self) -> &'static str {
+        "recompute-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (storage, layout) = self.out.storage_and_layout();
+        match &*storage {
+            Storage::Cpu(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
+            _ => candle_core::bail!("recompute-attention: result not on the CPU"),
+        }
+    }
+
+    fn cuda_fwd(
+        &self,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        let (storage, layout) = self.out.storage_and_layout();
+        match &*storage {
+            Storage::Cuda(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
+            _ => candle_core::bail!("recompute-attention: result not on the CUDA device"),
+        }
+    }
+
+    fn metal_fwd(
+        &self,
+        _: &MetalStorage,
+        _: &Layout,
+        _: &MetalStorage,
+        _: &Layout,
+        _: &MetalStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(MetalStorage, Shape)> {
+        let (storage, layout) = self.out.storage_and_layout();
+        match &*storage {
+            Storage::Metal(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
+            _ => candle_core::bail!("recompute-attention: result not on the Metal device"),
+        }
+    }
+
+    /// Per block: p = softmax(q k^T + mask) recomputed; dv += p^T g; dp = g v^T;
+    /// ds = p (dp - rowsum(dp p)); dq = ds k; dk += ds^T q.
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _out: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (b, kv, rows, s) = (q.dim(0)?, q.dim(1)?, q.dim(2)?, k.dim(2)?);
+        let rep = self.rep;
+        let (q, k, v, grad) = (q.detach(), k.detach(), v.detach(), grad.contiguous()?);
+        let mut dk = k.zeros_like()?;
+        let mut dv = v.zeros_like()?;
+        let mut dq = Vec::with_capacity(self.blocks.len());
+        for blk in &self.blocks {
+            let (r0, rn) = (blk.q_start * rep, blk.q_len * rep);
+            let qb = q.narrow(2, r0, rn)?;
+            let gb = grad.narrow(2, r0, rn)?;
+            let kb = k.narrow(2, blk.k_start, blk.k_len)?;
+            let vb = v.narrow(2, blk.k_start, blk.k_len)?;
+            let scores = qb.matmul(&kb.t()?)?.to_dtype(DType::F32)?;
+            let scores = match &blk.mask {
+                Some(mask) => scores
+                    .reshape((b, kv, blk.q_len, rep, blk.k_len))?
+                    .broadcast_add(mask)?
+                    .reshape((b, kv, rn, blk.k_len))?,
+                None => scores,
+            };
+            let probs = ops::softmax_last_dim(&scores)?;
+            let gbf = gb.to_dtype(DType::F32)?;
+            let dp = gbf.matmul(&vb.t()?.to_dtype(DType::F32)?)?;
+            let ds = ops::softmax_backward(&probs, &dp)?.to_dtype(q.dtype())?;
+            let probs = probs.to_dtype(v.dtype())?;
+            let dvb = probs.t()?.matmul(&gb)?;
+            let dkb = ds.t()?.matmul(&qb)?;
+            dq.push(ds.matmul(&kb)?);
+            let range = |t: &Tensor, add: &Tensor| -> candle_core::Result<Tensor> {
+                if blk.k_start == 0 && blk.k_len == s {
+                    return t + add;
+                }
+                let sum = (t.narrow(2, blk.k_start, blk.k_len)? + add)?;
+                t.slice_assign(&[0..b, 0..kv, blk.k_start..blk.k_start + blk.k_len, 0..t.dim(3)?], &sum)
+            };
+            dk = range(&dk, &dkb)?;
+            dv = range(&dv, &dvb)?;
+        }
+        let dq = Tensor::cat(&dq, 2)?;
+        debug_assert_eq!(dq.dim(2)?, rows);
+        Ok((Some(dq), Some(dk), Some(dv)))
+    }
+}
+
 
 /// Sliding-window attention by the plan's blocks; same result as [`full`] with the
 /// band mask.
@@ -142,18 +307,10 @@ pub fn sliding(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, plan: &SlidingPla
     match plan {
         SlidingPlan::Unmasked => attend(q, k, v, rep, None),
         SlidingPlan::Masked(mask) => attend(q, k, v, rep, Some(mask)),
-        SlidingPlan::Banded(blocks) => {
-            let outs = blocks
-                .iter()
-                .map(|blk| {
-                    let q = q.narrow(2, blk.q_start * rep, blk.q_len * rep)?;
-                    let k = k.narrow(2, blk.k_start, blk.k_len)?;
-                    let v = v.narrow(2, blk.k_start, blk.k_len)?;
-                    attend(&q, &k, &v, rep, blk.mask.as_ref())
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Ok(Tensor::cat(&outs, 2)?)
+        SlidingPlan::Banded(blocks) if ops::bench_switch("OSTINATO_KEEP_SCORES") => {
+            blocked_forward_tracked(q, k, v, rep, blocks)
         }
+        SlidingPlan::Banded(blocks) => recompute(q, k, v, rep, blocks),
     }
 }
 
@@ -183,15 +340,31 @@ mod tests {
             let banded = sliding(&q, &k, &v, rep, &plan)?;
             let err = max_abs(&square, &banded);
             assert!(err <= 1e-5, "P {p} W {window} block {block}: output differs by {err:e}");
+            check_grads(&square, &banded, &g, [&q, &k, &v], &format!("banded P {p} W {window} block {block}"))?;
 
-            let gs = (square * &g)?.sum_all()?.backward()?;
-            let gb = (banded * &g)?.sum_all()?.backward()?;
+            // Unmasked: query blocks through the recompute op against plain attention.
+            let plain = full(&q, &k, &v, rep, None)?;
+            let blocks: Vec<BandBlock> = (0..p)
+                .step_by(block)
+                .map(|q_start| BandBlock { q_start, q_len: block.min(p - q_start), k_start: 0, k_len: p, mask: None })
+                .collect();
+            let blocked = recompute(&q, &k, &v, rep, &blocks)?;
+            assert!(max_abs(&plain, &blocked) <= 1e-5, "P {p} block {block}: blocked full attention");
+            check_grads(&plain, &blocked, &g, [&q, &k, &v], &format!("blocked P {p} block {block}"))?;
+        }
+        Ok(())
+    }
+
+    fn check_grads(reference: &Tensor, ours: &Tensor, g: &Tensor, vars: [&Var; 3], what: &str) -> Result<()> {
+        {
+            let gs = ops::mul(reference, g)?.sum_all()?.backward()?;
+            let gb = ops::mul(ours, g)?.sum_all()?.backward()?;
             // Gradients sum over up to P rows: compare relative to their largest entry.
-            for (name, var) in [("q", &q), ("k", &k), ("v", &v)] {
+            for (name, var) in ["q", "k", "v"].into_iter().zip(vars) {
                 let (a, b) = (gs.get(var).unwrap(), gb.get(var).unwrap());
                 let scale = a.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
                 let err = max_abs(a, b) / scale;
-                assert!(err <= 1e-5, "P {p} W {window} block {block}: d{name} differs by {err:e} (relative)");
+                assert!(err <= 1e-5, "{what}: d{name} differs by {err:e} (relative)");
             }
         }
         Ok(())

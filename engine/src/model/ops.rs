@@ -244,14 +244,19 @@ impl CustomOp1 for Softmax {
     }
 
     fn bwd(&self, _x: &Tensor, y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        // dx = y * (g - sum(g * y))
-        let grad = grad.contiguous()?;
-        if grad.device().is_cpu() && grad.dtype() == DType::F32 {
-            return Ok(Some(y.apply_op2_no_bwd(&grad, &SoftmaxBwd)?));
-        }
-        let dot = (&grad * y)?.sum_keepdim(D::Minus1)?;
-        Ok(Some(y.mul(&grad.broadcast_sub(&dot)?)?))
+        Ok(Some(softmax_backward(y, grad)?))
     }
+}
+
+/// The softmax input gradient from its output `y` and output gradient `g`:
+/// `y * (g - sum(g * y))` over the last dimension (no graph).
+pub fn softmax_backward(y: &Tensor, g: &Tensor) -> Result<Tensor> {
+    let g = g.contiguous()?;
+    if y.device().is_cpu() && y.dtype() == DType::F32 && g.dtype() == DType::F32 {
+        return y.contiguous()?.apply_op2_no_bwd(&g, &SoftmaxBwd);
+    }
+    let dot = (&g * y)?.sum_keepdim(D::Minus1)?;
+    y.mul(&g.broadcast_sub(&dot)?)
 }
 
 struct SoftmaxBwd;
