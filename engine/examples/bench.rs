@@ -14,7 +14,19 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use ostinato_engine::bench::{run_bench_on, Preset};
 
+/// mimalloc v3's `mi_option_purge_delay` (mimalloc.h): -1 = never return freed pages to
+/// the OS. Training allocates and frees the same large activations every step; with the
+/// default 10 ms delay they were re-faulted (and zeroed by the kernel) each time:
+/// 0.80x step time at small-240s (bench/NOTES.md).
+#[cfg(feature = "mimalloc")]
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
 fn main() {
+    #[cfg(feature = "mimalloc")]
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: sets a process-wide allocator option; no allocation is in flight.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+    }
     // candle's elementwise pool spin-waits between ops; on 2 cores shared with other work
     // one elementwise thread measured 1.3-2x faster per step (bench/NOTES.md). GEMMs and
     // the fused ops still use rayon's threads. An explicit setting wins.
