@@ -208,6 +208,19 @@ fn rows<'a>(s: &'a CpuStorage, l: &Layout) -> Result<(&'a [f32], usize)> {
     Ok((&s.as_slice::<f32>()?[start..end], n.max(1)))
 }
 
+/// An output buffer every element of which the caller writes before reading: no
+/// zero-fill pass (a memset of the whole tensor) as `vec![0.0; n]` would make.
+fn output(n: usize) -> Vec<f32> {
+    let mut v = Vec::with_capacity(n);
+    // SAFETY: f32 has no invalid bit patterns and each fused op writes every element
+    // (par_rows visits every row) before the buffer is read.
+    #[allow(clippy::uninit_vec)]
+    unsafe {
+        v.set_len(n)
+    };
+    v
+}
+
 /// Runs `f(row_index, out_row)` over rows, in parallel chunks of about 64K elements.
 fn par_rows(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     use rayon::prelude::*;
@@ -228,7 +241,7 @@ impl CustomOp1 for Softmax {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (x, n) = rows(s, l)?;
-        let mut out = vec![0f32; x.len()];
+        let mut out = output(x.len());
         par_rows(&mut out, n, |r, y| {
             let x = &x[r * n..(r + 1) * n];
             let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -269,7 +282,7 @@ impl CustomOp2 for SoftmaxBwd {
     fn cpu_fwd(&self, ys: &CpuStorage, yl: &Layout, gs: &CpuStorage, gl: &Layout) -> Result<(CpuStorage, Shape)> {
         let (y, n) = rows(ys, yl)?;
         let (g, _) = rows(gs, gl)?;
-        let mut out = vec![0f32; y.len()];
+        let mut out = output(y.len());
         par_rows(&mut out, n, |r, dx| {
             let (y, g) = (&y[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
             let dot: f32 = y.iter().zip(g).map(|(y, g)| y * g).sum();
@@ -333,7 +346,7 @@ impl candle_core::CustomOp3 for Rope {
             return Err(candle_core::Error::Msg(format!("rope: tables of {} for P {p} x D {d}", cos.len())));
         }
         let (scale, sign, h) = (self.scale, if self.inverse { -1f32 } else { 1f32 }, d / 2);
-        let mut out = vec![0f32; x.len()];
+        let mut out = output(x.len());
         par_rows(&mut out, d, |r, y| {
             let pos = (r / heads) % p;
             let x = &x[r * d..(r + 1) * d];
@@ -375,7 +388,7 @@ impl CustomOp2 for RmsNorm {
         if wn != n || w.len() != n {
             return Err(candle_core::Error::Msg(format!("rms_norm: weight of {} for rows of {n}", w.len())));
         }
-        let mut out = vec![0f32; x.len()];
+        let mut out = output(x.len());
         let eps = self.eps;
         par_rows(&mut out, n, |r, y| {
             let x = &x[r * n..(r + 1) * n];
@@ -426,7 +439,7 @@ impl candle_core::CustomOp3 for RmsNormBwd {
         let (x, n) = rows(xs, xl)?;
         let (w, _) = rows(ws, wl)?;
         let (g, _) = rows(gs, gl)?;
-        let mut out = vec![0f32; x.len()];
+        let mut out = output(x.len());
         let eps = self.eps;
         par_rows(&mut out, n, |r, dx| {
             let (x, g) = (&x[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
