@@ -25,16 +25,23 @@ out="$root/bench/results/gpu-$(date +%Y%m%d-%H%M%S).jsonl"
 for p in "${presets[@]}"; do
   for ckpt in off on; do
     echo "== $p, gradient checkpointing $ckpt" >&2
-    "$bin" --device cuda --preset "$p" --gradient-checkpointing "$ckpt" \
-      --warmup "$warmup" --steps "$steps" --json | tee -a "$out"
+    # Peak GPU memory: candle has no device probe yet, so sample nvidia-smi meanwhile.
+    smi="$(mktemp)"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$smi" 2>/dev/null &
+    smi_pid=$!
+    json="$("$bin" --device cuda --preset "$p" --gradient-checkpointing "$ckpt" \
+      --warmup "$warmup" --steps "$steps" --json)"
+    kill "$smi_pid" 2>/dev/null || true
+    peak_mib="$(sort -n "$smi" | tail -1)"; rm -f "$smi"
+    echo "${json%\}},\"gpu_memory_used_peak_mib\":${peak_mib:-null}}" | tee -a "$out"
   done
 done
 python3 - "$out" <<'PY'
 import json, sys
-print(f"{'preset':>16} {'ckpt':>5} {'s/step':>9} {'samples/s':>10}")
+print(f"{'preset':>16} {'ckpt':>5} {'s/step':>9} {'samples/s':>10} {'GPU MiB':>9}")
 for line in open(sys.argv[1]):
     r = json.loads(line)
     print(f"{r['preset']:>16} {('on' if r['gradient_checkpointing'] else 'off'):>5} "
-          f"{r['median_s_per_step']:9.4f} {r['samples_per_sec']:10.3f}")
+          f"{r['median_s_per_step']:9.4f} {r['samples_per_sec']:10.3f} {r.get('gpu_memory_used_peak_mib')!s:>9}")
 PY
-echo "raw: $out (peak_rss_bytes is host RSS; GPU memory is not probed yet)" >&2
+echo "raw: $out (peak_rss_bytes is host RSS; gpu_memory_used_peak_mib is nvidia-smi's whole-GPU figure)" >&2
