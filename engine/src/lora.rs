@@ -347,9 +347,10 @@ impl LoraCtx<'_> {
             let t = if self.tracked { v.as_tensor().clone() } else { v.as_tensor().detach() };
             Ok(t.to_dtype(x.dtype())?)
         };
+        // The scaling multiplies B ([out, r]) rather than the [rows, out] delta.
         let h = ops::linear(&x, &weight(&m.a)?, None)?;
-        let y = ops::linear(&h, &weight(&m.b)?, None)?;
-        Ok(Some((y * config.scaling())?))
+        let y = ops::linear(&h, &(weight(&m.b)? * config.scaling())?, None)?;
+        Ok(Some(y))
     }
 }
 

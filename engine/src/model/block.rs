@@ -3,6 +3,7 @@
 
 use candle_core::{DType, Device, Tensor, D};
 
+use super::attention::{self, SlidingPlan};
 use super::ops;
 use super::weights::DecoderWeights;
 use super::DitConfig;
@@ -54,7 +55,7 @@ impl Linear {
     }
 }
 
-/// Rotate-half RoPE tables over patch positions: `cos`, `sin` of shape `[P, head_dim]`
+/// Rotate-half RoPE tables over patch positions: `cos`, `sin` of shape `[P, 1, head_dim]`
 /// with the frequencies repeated (`cat([f, f])`), as Qwen3 and ACE-Step lay them out.
 pub struct Rope {
     cos: Tensor,
@@ -74,32 +75,15 @@ impl Rope {
         let freqs = pos.broadcast_mul(&inv_freq)?;
         let emb = Tensor::cat(&[&freqs, &freqs], D::Minus1)?; // (P, head_dim)
         Ok(Self {
-            cos: emb.cos()?.to_dtype(dtype)?,
-            sin: emb.sin()?.to_dtype(dtype)?,
+            cos: emb.cos()?.to_dtype(dtype)?.unsqueeze(1)?, // (P, 1, head_dim)
+            sin: emb.sin()?.to_dtype(dtype)?.unsqueeze(1)?,
         })
     }
 
-    /// `x * cos + rotate_half(x) * sin` for `x [B, heads, P, head_dim]`.
-    fn apply(&self, x: &Tensor) -> Result<Tensor> {
-        let d = x.dim(D::Minus1)?;
-        let x1 = x.narrow(D::Minus1, 0, d / 2)?;
-        let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
-        let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-        Ok(ops::add(&ops::mul(x, &self.cos)?, &ops::mul(&rotated, &self.sin)?)?)
+    /// `scale * (x * cos + rotate_half(x) * sin)` for `x [B, P, heads, head_dim]`.
+    fn apply(&self, x: &Tensor, scale: f64) -> Result<Tensor> {
+        Ok(ops::rope(x, &self.cos, &self.sin, scale)?)
     }
-}
-
-/// The additive sliding-window mask `[P, P]`: 0 where `|i - j| <= window`, else the f32
-/// minimum (not -inf, as ACE-Step: a row with no valid key stays finite). `None` when
-/// every pair is inside the band.
-pub fn sliding_mask(positions: usize, window: usize, device: &Device) -> Result<Option<Tensor>> {
-    if positions <= window + 1 {
-        return Ok(None);
-    }
-    let values: Vec<f32> = (0..positions)
-        .flat_map(|i| (0..positions).map(move |j| if i.abs_diff(j) <= window { 0.0 } else { f32::MIN }))
-        .collect();
-    Ok(Some(Tensor::from_vec(values, (positions, positions), device)?))
 }
 
 struct Attention {
@@ -131,50 +115,51 @@ impl Attention {
         })
     }
 
-    /// `x [B, P, H]` attends to `kv_input [B, S, H]` (itself for self-attention).
+    /// `x [B, P, H]` attends to `kv_input [B, S, H]` (itself for self-attention), with
+    /// RoPE and the sliding-window plan for self-attention.
     fn forward(
         &self,
         x: &Tensor,
         kv_input: &Tensor,
         rope: Option<&Rope>,
-        mask: Option<&Tensor>,
+        sliding: Option<&SlidingPlan>,
         lora: Option<&LoraCtx>,
     ) -> Result<Tensor> {
         let (b, p, _) = x.dims3()?;
         let s = kv_input.dim(1)?;
-        let (hd, rep) = (self.head_dim, self.heads / self.kv_heads);
+        let (hd, kv, rep) = (self.head_dim, self.kv_heads, self.heads / self.kv_heads);
 
-        // 1. Project, split heads, RMSNorm q and k over head_dim.
+        // 1. Project, split heads, RMSNorm q and k over head_dim: (B, P, heads, D).
         let q = self.q_proj.forward(x, lora)?.reshape((b, p, self.heads, hd))?;
-        let k = self.k_proj.forward(kv_input, lora)?.reshape((b, s, self.kv_heads, hd))?;
-        let v = self.v_proj.forward(kv_input, lora)?.reshape((b, s, self.kv_heads, hd))?;
-        let q = ops::rms_norm(&q, &self.q_norm, self.eps)?.transpose(1, 2)?; // (B, Hq, P, D)
-        let k = ops::rms_norm(&k, &self.k_norm, self.eps)?.transpose(1, 2)?; // (B, KV, S, D)
-        let v = v.transpose(1, 2)?.contiguous()?; // (B, KV, S, D)
+        let k = self.k_proj.forward(kv_input, lora)?.reshape((b, s, kv, hd))?;
+        let v = self.v_proj.forward(kv_input, lora)?.reshape((b, s, kv, hd))?;
+        let q = ops::rms_norm(&q, &self.q_norm, self.eps)?;
+        let k = ops::rms_norm(&k, &self.k_norm, self.eps)?;
 
-        // 2. RoPE (self-attention only).
+        // 2. RoPE (self-attention only), on the (B, P, heads, D) layout. The 1/sqrt(D)
+        //    score scale goes on q (P * heads * D values, fused with RoPE when there is
+        //    one) rather than on the scores.
+        let scale = (hd as f64).powf(-0.5);
         let (q, k) = match rope {
-            Some(rope) => (rope.apply(&q)?, rope.apply(&k)?),
-            None => (q, k),
+            Some(rope) => (rope.apply(&q, scale)?, rope.apply(&k, 1.0)?),
+            None => ((q * scale)?, k),
         };
 
-        // 3. GQA without repeating K/V: the `rep` query heads sharing a KV head are
-        //    stacked along the row axis, (B, KV, rep * P, D).
-        let q = q.contiguous()?.reshape((b, self.kv_heads, rep * p, hd))?;
-        let k = k.contiguous()?;
-        let scores = (ops::matmul(&q, &k.t()?)? * (hd as f64).powf(-0.5))?; // (B, KV, rep*P, S)
+        // 3. GQA without repeating K/V: query head h = kv * rep + r, rows ordered
+        //    (position, r) per KV head: (B, KV, P * rep, D).
+        let q = q.reshape((b, p, kv, rep * hd))?.transpose(1, 2)?.contiguous()?.reshape((b, kv, p * rep, hd))?;
+        let k = k.transpose(1, 2)?.contiguous()?; // (B, KV, S, D)
+        let v = v.transpose(1, 2)?.contiguous()?; // (B, KV, S, D)
 
-        // 4. Mask and softmax in f32, as the reference does.
-        let mut scores = scores.to_dtype(DType::F32)?;
-        if let Some(mask) = mask {
-            let grouped = scores.reshape((b, self.kv_heads, rep, p, s))?;
-            scores = ops::add(&grouped, mask)?.reshape((b, self.kv_heads, rep * p, s))?;
-        }
-        let probs = ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
+        // 4. softmax(q k^T [+ band]) v, banded on long sliding-window layers.
+        let out = match sliding {
+            Some(plan) => attention::sliding(&q, &k, &v, rep, plan)?,
+            None => attention::full(&q, &k, &v, rep, None)?,
+        }; // (B, KV, P * rep, D)
 
-        // 5. Weighted values, merge heads, output projection.
-        let out = ops::matmul(&probs, &v)? // (B, KV, rep*P, D)
-            .reshape((b, self.heads, p, hd))?
+        // 5. Merge heads, output projection.
+        let out = out
+            .reshape((b, kv, p, rep * hd))?
             .transpose(1, 2)?
             .reshape((b, p, self.heads * hd))?;
         self.o_proj.forward(&out, lora)
@@ -206,8 +191,8 @@ pub struct LayerContext {
     /// `[B, L, H]`: `condition_embedder(encoder_hidden_states)`.
     pub encoder_states: Tensor,
     pub rope: Rope,
-    /// Sliding-window mask for sliding layers (`None` when the band covers everything).
-    pub sliding_mask: Option<Tensor>,
+    /// How sliding-window layers attend (masked square or banded blocks).
+    pub sliding: SlidingPlan,
 }
 
 pub struct DitLayer {
@@ -254,8 +239,8 @@ impl DitLayer {
         // 2. Modulated self-attention, gated residual.
         let h = ops::rms_norm(x, &self.self_attn_norm, self.eps)?;
         let h = ops::add(&ops::mul(&h, &scale)?, &shift)?;
-        let mask = if self.sliding { ctx.sliding_mask.as_ref() } else { None };
-        let attn = self.self_attn.forward(&h, &h, Some(&ctx.rope), mask, lora)?;
+        let plan = if self.sliding { Some(&ctx.sliding) } else { None };
+        let attn = self.self_attn.forward(&h, &h, Some(&ctx.rope), plan, lora)?;
         let x = ops::add(x, &ops::mul(&attn, &gate)?)?;
 
         // 3. Cross-attention to the condition, plain residual.

@@ -4,6 +4,7 @@
 //! tensor takes part, so no graph), then every layer, then `head` (AdaLN output norm,
 //! unpatchify, crop). Gradient checkpointing drives the same three pieces itself.
 
+pub mod attention;
 pub mod block;
 pub mod condition_encoder;
 pub mod config;
@@ -203,14 +204,14 @@ impl DitModel {
         let x = x.reshape((b, patches, cfg.patch_size * cfg.in_channels))?;
         let hidden = self.proj_in.forward(&x, None)?; // (B, P, H)
 
-        // 3. Condition, RoPE tables, sliding mask.
+        // 3. Condition, RoPE tables, sliding-window plan.
         let encoder_states = self
             .condition_embedder
             .forward(&inputs.encoder_hidden_states.to_dtype(self.dtype)?, None)?;
-        let sliding_mask = if (0..cfg.num_hidden_layers).any(|i| cfg.is_sliding(i)) {
-            block::sliding_mask(patches, cfg.sliding_window, &self.device)?
+        let sliding = if (0..cfg.num_hidden_layers).any(|i| cfg.is_sliding(i)) {
+            attention::SlidingPlan::new(patches, cfg.sliding_window, &self.device)?
         } else {
-            None
+            attention::SlidingPlan::Unmasked
         };
         Ok(Prepared {
             hidden,
@@ -219,7 +220,7 @@ impl DitModel {
                 timestep_proj: (proj_t + proj_r)?,
                 encoder_states,
                 rope: Rope::new(cfg, patches, self.dtype, &self.device)?,
-                sliding_mask,
+                sliding,
             },
             frames,
         })

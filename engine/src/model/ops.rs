@@ -13,7 +13,7 @@
 use candle_core::backend::BackendStorage;
 use candle_core::op::{Add, Mul, Sub};
 use candle_core::{
-    CpuStorage, CudaStorage, CustomOp2, Layout, MetalStorage, Result, Shape, Tensor, D,
+    CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, MetalStorage, Result, Shape, Tensor, D,
 };
 
 #[derive(Debug, Clone, Copy)]
@@ -119,11 +119,13 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 /// `a @ b` over matching batch dimensions; gradients only for tracked inputs.
+/// Transposed or row-narrowed operands are read in place (no copy), the same way with
+/// and without a graph, so a recomputed block gives bit-identical results.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if !a.track_op() && !b.track_op() {
         return a.matmul(b);
     }
-    a.contiguous()?.apply_op2(&b.contiguous()?, Pruned(Kind::Matmul))
+    a.apply_op2(b, Pruned(Kind::Matmul))
 }
 
 /// `x @ w^T (+ bias)` for `x [.., in]` and `w [out, in]`: one GEMM over all leading
@@ -148,22 +150,309 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
 }
 
 /// RMSNorm over the last dimension, `x / sqrt(mean(x^2) + eps) * weight`, computed in
-/// f32 as the reference does, built from ops that all record a backward.
+/// f32 as the reference does. On the CPU with f32 a fused op (one pass forward, one
+/// backward, input gradient only: the weight is frozen); elsewhere built from ops that
+/// all record a backward.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    if fused_cpu_f32(x) && weight.dtype() == DType::F32 && !weight.track_op() {
+        return x.contiguous()?.apply_op2(weight, RmsNorm { eps: eps as f32 });
+    }
+    rms_norm_composed(x, weight, eps)
+}
+
+fn rms_norm_composed(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     let dtype = x.dtype();
-    let x = x.to_dtype(candle_core::DType::F32)?;
+    let x = x.to_dtype(DType::F32)?;
     let inv = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
     let normed = x.broadcast_mul(&inv)?.to_dtype(dtype)?;
     mul(&normed, weight)
 }
 
-/// Softmax over the last dimension. The row maximum is a constant shift, so it is
-/// taken without a graph (the result and its gradient do not depend on it).
+/// Softmax over the last dimension. On the CPU with f32 a fused op (forward and
+/// backward one pass per row each); elsewhere composed, with the row maximum taken
+/// without a graph (a constant shift: the result and its gradient do not depend on it).
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    if fused_cpu_f32(x) {
+        return x.contiguous()?.apply_op1(Softmax);
+    }
+    softmax_composed(x)
+}
+
+fn softmax_composed(x: &Tensor) -> Result<Tensor> {
     let max = x.detach().max_keepdim(D::Minus1)?;
     let e = sub(x, &max)?.exp()?;
     let sum = e.sum_keepdim(D::Minus1)?;
     e.broadcast_div(&sum)
+}
+
+fn fused_cpu_f32(x: &Tensor) -> bool {
+    x.device().is_cpu() && x.dtype() == DType::F32 && !bench_switch("OSTINATO_NO_FUSED")
+}
+
+/// A benchmarking switch read once from the environment (for A/B runs of one binary):
+/// true when the variable is set.
+pub fn bench_switch(name: &'static str) -> bool {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<HashMap<&'static str, bool>>> = OnceLock::new();
+    let seen = SEEN.get_or_init(Default::default);
+    *seen.lock().expect("switch table").entry(name).or_insert_with(|| std::env::var_os(name).is_some())
+}
+
+/// Rows of a contiguous f32 tensor: (slice, row length).
+fn rows<'a>(s: &'a CpuStorage, l: &Layout) -> Result<(&'a [f32], usize)> {
+    let (start, end) = l
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg("fused op: input must be contiguous".into()))?;
+    let n = *l.dims().last().unwrap_or(&1);
+    Ok((&s.as_slice::<f32>()?[start..end], n.max(1)))
+}
+
+/// An output buffer every element of which the caller writes before reading: no
+/// zero-fill pass (a memset of the whole tensor) as `vec![0.0; n]` would make.
+fn output(n: usize) -> Vec<f32> {
+    let mut v = Vec::with_capacity(n);
+    // SAFETY: f32 has no invalid bit patterns and each fused op writes every element
+    // (par_rows visits every row) before the buffer is read.
+    #[allow(clippy::uninit_vec)]
+    unsafe {
+        v.set_len(n)
+    };
+    v
+}
+
+/// Runs `f(row_index, out_row)` over rows, in parallel chunks of about 64K elements.
+fn par_rows(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    use rayon::prelude::*;
+    let rows_per_chunk = (65536 / n).max(1);
+    out.par_chunks_mut(rows_per_chunk * n).enumerate().for_each(|(c, chunk)| {
+        for (i, row) in chunk.chunks_mut(n).enumerate() {
+            f(c * rows_per_chunk + i, row);
+        }
+    });
+}
+
+struct Softmax;
+
+impl CustomOp1 for Softmax {
+    fn name(&self) -> &'static str {
+        "fused-softmax"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (x, n) = rows(s, l)?;
+        let mut out = output(x.len());
+        par_rows(&mut out, n, |r, y| {
+            let x = &x[r * n..(r + 1) * n];
+            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for (y, &x) in y.iter_mut().zip(x) {
+                *y = (x - max).exp();
+                sum += *y;
+            }
+            let inv = 1.0 / sum;
+            y.iter_mut().for_each(|y| *y *= inv);
+        });
+        Ok((CpuStorage::F32(out), l.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(softmax_backward(y, grad)?))
+    }
+}
+
+/// The softmax input gradient from its output `y` and output gradient `g`:
+/// `y * (g - sum(g * y))` over the last dimension (no graph).
+pub fn softmax_backward(y: &Tensor, g: &Tensor) -> Result<Tensor> {
+    let g = g.contiguous()?;
+    if y.device().is_cpu() && y.dtype() == DType::F32 && g.dtype() == DType::F32 {
+        return y.contiguous()?.apply_op2_no_bwd(&g, &SoftmaxBwd);
+    }
+    let dot = (&g * y)?.sum_keepdim(D::Minus1)?;
+    y.mul(&g.broadcast_sub(&dot)?)
+}
+
+struct SoftmaxBwd;
+
+impl CustomOp2 for SoftmaxBwd {
+    fn name(&self) -> &'static str {
+        "fused-softmax-bwd"
+    }
+
+    fn cpu_fwd(&self, ys: &CpuStorage, yl: &Layout, gs: &CpuStorage, gl: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (y, n) = rows(ys, yl)?;
+        let (g, _) = rows(gs, gl)?;
+        let mut out = output(y.len());
+        par_rows(&mut out, n, |r, dx| {
+            let (y, g) = (&y[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
+            let dot: f32 = y.iter().zip(g).map(|(y, g)| y * g).sum();
+            for ((dx, &y), &g) in dx.iter_mut().zip(y).zip(g) {
+                *dx = y * (g - dot);
+            }
+        });
+        Ok((CpuStorage::F32(out), yl.shape().clone()))
+    }
+}
+
+/// Rotate-half RoPE, `scale * (x * cos + rotate_half(x) * sin)`, for `x [.., P, H, D]`
+/// with tables `[P, 1, D]` laid out `cat([f, f])`. On the CPU with f32 one fused pass
+/// each way (the backward is the same rotation with -sin); elsewhere composed.
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, scale: f64) -> Result<Tensor> {
+    if fused_cpu_f32(x) && cos.dtype() == DType::F32 {
+        let (cos, sin) = (cos.contiguous()?, sin.contiguous()?);
+        return x.contiguous()?.apply_op3(&cos, &sin, Rope { scale: scale as f32, inverse: false });
+    }
+    let d = x.dim(D::Minus1)?;
+    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
+    let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
+    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+    let y = add(&mul(x, cos)?, &mul(&rotated, sin)?)?;
+    if scale == 1.0 {
+        Ok(y)
+    } else {
+        y * scale
+    }
+}
+
+struct Rope {
+    scale: f32,
+    /// Rotate by -angle: the backward of the forward rotation.
+    inverse: bool,
+}
+
+impl candle_core::CustomOp3 for Rope {
+    fn name(&self) -> &'static str {
+        "fused-rope"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        cs: &CpuStorage,
+        cl: &Layout,
+        ss: &CpuStorage,
+        sl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, d) = rows(xs, xl)?;
+        let (cos, _) = rows(cs, cl)?;
+        let (sin, _) = rows(ss, sl)?;
+        let dims = xl.dims();
+        if dims.len() < 3 {
+            return Err(candle_core::Error::Msg("rope: x must be [.., P, H, D]".into()));
+        }
+        let (p, heads) = (dims[dims.len() - 3], dims[dims.len() - 2]);
+        if cos.len() != p * d || sin.len() != p * d {
+            return Err(candle_core::Error::Msg(format!("rope: tables of {} for P {p} x D {d}", cos.len())));
+        }
+        let (scale, sign, h) = (self.scale, if self.inverse { -1f32 } else { 1f32 }, d / 2);
+        let mut out = output(x.len());
+        par_rows(&mut out, d, |r, y| {
+            let pos = (r / heads) % p;
+            let x = &x[r * d..(r + 1) * d];
+            let (c, s) = (&cos[pos * d..(pos + 1) * d], &sin[pos * d..(pos + 1) * d]);
+            for i in 0..h {
+                y[i] = scale * (x[i] * c[i] - x[i + h] * s[i] * sign);
+                y[i + h] = scale * (x[i + h] * c[i + h] + x[i] * s[i + h] * sign);
+            }
+        });
+        Ok((CpuStorage::F32(out), xl.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let inverse = Rope { scale: self.scale, inverse: !self.inverse };
+        let dx = grad.contiguous()?.apply_op3_no_bwd(cos, sin, &inverse)?;
+        Ok((Some(dx), None, None))
+    }
+}
+
+struct RmsNorm {
+    eps: f32,
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "fused-rms-norm"
+    }
+
+    fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout, ws: &CpuStorage, wl: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (x, n) = rows(xs, xl)?;
+        let (w, wn) = rows(ws, wl)?;
+        if wn != n || w.len() != n {
+            return Err(candle_core::Error::Msg(format!("rms_norm: weight of {} for rows of {n}", w.len())));
+        }
+        let mut out = output(x.len());
+        let eps = self.eps;
+        par_rows(&mut out, n, |r, y| {
+            let x = &x[r * n..(r + 1) * n];
+            let ss: f32 = x.iter().map(|v| v * v).sum();
+            let inv = 1.0 / (ss / n as f32 + eps).sqrt();
+            for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
+                *y = x * inv * w;
+            }
+        });
+        Ok((CpuStorage::F32(out), xl.shape().clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let grad = grad.contiguous()?;
+        let dx = if grad.device().is_cpu() && grad.dtype() == DType::F32 {
+            x.apply_op3_no_bwd(w, &grad, &RmsNormBwd { eps: self.eps })?
+        } else {
+            // The composed form's input gradient, without a graph.
+            let xv = candle_core::Var::from_tensor(&x.detach())?;
+            let y = rms_norm_composed(xv.as_tensor(), &w.detach(), self.eps as f64)?;
+            let store = (y * &grad)?.sum_all()?.backward()?;
+            store.get(&xv).expect("input on the graph").detach()
+        };
+        Ok((Some(dx), None))
+    }
+}
+
+struct RmsNormBwd {
+    eps: f32,
+}
+
+impl candle_core::CustomOp3 for RmsNormBwd {
+    fn name(&self) -> &'static str {
+        "fused-rms-norm-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        // y = x * inv * w, inv = (mean(x^2) + eps)^-1/2:
+        // dx = inv * (g w) - x * inv^3 * mean(g w x)
+        let (x, n) = rows(xs, xl)?;
+        let (w, _) = rows(ws, wl)?;
+        let (g, _) = rows(gs, gl)?;
+        let mut out = output(x.len());
+        let eps = self.eps;
+        par_rows(&mut out, n, |r, dx| {
+            let (x, g) = (&x[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
+            let ss: f32 = x.iter().map(|v| v * v).sum();
+            let inv = 1.0 / (ss / n as f32 + eps).sqrt();
+            let gwx: f32 = x.iter().zip(g).zip(w).map(|((x, g), w)| g * w * x).sum();
+            let c = inv * inv * inv * gwx / n as f32;
+            for (((dx, &x), &g), &w) in dx.iter_mut().zip(x).zip(g).zip(w) {
+                *dx = inv * g * w - x * c;
+            }
+        });
+        Ok((CpuStorage::F32(out), xl.shape().clone()))
+    }
 }
 
 #[cfg(test)]
@@ -194,6 +483,49 @@ mod tests {
         // Only the variable has a gradient left: nothing was computed for w or c.
         let ids: Vec<_> = g_ours.get_ids().collect();
         assert_eq!(ids, vec![&x.id()]);
+        Ok(())
+    }
+
+    /// The fused CPU softmax and RMSNorm give the composed forms' values and input
+    /// gradients.
+    #[test]
+    fn fused_ops_match_composed_forms() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Var::randn(0f32, 3., (3, 5, 37), &dev)?;
+        let g = Tensor::randn(0f32, 1., (3, 5, 37), &dev)?;
+        let w = Tensor::randn(1f32, 0.2, 37, &dev)?;
+        for (name, fused, composed) in [
+            ("softmax", softmax_last_dim(x.as_tensor())?, softmax_composed(x.as_tensor())?),
+            ("rms_norm", rms_norm(x.as_tensor(), &w, 1e-6)?, rms_norm_composed(x.as_tensor(), &w, 1e-6)?),
+        ] {
+            assert!(close(&fused, &composed) < 1e-6, "{name} forward");
+            let gf = mul(&fused, &g)?.sum_all()?.backward()?;
+            let gc = mul(&composed, &g)?.sum_all()?.backward()?;
+            let err = close(gf.get(&x).unwrap(), gc.get(&x).unwrap());
+            assert!(err < 1e-5, "{name} gradient differs by {err:e}");
+            assert_eq!(gf.get_ids().count(), 1, "{name}: only the input gets a gradient");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn fused_rope_matches_composed() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Var::randn(0f32, 1., (2, 7, 3, 8), &dev)?;
+        let g = Tensor::randn(0f32, 1., (2, 7, 3, 8), &dev)?;
+        let f = Tensor::randn(0f32, 1., (7, 1, 4), &dev)?;
+        let f = Tensor::cat(&[&f, &f], D::Minus1)?;
+        let (cos, sin) = (f.cos()?, f.sin()?);
+        let fused = rope(x.as_tensor(), &cos, &sin, 0.5)?;
+        let composed = {
+            let (x1, x2) = (x.as_tensor().narrow(3, 0, 4)?, x.as_tensor().narrow(3, 4, 4)?);
+            let rot = Tensor::cat(&[&x2.neg()?, &x1], 3)?;
+            ((x.as_tensor().broadcast_mul(&cos)? + rot.broadcast_mul(&sin)?)? * 0.5)?
+        };
+        assert!(close(&fused, &composed) < 1e-6);
+        let gf = mul(&fused, &g)?.sum_all()?.backward()?;
+        let gc = mul(&composed, &g)?.sum_all()?.backward()?;
+        assert!(close(gf.get(&x).unwrap(), gc.get(&x).unwrap()) < 1e-6);
         Ok(())
     }
 

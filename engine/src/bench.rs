@@ -1,0 +1,367 @@
+//! `ostinato bench`: full training steps on fixed shapes with random weights, timed
+//! and measured for memory.
+//!
+//! One call of [`run_bench`] measures ONE configuration: the peak RSS it reports is the
+//! process's (getrusage is process-wide and never goes down), so a second configuration
+//! in the same process would inherit the first one's peak. Run each configuration in its
+//! own process (`bench/interleave.sh` alternates invocations A B A B).
+//!
+//! A step is what a training step does: noise a batch (flow matching), forward +
+//! backward (`grads::compute`, plain or checkpointed), clip the global norm to 1,
+//! AdamW update.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::lora::{LoraAdapter, LoraConfig, LoraMode};
+use crate::metrics;
+use crate::model::{DecoderWeights, DitConfig, DitModel, LayerType};
+use crate::train::flow::{Batch, FlowBatch};
+use crate::train::grads;
+use crate::train::optim::{clip_grad_norm, AdamW, AdamWConfig};
+use crate::{Error, Result};
+
+/// The shapes a bench runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Preset {
+    /// hidden 512, MLP 1536, 8 layers, 8/4 heads of 64, T = 750 (30 s), encoder 128.
+    Small30s,
+    /// `small-30s` at T = 6000 (a 4-minute song).
+    Small240s,
+    /// One ACE-Step-size layer (hidden 2048, MLP 6144, 16/8 heads of 128), T = 750,
+    /// encoder 256. Layer 0 is a sliding-window layer, as in the real model.
+    FullLayer,
+    /// Two ACE-Step-size layers (one sliding, one full) at T = 6000: the per-layer
+    /// figures the 24-layer memory estimate is derived from.
+    FullPair240s,
+}
+
+impl Preset {
+    pub const ALL: [Preset; 4] = [Preset::Small30s, Preset::Small240s, Preset::FullLayer, Preset::FullPair240s];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Small30s => "small-30s",
+            Preset::Small240s => "small-240s",
+            Preset::FullLayer => "full-layer",
+            Preset::FullPair240s => "full-pair-240s",
+        }
+    }
+
+    pub fn spec(self) -> BenchSpec {
+        let small = |frames| BenchSpec {
+            config: dit_config(512, 1536, 8, 8, 4, 64),
+            frames,
+            encoder_len: 128,
+            batch: 1,
+            lora: bench_lora(),
+        };
+        match self {
+            Preset::Small30s => small(750),
+            Preset::Small240s => small(6000),
+            Preset::FullLayer => BenchSpec {
+                config: dit_config(2048, 6144, 1, 16, 8, 128),
+                frames: 750,
+                encoder_len: 256,
+                batch: 1,
+                lora: bench_lora(),
+            },
+            Preset::FullPair240s => BenchSpec {
+                config: dit_config(2048, 6144, 2, 16, 8, 128),
+                frames: 6000,
+                encoder_len: 256,
+                batch: 1,
+                lora: bench_lora(),
+            },
+        }
+    }
+}
+
+impl std::str::FromStr for Preset {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Preset::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Preset::ALL.iter().map(|p| p.name()).collect();
+                format!("unknown preset `{s}` (expected one of {})", names.join(", "))
+            })
+    }
+}
+
+impl std::fmt::Display for Preset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// LoRA r 16, alpha 32 on q/k/v/o (self- and cross-attention), no dropout (the
+/// PyTorch reference runs the same).
+fn bench_lora() -> LoraConfig {
+    LoraConfig {
+        r: 16,
+        alpha: 32.0,
+        dropout: 0.0,
+        ..Default::default()
+    }
+}
+
+/// An ACE-Step 1.5 DiT config of the given size: patch 2, 192 input / 64 latent
+/// channels, sliding window 128 on even layers, as the real model.
+fn dit_config(hidden: usize, intermediate: usize, layers: usize, heads: usize, kv_heads: usize, head_dim: usize) -> DitConfig {
+    DitConfig {
+        hidden_size: hidden,
+        intermediate_size: intermediate,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: kv_heads,
+        head_dim,
+        in_channels: 192,
+        audio_acoustic_hidden_dim: 64,
+        encoder_hidden_size: hidden,
+        patch_size: 2,
+        sliding_window: 128,
+        use_sliding_window: true,
+        layer_types: (0..layers)
+            .map(|i| if i % 2 == 0 { LayerType::SlidingAttention } else { LayerType::FullAttention })
+            .collect(),
+        rope_theta: 1_000_000.0,
+        rms_norm_eps: 1e-6,
+    }
+}
+
+/// The shapes of one bench configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchSpec {
+    pub config: DitConfig,
+    /// Latent frames T (25 per second).
+    pub frames: usize,
+    /// Encoder sequence length L.
+    pub encoder_len: usize,
+    pub batch: usize,
+    pub lora: LoraConfig,
+}
+
+/// What [`run_bench`] measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchReport {
+    pub preset: String,
+    pub gradient_checkpointing: bool,
+    pub device: String,
+    pub dtype: String,
+    pub frames: usize,
+    pub patches: usize,
+    pub layers: usize,
+    pub batch: usize,
+    pub warmup: usize,
+    pub steps: usize,
+    /// Seconds of each timed step (after warm-up), in order.
+    pub step_times_s: Vec<f64>,
+    pub median_s_per_step: f64,
+    pub samples_per_sec: f64,
+    /// The process's peak resident set size (getrusage).
+    pub peak_rss_bytes: u64,
+    /// Resident set size once the model, adapter, optimizer and batch exist, before
+    /// the first step.
+    pub model_rss_bytes: u64,
+    /// `peak_rss_bytes - model_rss_bytes`: what the steps added at their peak.
+    pub activation_bytes: u64,
+    pub base_parameters: usize,
+    pub lora_parameters: usize,
+    pub first_loss: f32,
+    pub last_loss: f32,
+}
+
+/// Builds the preset's model (seeded random weights), adapter, optimizer and batch on
+/// `device`, runs `warmup` untimed then `steps` timed training steps.
+pub fn run_bench(preset: Preset, checkpointing: bool, warmup: usize, steps: usize) -> Result<BenchReport> {
+    run_bench_on(preset, checkpointing, warmup, steps, &Device::Cpu, DType::F32)
+}
+
+/// [`run_bench`] on any device and compute dtype (CUDA: bf16 as the precision policy).
+pub fn run_bench_on(
+    preset: Preset,
+    checkpointing: bool,
+    warmup: usize,
+    steps: usize,
+    device: &Device,
+    dtype: DType,
+) -> Result<BenchReport> {
+    if steps == 0 {
+        return Err(Error::BadConfig("bench: at least one timed step is needed".into()));
+    }
+    let spec = preset.spec();
+    let cfg = &spec.config;
+
+    // 1. Model, adapter, optimizer, one batch: the resident baseline.
+    let weights = DecoderWeights::random(cfg, 0xBE_0C4, 0.02, dtype, device)?;
+    let model = DitModel::new(cfg, &weights)?;
+    drop(weights);
+    let base_parameters = model_parameters(cfg);
+    // B = 0 would train nothing; PEFT's init (B = 0) is fine, gradients reach A next step.
+    let adapter = LoraAdapter::new(spec.lora.clone(), &model, 7)?;
+    let lora_parameters = adapter.num_parameters();
+    let mut optimizer = AdamW::new(adapter.vars(), AdamWConfig::default())?;
+    let batch = random_batch(&spec, device)?;
+    let baseline = metrics::process_rss_bytes().unwrap_or(0);
+
+    // 2. Steps: noise -> forward/backward -> clip -> AdamW.
+    const TURBO_T: [f32; 8] = [1.0, 0.954_545_5, 0.9, 0.833_333_3, 0.75, 0.642_857_1, 0.5, 0.3];
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let mut times = Vec::with_capacity(steps);
+    let (mut first_loss, mut last_loss) = (f32::NAN, f32::NAN);
+    for i in 0..warmup + steps {
+        let t: Vec<f32> = (0..spec.batch).map(|b| TURBO_T[(i + b) % TURBO_T.len()]).collect();
+        let start = Instant::now();
+        let flow = FlowBatch::new(&batch, &t, &mut rng)?;
+        let mode = LoraMode::Train { dropout_seed: i as u64 };
+        let mut g = grads::compute(&model, &adapter, &flow, mode, checkpointing, 1.0)?;
+        clip_grad_norm(&mut g.grads, 1.0)?;
+        optimizer.step(&g.grads, 1e-4)?;
+        device.synchronize()?;
+        let elapsed = start.elapsed().as_secs_f64();
+        if i == 0 {
+            first_loss = g.loss;
+        }
+        last_loss = g.loss;
+        if i >= warmup {
+            times.push(elapsed);
+        }
+    }
+
+    let median = median(&times);
+    let peak = metrics::peak_rss_bytes().unwrap_or(0);
+    Ok(BenchReport {
+        preset: preset.name().to_string(),
+        gradient_checkpointing: checkpointing,
+        device: device_name(device).to_string(),
+        dtype: format!("{dtype:?}").to_lowercase(),
+        frames: spec.frames,
+        patches: spec.frames.div_ceil(cfg.patch_size),
+        layers: cfg.num_hidden_layers,
+        batch: spec.batch,
+        warmup,
+        steps,
+        step_times_s: times,
+        median_s_per_step: median,
+        samples_per_sec: spec.batch as f64 / median,
+        peak_rss_bytes: peak,
+        model_rss_bytes: baseline,
+        activation_bytes: peak.saturating_sub(baseline),
+        base_parameters,
+        lora_parameters,
+        first_loss,
+        last_loss,
+    })
+}
+
+fn device_name(device: &Device) -> &'static str {
+    match device {
+        Device::Cpu => "cpu",
+        Device::Cuda(_) => "cuda",
+        Device::Metal(_) => "metal",
+    }
+}
+
+/// Parameters of the DiT with this config (the shapes the weights are built from).
+fn model_parameters(cfg: &DitConfig) -> usize {
+    crate::model::weights::expected_shapes(cfg)
+        .into_iter()
+        .map(|(_, shape)| shape.iter().product::<usize>())
+        .sum()
+}
+
+fn random_batch(spec: &BenchSpec, device: &Device) -> Result<Batch> {
+    let (b, t, l) = (spec.batch, spec.frames, spec.encoder_len);
+    let cfg = &spec.config;
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let mut randn = |shape: (usize, usize, usize)| -> Result<Tensor> {
+        use rand_distr::{Distribution, StandardNormal};
+        let n = shape.0 * shape.1 * shape.2;
+        let v: Vec<f32> = (0..n).map(|_| StandardNormal.sample(&mut rng)).collect();
+        Ok(Tensor::from_vec(v, shape, device)?)
+    };
+    Ok(Batch {
+        target_latents: randn((b, t, cfg.audio_acoustic_hidden_dim))?,
+        frame_mask: Tensor::ones((b, t), DType::F32, device)?,
+        encoder_hidden_states: randn((b, l, cfg.encoder_hidden_size))?,
+        context_latents: randn((b, t, cfg.context_channels()))?,
+    })
+}
+
+/// The median of `xs` (mean of the middle two for an even count); NaN when empty.
+pub fn median(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+impl BenchReport {
+    /// A small human-readable table.
+    pub fn table(&self) -> String {
+        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        format!(
+            "preset                  {}\n\
+             gradient checkpointing  {}\n\
+             device / dtype          {} / {}\n\
+             shape                   {} layers, T = {} frames ({} patches), batch {}\n\
+             parameters              {} base, {} LoRA\n\
+             median s/step           {:.4} (over {} steps after {} warm-up)\n\
+             samples/s               {:.3}\n\
+             peak RSS                {:.1} MiB\n\
+             model RSS               {:.1} MiB\n\
+             activation memory       {:.1} MiB\n\
+             loss first / last       {:.5} / {:.5}\n",
+            self.preset,
+            if self.gradient_checkpointing { "on" } else { "off" },
+            self.device,
+            self.dtype,
+            self.layers,
+            self.frames,
+            self.patches,
+            self.batch,
+            self.base_parameters,
+            self.lora_parameters,
+            self.median_s_per_step,
+            self.steps,
+            self.warmup,
+            self.samples_per_sec,
+            mib(self.peak_rss_bytes),
+            mib(self.model_rss_bytes),
+            mib(self.activation_bytes),
+            self.first_loss,
+            self.last_loss,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_parse_and_median() {
+        for p in Preset::ALL {
+            assert_eq!(p.name().parse::<Preset>().unwrap(), p);
+        }
+        assert!("huge".parse::<Preset>().is_err());
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        let s = Preset::Small240s.spec();
+        assert_eq!((s.frames, s.config.num_hidden_layers, s.config.sliding_window), (6000, 8, 128));
+    }
+}

@@ -1,0 +1,394 @@
+//! Scaled dot-product attention for the training path, with GQA rows grouped per KV
+//! head and a banded form for sliding-window layers.
+//!
+//! Layout: queries are `(B, KV, P * rep, D)` with rows ordered (position, query head
+//! within the group): the `rep` query heads that share a KV head sit next to each
+//! other, so a block of query positions is one contiguous row range (no copy to cut it
+//! out), and K/V are never repeated. Keys and values are `(B, KV, S, D)`.
+//!
+//! A sliding-window layer lets position i see keys j with |i - j| <= window. The masked
+//! full square computes P x P scores and throws most away at long P; [`banded`] cuts
+//! the queries into blocks and scores each block only against the keys its rows can
+//! see, `[start - window, end + window)`, masking the corners of that rectangle. A key
+//! outside the band gets `f32::MIN` in the full square, so its probability is exactly 0:
+//! both forms give the same softmax up to summation order. Everything is built from
+//! differentiable ops, so gradients flow to q, k, v (and the LoRA tensors behind them).
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CudaStorage, DType, Device, Layout, MetalStorage, Shape, Storage, Tensor};
+
+use super::ops;
+use crate::Result;
+
+/// Query positions per block of [`banded`]. With window W, a block of `b` queries reads
+/// `b + 2W` keys: b = W/2 wastes 1/5 of the rectangle at W = 128 while keeping the
+/// number of small matmuls low.
+pub fn block_size(window: usize) -> usize {
+    (window / 2).max(16)
+}
+
+/// Whether the banded form pays off at `positions`: it scores about
+/// `P * (block + 2W)` pairs instead of `P * P`.
+pub fn use_banded(positions: usize, window: usize) -> bool {
+    positions > 4 * window
+}
+
+/// The additive mask for query rows `[q_start, q_start + q_len)` against keys
+/// `[k_start, k_start + k_len)`: 0 where `|i - j| <= window`, else the f32 minimum (not
+/// -inf, as ACE-Step: a row with no valid key stays finite). `(q_len, 1, k_len)`, to
+/// broadcast over the `rep` query heads of a row. `None` when every pair is in the band.
+pub fn band_mask(
+    q_start: usize,
+    q_len: usize,
+    k_start: usize,
+    k_len: usize,
+    window: usize,
+    device: &Device,
+) -> Result<Option<Tensor>> {
+    let inside = |i: usize, j: usize| (q_start + i).abs_diff(k_start + j) <= window;
+    let corners = [(0, k_len - 1), (q_len - 1, 0)];
+    if corners.iter().all(|&(i, j)| inside(i, j)) {
+        return Ok(None);
+    }
+    let values: Vec<f32> = (0..q_len)
+        .flat_map(|i| (0..k_len).map(move |j| if inside(i, j) { 0.0 } else { f32::MIN }))
+        .collect();
+    Ok(Some(Tensor::from_vec(values, (q_len, 1, k_len), device)?))
+}
+
+/// One query block of the banded form: which keys it reads and their mask.
+#[derive(Clone)]
+pub struct BandBlock {
+    pub q_start: usize,
+    pub q_len: usize,
+    pub k_start: usize,
+    pub k_len: usize,
+    /// `(q_len, 1, k_len)` additive mask, `None` when the whole rectangle is in the band.
+    pub mask: Option<Tensor>,
+}
+
+/// The sliding-window attention plan for `positions` query and key positions: the
+/// whole-square mask at short lengths, blocks at long ones. Built once per forward.
+#[derive(Clone)]
+pub enum SlidingPlan {
+    /// Every pair is inside the band: plain attention.
+    Unmasked,
+    /// `(P, 1, P)` additive mask over the full square.
+    Masked(Tensor),
+    Banded(Vec<BandBlock>),
+}
+
+impl SlidingPlan {
+    pub fn new(positions: usize, window: usize, device: &Device) -> Result<Self> {
+        if positions <= window + 1 {
+            return Ok(Self::Unmasked);
+        }
+        if !use_banded(positions, window) || ops::bench_switch("OSTINATO_SQUARE_ATTENTION") {
+            let mask = band_mask(0, positions, 0, positions, window, device)?;
+            return Ok(mask.map_or(Self::Unmasked, Self::Masked));
+        }
+        Self::banded(positions, window, block_size(window), device)
+    }
+
+    /// The banded plan with an explicit block size (tests compare it to the square).
+    pub fn banded(positions: usize, window: usize, block: usize, device: &Device) -> Result<Self> {
+        let mut blocks = Vec::new();
+        // Interior blocks have the same geometry, hence the same mask: share it.
+        let mut shared: Vec<((usize, usize, usize), Option<Tensor>)> = Vec::new();
+        for q_start in (0..positions).step_by(block) {
+            let q_len = block.min(positions - q_start);
+            let k_start = q_start.saturating_sub(window);
+            let k_len = (q_start + q_len + window).min(positions) - k_start;
+            let key = (q_start - k_start, q_len, k_len);
+            let mask = match shared.iter().find(|(k, _)| *k == key) {
+                Some((_, m)) => m.clone(),
+                None => {
+                    let m = band_mask(q_start, q_len, k_start, k_len, window, device)?;
+                    shared.push((key, m.clone()));
+                    m
+                }
+            };
+            blocks.push(BandBlock { q_start, q_len, k_start, k_len, mask });
+        }
+        Ok(Self::Banded(blocks))
+    }
+}
+
+/// softmax(q k^T + mask) v for one row range. `q (B, KV, n * rep, D)` already scaled by
+/// 1/sqrt(D), `k, v (B, KV, s, D)`, `mask (n, 1, s)`; returns `(B, KV, n * rep, D)`.
+fn attend(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor>) -> Result<Tensor> {
+    let (b, kv, rows, _) = q.dims4()?;
+    let s = k.dim(2)?;
+    // Mask and softmax in f32 whatever the compute dtype, as the reference does.
+    let scores = ops::matmul(q, &k.t()?)?.to_dtype(DType::F32)?; // (B, KV, n * rep, s)
+    let scores = match mask {
+        Some(mask) => {
+            let grouped = scores.reshape((b, kv, rows / rep, rep, s))?;
+            ops::add(&grouped, mask)?.reshape((b, kv, rows, s))?
+        }
+        None => scores,
+    };
+    let probs = ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
+    Ok(ops::matmul(&probs, v)?)
+}
+
+/// Attention over all keys with an optional `(P, 1, S)` additive mask. Past
+/// [`RECOMPUTE_ELEMENTS`] scores (and without a mask) it runs in query blocks through
+/// [`Recompute`], which keeps no scores for the backward.
+pub fn full(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor>) -> Result<Tensor> {
+    let (b, kv, rows, _) = q.dims4()?;
+    let s = k.dim(2)?;
+    if mask.is_none() && b * kv * rows * s > RECOMPUTE_ELEMENTS && !ops::bench_switch("OSTINATO_KEEP_SCORES") {
+        let p = rows / rep;
+        let block = (RECOMPUTE_BLOCK_ELEMENTS / (b * kv * rep * s)).clamp(16, p);
+        let blocks = (0..p)
+            .step_by(block)
+            .map(|q_start| BandBlock { q_start, q_len: block.min(p - q_start), k_start: 0, k_len: s, mask: None })
+            .collect::<Vec<_>>();
+        return recompute(q, k, v, rep, &blocks);
+    }
+    attend(q, k, v, rep, mask)
+}
+
+/// Score count above which attention no longer keeps its scores for the backward.
+pub const RECOMPUTE_ELEMENTS: usize = 1 << 23;
+/// About how many scores one query block of the recompute path holds at a time.
+const RECOMPUTE_BLOCK_ELEMENTS: usize = 1 << 23;
+
+/// Blockwise attention whose backward recomputes each block's probabilities instead of
+/// keeping them: memory O(block) rather than O(P * S) per layer, for one more
+/// `q k^T` + softmax per block in the backward. The forward runs without a graph; the
+/// op only attaches the backward to q, k and v.
+fn recompute(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<Tensor> {
+    let out = blocked_forward(&q.detach(), &k.detach(), &v.detach(), rep, blocks)?;
+    if !(q.track_op() || k.track_op() || v.track_op()) {
+        return Ok(out);
+    }
+    Ok(q.apply_op3(k, v, Recompute { out, rep, blocks: blocks.to_vec() })?)
+}
+
+fn blocked_forward(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<Tensor> {
+    let outs = blocks
+        .iter()
+        .map(|blk| {
+            let q = q.narrow(2, blk.q_start * rep, blk.q_len * rep)?;
+            let k = k.narrow(2, blk.k_start, blk.k_len)?;
+            let v = v.narrow(2, blk.k_start, blk.k_len)?;
+            attend(&q, &k, &v, rep, blk.mask.as_ref())
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&outs, 2)?)
+}
+
+/// The banded blocks as plain differentiable ops (the graph keeps every block's
+/// scores); the reference the recompute path is tested against.
+fn blocked_forward_tracked(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<Tensor> {
+    blocked_forward(q, k, v, rep, blocks)
+}
+
+struct Recompute {
+    /// The forward's result, computed without a graph.
+    out: Tensor,
+    rep: usize,
+    blocks: Vec<BandBlock>,
+}
+
+impl candle_core::CustomOp3 for Recompute {
+    fn name(&self) -> &'static str {
+        "recompute-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (storage, layout) = self.out.storage_and_layout();
+        match &*storage {
+            Storage::Cpu(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
+            _ => candle_core::bail!("recompute-attention: result not on the CPU"),
+        }
+    }
+
+    fn cuda_fwd(
+        &self,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        let (storage, layout) = self.out.storage_and_layout();
+        match &*storage {
+            Storage::Cuda(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
+            _ => candle_core::bail!("recompute-attention: result not on the CUDA device"),
+        }
+    }
+
+    fn metal_fwd(
+        &self,
+        _: &MetalStorage,
+        _: &Layout,
+        _: &MetalStorage,
+        _: &Layout,
+        _: &MetalStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(MetalStorage, Shape)> {
+        let (storage, layout) = self.out.storage_and_layout();
+        match &*storage {
+            Storage::Metal(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
+            _ => candle_core::bail!("recompute-attention: result not on the Metal device"),
+        }
+    }
+
+    /// Per block: p = softmax(q k^T + mask) recomputed; dv += p^T g; dp = g v^T;
+    /// ds = p (dp - rowsum(dp p)); dq = ds k; dk += ds^T q.
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _out: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (b, kv, rows, s) = (q.dim(0)?, q.dim(1)?, q.dim(2)?, k.dim(2)?);
+        let rep = self.rep;
+        let (q, k, v, grad) = (q.detach(), k.detach(), v.detach(), grad.contiguous()?);
+        let mut dk = k.zeros_like()?;
+        let mut dv = v.zeros_like()?;
+        let mut dq = Vec::with_capacity(self.blocks.len());
+        for blk in &self.blocks {
+            let (r0, rn) = (blk.q_start * rep, blk.q_len * rep);
+            let qb = q.narrow(2, r0, rn)?;
+            let gb = grad.narrow(2, r0, rn)?;
+            let kb = k.narrow(2, blk.k_start, blk.k_len)?;
+            let vb = v.narrow(2, blk.k_start, blk.k_len)?;
+            let scores = qb.matmul(&kb.t()?)?.to_dtype(DType::F32)?;
+            let scores = match &blk.mask {
+                Some(mask) => scores
+                    .reshape((b, kv, blk.q_len, rep, blk.k_len))?
+                    .broadcast_add(mask)?
+                    .reshape((b, kv, rn, blk.k_len))?,
+                None => scores,
+            };
+            let probs = ops::softmax_last_dim(&scores)?;
+            let gbf = gb.to_dtype(DType::F32)?;
+            let dp = gbf.matmul(&vb.t()?.to_dtype(DType::F32)?)?;
+            let ds = ops::softmax_backward(&probs, &dp)?.to_dtype(q.dtype())?;
+            let probs = probs.to_dtype(v.dtype())?;
+            let dvb = probs.t()?.matmul(&gb)?;
+            let dkb = ds.t()?.matmul(&qb)?;
+            dq.push(ds.matmul(&kb)?);
+            let range = |t: &Tensor, add: &Tensor| -> candle_core::Result<Tensor> {
+                if blk.k_start == 0 && blk.k_len == s {
+                    return t + add;
+                }
+                let sum = (t.narrow(2, blk.k_start, blk.k_len)? + add)?;
+                t.slice_assign(&[0..b, 0..kv, blk.k_start..blk.k_start + blk.k_len, 0..t.dim(3)?], &sum)
+            };
+            dk = range(&dk, &dkb)?;
+            dv = range(&dv, &dvb)?;
+        }
+        let dq = Tensor::cat(&dq, 2)?;
+        debug_assert_eq!(dq.dim(2)?, rows);
+        Ok((Some(dq), Some(dk), Some(dv)))
+    }
+}
+
+
+/// Sliding-window attention by the plan's blocks; same result as [`full`] with the
+/// band mask.
+pub fn sliding(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, plan: &SlidingPlan) -> Result<Tensor> {
+    match plan {
+        SlidingPlan::Unmasked => attend(q, k, v, rep, None),
+        SlidingPlan::Masked(mask) => attend(q, k, v, rep, Some(mask)),
+        SlidingPlan::Banded(blocks) if ops::bench_switch("OSTINATO_KEEP_SCORES") => {
+            blocked_forward_tracked(q, k, v, rep, blocks)
+        }
+        SlidingPlan::Banded(blocks) => recompute(q, k, v, rep, blocks),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Var;
+
+    fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    /// Banded blocks give the masked full square's output within 1e-5 and its q/k/v
+    /// gradients within 1e-5 relative, for block sizes that do and do not divide P and windows near P.
+    #[test]
+    fn banded_equals_masked_full_square() -> Result<()> {
+        let dev = Device::Cpu;
+        let (b, kv, rep, d) = (2, 2, 3, 16);
+        for (p, window, block) in [(97, 8, 4), (97, 8, 13), (64, 16, 8), (40, 30, 7), (200, 32, 16)] {
+            let q = Var::randn(0f32, 1.0, (b, kv, p * rep, d), &dev)?;
+            let k = Var::randn(0f32, 1.0, (b, kv, p, d), &dev)?;
+            let v = Var::randn(0f32, 1.0, (b, kv, p, d), &dev)?;
+            let g = Tensor::randn(0f32, 1.0, (b, kv, p * rep, d), &dev)?;
+            let mask = band_mask(0, p, 0, p, window, &dev)?;
+            let square = full(&q, &k, &v, rep, mask.as_ref())?;
+            let plan = SlidingPlan::banded(p, window, block, &dev)?;
+            let banded = sliding(&q, &k, &v, rep, &plan)?;
+            let err = max_abs(&square, &banded);
+            assert!(err <= 1e-5, "P {p} W {window} block {block}: output differs by {err:e}");
+            check_grads(&square, &banded, &g, [&q, &k, &v], &format!("banded P {p} W {window} block {block}"))?;
+
+            // Unmasked: query blocks through the recompute op against plain attention.
+            let plain = full(&q, &k, &v, rep, None)?;
+            let blocks: Vec<BandBlock> = (0..p)
+                .step_by(block)
+                .map(|q_start| BandBlock { q_start, q_len: block.min(p - q_start), k_start: 0, k_len: p, mask: None })
+                .collect();
+            let blocked = recompute(&q, &k, &v, rep, &blocks)?;
+            assert!(max_abs(&plain, &blocked) <= 1e-5, "P {p} block {block}: blocked full attention");
+            check_grads(&plain, &blocked, &g, [&q, &k, &v], &format!("blocked P {p} block {block}"))?;
+        }
+        Ok(())
+    }
+
+    fn check_grads(reference: &Tensor, ours: &Tensor, g: &Tensor, vars: [&Var; 3], what: &str) -> Result<()> {
+        {
+            let gs = ops::mul(reference, g)?.sum_all()?.backward()?;
+            let gb = ops::mul(ours, g)?.sum_all()?.backward()?;
+            // Gradients sum over up to P rows: compare relative to their largest entry.
+            for (name, var) in ["q", "k", "v"].into_iter().zip(vars) {
+                let (a, b) = (gs.get(var).unwrap(), gb.get(var).unwrap());
+                let scale = a.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+                let err = max_abs(a, b) / scale;
+                assert!(err <= 1e-5, "{what}: d{name} differs by {err:e} (relative)");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn plan_picks_square_at_short_lengths() -> Result<()> {
+        let dev = Device::Cpu;
+        assert!(matches!(SlidingPlan::new(100, 128, &dev)?, SlidingPlan::Unmasked));
+        assert!(matches!(SlidingPlan::new(375, 128, &dev)?, SlidingPlan::Masked(_)));
+        match SlidingPlan::new(3000, 128, &dev)? {
+            SlidingPlan::Banded(blocks) => {
+                assert_eq!(blocks.iter().map(|b| b.q_len).sum::<usize>(), 3000);
+                assert_eq!(blocks[0].k_start, 0);
+                assert_eq!(blocks.last().unwrap().k_start + blocks.last().unwrap().k_len, 3000);
+            }
+            _ => panic!("3000 positions with window 128 should be banded"),
+        }
+        let m = band_mask(10, 4, 0, 30, 5, &dev)?.unwrap().to_dtype(DType::F32)?;
+        let row0 = m.get(0)?.squeeze(0)?.to_vec1::<f32>()?;
+        assert_eq!(row0[5], 0.0);
+        assert_eq!(row0[4], f32::MIN);
+        assert_eq!(row0[15], 0.0);
+        assert_eq!(row0[16], f32::MIN);
+        Ok(())
+    }
+}
