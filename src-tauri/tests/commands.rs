@@ -252,3 +252,50 @@ fn command_list_handler_and_capability_agree() {
     expected.sort();
     assert_eq!(granted, expected, "capabilities/default.json must grant exactly the app's commands and event listening");
 }
+
+/// Waits for the run's status to become `want` (or fails on `failed`).
+fn wait_status(app: &TestApp, want: &str) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    loop {
+        let state = app.invoke("get_state", json!({})).unwrap();
+        if state["run"]["status"] == want {
+            return state;
+        }
+        assert_ne!(state["run"]["status"], "failed", "{state}");
+        assert!(std::time::Instant::now() < deadline, "no `{want}`: {state}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_stopped_run_resumes_after_the_app_is_reopened() {
+    let dir = tempfile::tempdir().unwrap();
+    std::env::set_var("XDG_CACHE_HOME", dir.path().join("cache"));
+    let songs = songs(dir.path());
+    let run_dir = {
+        let app = TestApp::new(dir.path());
+        app.invoke("scan_dataset", json!({"path": songs})).unwrap();
+        let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+        s["epochs"] = json!(50);
+        s["rank"] = json!(4);
+        app.invoke("save_settings", json!({ "settings": s })).unwrap();
+        app.invoke("start_run", json!({})).unwrap();
+        app.invoke("stop_run", json!({})).unwrap();
+        wait_status(&app, "stopped");
+        let runs = app.invoke("list_runs", json!({})).unwrap();
+        assert_eq!(runs[0]["status"], "stopped");
+        assert_eq!(runs[0]["resumable"], true);
+        runs[0]["dir"].clone()
+    };
+    // The app was quit; a new one finds the run in History and resumes it.
+    let app = TestApp::new(dir.path());
+    app.invoke("resume_past_run", json!({"dir": run_dir})).unwrap();
+    let state = app.invoke("get_state", json!({})).unwrap();
+    assert!(matches!(state["run"]["status"].as_str(), Some("running" | "stopping" | "stopped" | "finished")), "{state}");
+    app.invoke("stop_run", json!({})).ok();
+    wait_status(&app, "stopped");
+    // The same run directory holds both sessions: started twice, stopped twice.
+    let log = std::fs::read_to_string(std::path::Path::new(run_dir.as_str().unwrap()).join("events.jsonl")).unwrap();
+    let count = |kind: &str| log.lines().filter(|l| l.contains(&format!("\"type\":\"{kind}\""))).count();
+    assert_eq!((count("run_started"), count("stopped")), (2, 2), "{log}");
+}
