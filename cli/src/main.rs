@@ -8,6 +8,7 @@ mod train;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use ostinato_engine::bench::Preset;
 use ostinato_engine::device::Precision;
 use ostinato_engine::export::ExportFormat;
 
@@ -47,6 +48,23 @@ enum Command {
         /// Output directory (peft) or .safetensors file (comfyui, merged).
         #[arg(long)]
         to: PathBuf,
+    },
+    /// Time full training steps on fixed shapes with random weights (one configuration
+    /// per invocation: peak memory is the process's).
+    Bench {
+        #[arg(long, default_value = "small-30s", value_parser = parse_with::<Preset>)]
+        preset: Preset,
+        #[arg(long, default_value = "on", value_parser = on_off)]
+        gradient_checkpointing: bool,
+        /// Change the preset's number of layers.
+        #[arg(long)]
+        layers: Option<usize>,
+        #[arg(long, default_value_t = 2)]
+        warmup: usize,
+        #[arg(long, default_value_t = 5)]
+        steps: usize,
+        #[arg(long)]
+        json: bool,
     },
     /// Print a model folder's config, parameter counts and a training-memory estimate.
     Inspect { model_dir: PathBuf },
@@ -120,11 +138,25 @@ pub struct TrainArgs {
     pub crop_seconds: Option<f64>,
 }
 
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected on or off, not `{other}`")),
+    }
+}
+
 fn parse_with<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, String> {
     s.parse()
 }
 
 fn main() {
+    // candle's elementwise pool spin-waits between ops; on a few shared cores one
+    // elementwise thread measured 1.3-2x faster per step (bench/NOTES.md). GEMMs keep
+    // their threads. An explicit setting wins.
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    }
     let cli = Cli::parse();
     let code = match run(cli) {
         Ok(code) => code,
@@ -142,6 +174,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Resume { run_dir, json, stop_at_step } => train::resume(&run_dir, json, stop_at_step),
         Command::Runs { runs_dir, json } => report::runs(runs_dir, json).map(|_| 0),
         Command::Export { run_dir, format, to } => report::export(&run_dir, format, &to).map(|_| 0),
+        Command::Bench { preset, gradient_checkpointing, layers, warmup, steps, json } => {
+            report::bench(preset, gradient_checkpointing, layers, warmup, steps, json).map(|_| 0)
+        }
         Command::Inspect { model_dir } => report::inspect(&model_dir).map(|_| 0),
         Command::Preprocess { audio_dir, model, out, crop_seconds } => {
             report::preprocess(&audio_dir, model, &out, crop_seconds).map(|_| 0)

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
+use ostinato_engine::bench::{run_spec, Preset};
 use ostinato_engine::data::preprocessed::preprocess as preprocess_folder;
 use ostinato_engine::data::{DataEvent, DataSpec};
 use ostinato_engine::export::{export_run, ExportFormat};
@@ -94,5 +95,23 @@ pub fn preprocess(audio_dir: &Path, model: Option<PathBuf>, out: &Path, crop_sec
         }
     })?;
     println!("{} samples written to {}", written.len(), out.display());
+    Ok(())
+}
+
+pub fn bench(preset: Preset, checkpointing: bool, layers: Option<usize>, warmup: usize, steps: usize, json: bool) -> anyhow::Result<()> {
+    let spec = match layers {
+        Some(n) => preset.spec().with_layers(n),
+        None => preset.spec(),
+    };
+    let name = match layers {
+        Some(n) => format!("{preset} ({n} layers)"),
+        None => preset.to_string(),
+    };
+    let report = run_spec(&name, &spec, checkpointing, warmup, steps, &candle_core::Device::Cpu, candle_core::DType::F32)?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
     Ok(())
 }

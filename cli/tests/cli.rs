@@ -229,3 +229,19 @@ fn trains_an_acestep_model_folder_end_to_end() {
     assert!(step_losses(&run).iter().all(|s| s.2.is_finite()));
     assert!(!adapter(&run).is_empty());
 }
+
+#[test]
+fn bench_reports_one_configuration_as_json() {
+    let out = ok(ostinato()
+        .args(["bench", "--preset", "small-30s", "--layers", "1", "--gradient-checkpointing", "off", "--warmup", "0", "--steps", "1", "--json"])
+        .output()
+        .unwrap());
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["layers"], 1);
+    assert_eq!(report["gradient_checkpointing"], false);
+    for key in ["median_s_per_step", "peak_rss_bytes", "activation_bytes"] {
+        assert!(report[key].as_f64().unwrap() > 0.0, "{key}: {report}");
+    }
+    let err = ostinato().args(["bench", "--preset", "huge"]).output().unwrap();
+    assert!(!err.status.success() && String::from_utf8_lossy(&err.stderr).contains("huge"));
+}

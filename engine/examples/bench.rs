@@ -1,4 +1,4 @@
-//! Stand-in for `ostinato bench` until the CLI wires it:
+//! The bench with measurement-only switches the CLI does not offer (mimalloc, CUDA):
 //!
 //! ```text
 //! cargo run --release -p ostinato-engine --example bench -- --preset small-30s \

@@ -148,6 +148,15 @@ pub struct BenchSpec {
     pub lora: LoraConfig,
 }
 
+impl BenchSpec {
+    /// The same shapes with `layers` layers (sliding on even layers, as the real model).
+    pub fn with_layers(mut self, layers: usize) -> Self {
+        let c = &self.config;
+        self.config = dit_config(c.hidden_size, c.intermediate_size, layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        self
+    }
+}
+
 /// What [`run_bench`] measured.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchReport {
@@ -193,10 +202,22 @@ pub fn run_bench_on(
     device: &Device,
     dtype: DType,
 ) -> Result<BenchReport> {
+    run_spec(preset.name(), &preset.spec(), checkpointing, warmup, steps, device, dtype)
+}
+
+/// Any shapes: a preset's, or one with its layer count changed (`BenchSpec::with_layers`).
+pub fn run_spec(
+    name: &str,
+    spec: &BenchSpec,
+    checkpointing: bool,
+    warmup: usize,
+    steps: usize,
+    device: &Device,
+    dtype: DType,
+) -> Result<BenchReport> {
     if steps == 0 {
         return Err(Error::BadConfig("bench: at least one timed step is needed".into()));
     }
-    let spec = preset.spec();
     let cfg = &spec.config;
 
     // 1. Model, adapter, optimizer, one batch: the resident baseline.
@@ -238,7 +259,7 @@ pub fn run_bench_on(
     let median = median(&times);
     let peak = metrics::peak_rss_bytes().unwrap_or(0);
     Ok(BenchReport {
-        preset: preset.name().to_string(),
+        preset: name.to_string(),
         gradient_checkpointing: checkpointing,
         device: device_name(device).to_string(),
         dtype: format!("{dtype:?}").to_lowercase(),
