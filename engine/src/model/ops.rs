@@ -120,10 +120,13 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// `a @ b` over matching batch dimensions; gradients only for tracked inputs.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    // Both paths hand GEMM the same operand layouts, so a block recomputed with a graph
+    // (gradient checkpointing) gives bit-identical results to its no-graph forward.
+    let (a, b) = (a.contiguous()?, b.contiguous()?);
     if !a.track_op() && !b.track_op() {
-        return a.matmul(b);
+        return a.matmul(&b);
     }
-    a.contiguous()?.apply_op2(&b.contiguous()?, Pruned(Kind::Matmul))
+    a.apply_op2(&b, Pruned(Kind::Matmul))
 }
 
 /// `x @ w^T (+ bias)` for `x [.., in]` and `w [out, in]`: one GEMM over all leading
@@ -132,11 +135,13 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let dims = x.dims().to_vec();
     let rows: usize = dims[..dims.len() - 1].iter().product();
     let x2 = x.reshape((rows, dims[dims.len() - 1]))?;
+    // The transposed weight is a strided view: GEMM reads it in place. Same layouts
+    // with and without a graph (see `matmul`).
+    let x2 = x2.contiguous()?;
     let y = if !x2.track_op() && !w.track_op() {
         x2.matmul(&w.t()?)?
     } else {
-        // The transposed weight is a strided view: GEMM reads it in place.
-        x2.contiguous()?.apply_op2(&w.t()?, Pruned(Kind::Matmul))?
+        x2.apply_op2(&w.t()?, Pruned(Kind::Matmul))?
     };
     let mut out_dims = dims;
     *out_dims.last_mut().expect("x has a feature dimension") = w.dim(0)?;
