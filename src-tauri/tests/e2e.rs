@@ -93,11 +93,24 @@ async fn open_app(driver: &Driver) -> Client {
     let mut caps = serde_json::Map::new();
     caps.insert("browserName".into(), json!("wry"));
     caps.insert("tauri:options".into(), json!({ "application": APP }));
-    let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-        .capabilities(caps)
-        .connect(&driver.url)
-        .await
-        .expect("opening a WebDriver session on the app");
+    // A driver that has just started may drop the first session request while its
+    // WebKitWebDriver comes up (seen under load): try a few times before failing.
+    let mut attempt = 0;
+    let client = loop {
+        attempt += 1;
+        match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps.clone())
+            .connect(&driver.url)
+            .await
+        {
+            Ok(client) => break client,
+            Err(e) if attempt < 5 => {
+                eprintln!("e2e: session attempt {attempt} failed ({e}); retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => panic!("opening a WebDriver session on the app: {e}"),
+        }
+    };
     wait_js(&client, "return document.body.dataset.ready === 'true'", "the UI to load its state").await;
     client
 }

@@ -134,11 +134,13 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let dims = x.dims().to_vec();
     let rows: usize = dims[..dims.len() - 1].iter().product();
     let x2 = x.reshape((rows, dims[dims.len() - 1]))?;
+    // The transposed weight is a strided view: GEMM reads it in place. Same layouts
+    // with and without a graph (see `matmul`).
+    let x2 = x2.contiguous()?;
     let y = if !x2.track_op() && !w.track_op() {
         x2.matmul(&w.t()?)?
     } else {
-        // The transposed weight is a strided view: GEMM reads it in place.
-        x2.contiguous()?.apply_op2(&w.t()?, Pruned(Kind::Matmul))?
+        x2.apply_op2(&w.t()?, Pruned(Kind::Matmul))?
     };
     let mut out_dims = dims;
     *out_dims.last_mut().expect("x has a feature dimension") = w.dim(0)?;
