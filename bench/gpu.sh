@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the engine with candle's CUDA backend and runs the bench presets on GPU 0
+# Builds `ostinato` with candle's CUDA backend and runs the bench presets on GPU 0
 # (bf16 weights, f32 LoRA/optimizer, as the precision policy), checkpointing off and on.
 # One process per configuration. Needs the CUDA toolkit (nvcc) for candle-kernels.
 #
@@ -18,8 +18,8 @@ done
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 # candle-kernels compiles for the GPU it finds unless CUDA_COMPUTE_CAP is set.
-cargo build --release -p ostinato-engine --example bench --features cuda
-bin="$CARGO_TARGET_DIR/release/examples/bench"
+cargo build --release -p ostinato-cli --features cuda
+bin="$CARGO_TARGET_DIR/release/ostinato"
 mkdir -p "$root/bench/results"
 out="$root/bench/results/gpu-$(date +%Y%m%d-%H%M%S).jsonl"
 for p in "${presets[@]}"; do
@@ -29,7 +29,7 @@ for p in "${presets[@]}"; do
     smi="$(mktemp)"
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$smi" 2>/dev/null &
     smi_pid=$!
-    json="$("$bin" --device cuda --preset "$p" --gradient-checkpointing "$ckpt" \
+    json="$("$bin" bench --preset "$p" --gradient-checkpointing "$ckpt" \
       --warmup "$warmup" --steps "$steps" --json)"
     kill "$smi_pid" 2>/dev/null || true
     peak_mib="$(sort -n "$smi" | tail -1)"; rm -f "$smi"

@@ -2,7 +2,7 @@
 """Runs benchmark commands alternately (A B A B ...) and compares their medians.
 
     bench/interleave.py --rounds 3 \
-        --run 'ours=target/release/examples/bench --preset small-30s --json' \
+        --run 'ours=target/release/ostinato bench --preset small-30s --json' \
         --run 'torch=bench/reference/.venv/bin/python bench/reference/bench_torch.py --preset small-30s --json'
 
 Each command is one configuration in a fresh process (peak RSS is per process) and

@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use ostinato_engine::bench::Preset;
 use ostinato_engine::device::Precision;
 use ostinato_engine::export::ExportFormat;
+use ostinato_engine::heap;
 
 #[derive(Parser)]
 #[command(name = "ostinato", version, about = "Train LoRA adapters for ACE-Step 1.5 from a folder of songs")]
@@ -50,11 +51,12 @@ enum Command {
         to: PathBuf,
     },
     /// Time full training steps on fixed shapes with random weights (one configuration
-    /// per invocation: peak memory is the process's).
+    /// per invocation: peak memory is the process's). Runs on the device `train` would
+    /// pick, in its default precision.
     Bench {
         #[arg(long, default_value = "small-30s", value_parser = parse_with::<Preset>)]
         preset: Preset,
-        #[arg(long, default_value = "on", value_parser = on_off)]
+        #[arg(long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
         gradient_checkpointing: bool,
         /// Change the preset's number of layers.
         #[arg(long)]
@@ -63,6 +65,9 @@ enum Command {
         warmup: usize,
         #[arg(long, default_value_t = 5)]
         steps: usize,
+        /// Bench the CPU even where a GPU backend is available.
+        #[arg(long)]
+        cpu: bool,
         #[arg(long)]
         json: bool,
     },
@@ -150,7 +155,26 @@ fn parse_with<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, String> 
     s.parse()
 }
 
+// Live heap bytes are counted for `ostinato bench` (two relaxed atomics per allocation).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: heap::Counting<mimalloc::MiMalloc> = heap::Counting::new(mimalloc::MiMalloc);
+#[cfg(not(feature = "mimalloc"))]
+#[global_allocator]
+static GLOBAL: heap::Counting<std::alloc::System> = heap::Counting::new(std::alloc::System);
+
+/// mimalloc v3's `mi_option_purge_delay` (mimalloc.h). Training frees and reallocates
+/// the same large activations every step; with the default 10 ms delay they were
+/// returned to the OS and re-faulted (and zeroed) each time.
+#[cfg(feature = "mimalloc")]
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
 fn main() {
+    #[cfg(feature = "mimalloc")]
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: sets a process-wide allocator option before any thread exists.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+    }
     // candle's elementwise pool spin-waits between ops; on a few shared cores one
     // elementwise thread measured 1.3-2x faster per step (bench/NOTES.md). GEMMs keep
     // their threads. An explicit setting wins.
@@ -174,8 +198,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Resume { run_dir, json, stop_at_step } => train::resume(&run_dir, json, stop_at_step),
         Command::Runs { runs_dir, json } => report::runs(runs_dir, json).map(|_| 0),
         Command::Export { run_dir, format, to } => report::export(&run_dir, format, &to).map(|_| 0),
-        Command::Bench { preset, gradient_checkpointing, layers, warmup, steps, json } => {
-            report::bench(preset, gradient_checkpointing, layers, warmup, steps, json).map(|_| 0)
+        Command::Bench { preset, gradient_checkpointing, layers, warmup, steps, cpu, json } => {
+            let spec = report::BenchRequest { preset, checkpointing: gradient_checkpointing, layers, warmup, steps, cpu };
+            report::bench(&spec, json).map(|_| 0)
         }
         Command::Inspect { model_dir } => report::inspect(&model_dir).map(|_| 0),
         Command::Preprocess { audio_dir, model, out, crop_seconds } => {

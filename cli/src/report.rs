@@ -6,6 +6,7 @@ use anyhow::{bail, Context};
 use ostinato_engine::bench::{run_spec, Preset};
 use ostinato_engine::data::preprocessed::preprocess as preprocess_folder;
 use ostinato_engine::data::{DataEvent, DataSpec};
+use ostinato_engine::device::{self, Precision};
 use ostinato_engine::export::{export_run, ExportFormat};
 use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::model::{footprint, DitConfig};
@@ -98,16 +99,27 @@ pub fn preprocess(audio_dir: &Path, model: Option<PathBuf>, out: &Path, crop_sec
     Ok(())
 }
 
-pub fn bench(preset: Preset, checkpointing: bool, layers: Option<usize>, warmup: usize, steps: usize, json: bool) -> anyhow::Result<()> {
-    let spec = match layers {
-        Some(n) => preset.spec().with_layers(n),
-        None => preset.spec(),
+/// One `ostinato bench` configuration.
+pub struct BenchRequest {
+    pub preset: Preset,
+    pub checkpointing: bool,
+    pub layers: Option<usize>,
+    pub warmup: usize,
+    pub steps: usize,
+    pub cpu: bool,
+}
+
+pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
+    let (spec, name) = match req.layers {
+        Some(n) => (req.preset.spec().with_layers(n), format!("{} ({n} layers)", req.preset)),
+        None => (req.preset.spec(), req.preset.to_string()),
     };
-    let name = match layers {
-        Some(n) => format!("{preset} ({n} layers)"),
-        None => preset.to_string(),
-    };
-    let report = run_spec(&name, &spec, checkpointing, warmup, steps, &candle_core::Device::Cpu, candle_core::DType::F32)?;
+    let selected = device::select(req.cpu)?;
+    if !json {
+        eprintln!("device: {} ({})", selected.name, selected.reason);
+    }
+    let dtype = Precision::Auto.dtype(&selected.device);
+    let report = run_spec(&name, &spec, req.checkpointing, req.warmup, req.steps, &selected.device, dtype)?;
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

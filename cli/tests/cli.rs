@@ -232,16 +232,23 @@ fn trains_an_acestep_model_folder_end_to_end() {
 
 #[test]
 fn bench_reports_one_configuration_as_json() {
-    let out = ok(ostinato()
-        .args(["bench", "--preset", "small-30s", "--layers", "1", "--gradient-checkpointing", "off", "--warmup", "0", "--steps", "1", "--json"])
-        .output()
-        .unwrap());
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(report["layers"], 1);
-    assert_eq!(report["gradient_checkpointing"], false);
-    for key in ["median_s_per_step", "peak_rss_bytes", "activation_bytes"] {
-        assert!(report[key].as_f64().unwrap() > 0.0, "{key}: {report}");
+    for (flag, on) in [("off", false), ("on", true)] {
+        let out = ok(ostinato()
+            .args(["bench", "--cpu", "--preset", "small-30s", "--layers", "1", "--gradient-checkpointing", flag])
+            .args(["--warmup", "0", "--steps", "2", "--json"])
+            .output()
+            .unwrap());
+        // --json: one JSON object is all of stdout.
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["layers"], 1);
+        assert_eq!(report["gradient_checkpointing"], on);
+        assert_eq!(report["step_times_s"].as_array().unwrap().len(), 2);
+        for key in ["median_s_per_step", "peak_rss_bytes", "activation_bytes", "activation_heap_bytes"] {
+            assert!(report[key].as_f64().unwrap() > 0.0, "{key}: {report}");
+        }
     }
     let err = ostinato().args(["bench", "--preset", "huge"]).output().unwrap();
     assert!(!err.status.success() && String::from_utf8_lossy(&err.stderr).contains("huge"));
+    let err = ostinato().args(["bench", "--gradient-checkpointing", "maybe"]).output().unwrap();
+    assert!(!err.status.success() && String::from_utf8_lossy(&err.stderr).contains("maybe"));
 }

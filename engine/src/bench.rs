@@ -1,10 +1,10 @@
 //! `ostinato bench`: full training steps on fixed shapes with random weights, timed
 //! and measured for memory.
 //!
-//! One call of [`run_bench`] measures ONE configuration: the peak RSS it reports is the
+//! One call of [`run_spec`] measures ONE configuration: the peak RSS it reports is the
 //! process's (getrusage is process-wide and never goes down), so a second configuration
 //! in the same process would inherit the first one's peak. Run each configuration in its
-//! own process (`bench/interleave.sh` alternates invocations A B A B).
+//! own process (`bench/interleave.py` alternates invocations A B A B).
 //!
 //! A step is what a training step does: noise a batch (flow matching), forward +
 //! backward (`grads::compute`, plain or checkpointed), clip the global norm to 1,
@@ -18,7 +18,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::lora::{LoraAdapter, LoraConfig, LoraMode};
-use crate::metrics;
+use crate::{heap, metrics};
 use crate::model::{DecoderWeights, DitConfig, DitModel, LayerType};
 use crate::train::flow::{Batch, FlowBatch};
 use crate::train::grads;
@@ -157,7 +157,7 @@ impl BenchSpec {
     }
 }
 
-/// What [`run_bench`] measured.
+/// What [`run_spec`] measured.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchReport {
     pub preset: String,
@@ -181,31 +181,19 @@ pub struct BenchReport {
     pub model_rss_bytes: u64,
     /// `peak_rss_bytes - model_rss_bytes`: what the steps added at their peak.
     pub activation_bytes: u64,
+    /// The most heap bytes live at once during the steps minus those live before the
+    /// first: what the steps needed, without what the allocator kept. None unless the
+    /// binary counts its heap ([`crate::heap::Counting`]).
+    pub activation_heap_bytes: Option<u64>,
     pub base_parameters: usize,
     pub lora_parameters: usize,
     pub first_loss: f32,
     pub last_loss: f32,
 }
 
-/// Builds the preset's model (seeded random weights), adapter, optimizer and batch on
-/// `device`, runs `warmup` untimed then `steps` timed training steps.
-pub fn run_bench(preset: Preset, checkpointing: bool, warmup: usize, steps: usize) -> Result<BenchReport> {
-    run_bench_on(preset, checkpointing, warmup, steps, &Device::Cpu, DType::F32)
-}
-
-/// [`run_bench`] on any device and compute dtype (CUDA: bf16 as the precision policy).
-pub fn run_bench_on(
-    preset: Preset,
-    checkpointing: bool,
-    warmup: usize,
-    steps: usize,
-    device: &Device,
-    dtype: DType,
-) -> Result<BenchReport> {
-    run_spec(preset.name(), &preset.spec(), checkpointing, warmup, steps, device, dtype)
-}
-
-/// Any shapes: a preset's, or one with its layer count changed (`BenchSpec::with_layers`).
+/// Builds the model of `spec` (seeded random weights), adapter, optimizer and batch on
+/// `device`, runs `warmup` untimed then `steps` timed training steps. `name` labels the
+/// report (a preset's name, or one with its layer count changed).
 pub fn run_spec(
     name: &str,
     spec: &BenchSpec,
@@ -231,6 +219,8 @@ pub fn run_spec(
     let mut optimizer = AdamW::new(adapter.vars(), AdamWConfig::default())?;
     let batch = random_batch(&spec, device)?;
     let baseline = metrics::process_rss_bytes().unwrap_or(0);
+    let heap_baseline = heap::live_bytes();
+    heap::reset_peak();
 
     // 2. Steps: noise -> forward/backward -> clip -> AdamW.
     const TURBO_T: [f32; 8] = [1.0, 0.954_545_5, 0.9, 0.833_333_3, 0.75, 0.642_857_1, 0.5, 0.3];
@@ -258,6 +248,7 @@ pub fn run_spec(
 
     let median = median(&times);
     let peak = metrics::peak_rss_bytes().unwrap_or(0);
+    let activation_heap_bytes = heap_baseline.zip(heap::peak_bytes()).map(|(base, peak)| peak.saturating_sub(base));
     Ok(BenchReport {
         preset: name.to_string(),
         gradient_checkpointing: checkpointing,
@@ -275,6 +266,7 @@ pub fn run_spec(
         peak_rss_bytes: peak,
         model_rss_bytes: baseline,
         activation_bytes: peak.saturating_sub(baseline),
+        activation_heap_bytes,
         base_parameters,
         lora_parameters,
         first_loss,
@@ -345,7 +337,7 @@ impl BenchReport {
              samples/s               {:.3}\n\
              peak RSS                {:.1} MiB\n\
              model RSS               {:.1} MiB\n\
-             activation memory       {:.1} MiB\n\
+             activation memory       {:.1} MiB (RSS), {} (live heap)\n\
              loss first / last       {:.5} / {:.5}\n",
             self.preset,
             if self.gradient_checkpointing { "on" } else { "off" },
@@ -364,6 +356,7 @@ impl BenchReport {
             mib(self.peak_rss_bytes),
             mib(self.model_rss_bytes),
             mib(self.activation_bytes),
+            self.activation_heap_bytes.map_or("not counted".into(), |b| format!("{:.1} MiB", mib(b))),
             self.first_loss,
             self.last_loss,
         )
