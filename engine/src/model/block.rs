@@ -178,9 +178,9 @@ struct Mlp {
 
 impl Mlp {
     fn forward(&self, x: &Tensor, lora: Option<&LoraCtx>) -> Result<Tensor> {
-        let gate = self.gate_proj.forward(x, lora)?.silu()?;
+        let gate = self.gate_proj.forward(x, lora)?;
         let up = self.up_proj.forward(x, lora)?;
-        self.down_proj.forward(&ops::mul(&gate, &up)?, lora)
+        self.down_proj.forward(&ops::swiglu(&gate, &up)?, lora)
     }
 }
 
