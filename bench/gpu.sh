@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds `ostinato` with candle's CUDA backend and runs the bench presets on GPU 0
 # (bf16 weights, f32 LoRA/optimizer, as the precision policy), checkpointing off and on.
-# One process per configuration. Needs the CUDA toolkit (nvcc) for candle-kernels.
+# One process per configuration. Needs nvcc for candle-kernels: without a CUDA toolkit on
+# PATH it takes one from PyPI wheels (bench/cuda-toolchain.sh).
 #
 #   bench/gpu.sh [--steps N] [--warmup N] [PRESET ...]
 set -euo pipefail
@@ -17,6 +18,7 @@ done
 [ ${#presets[@]} -gt 0 ] || presets=(small-30s small-240s full-layer full-pair-240s)
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+if ! command -v nvcc >/dev/null; then toolchain="$("$root/bench/cuda-toolchain.sh")"; eval "$toolchain"; fi
 # candle-kernels compiles for the GPU it finds unless CUDA_COMPUTE_CAP is set.
 cargo build --release -p ostinato-cli --features cuda
 bin="$CARGO_TARGET_DIR/release/ostinato"
