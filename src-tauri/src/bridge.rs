@@ -8,7 +8,6 @@
 //! this file.
 
 use std::collections::VecDeque;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,6 +17,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::settings::{self, FieldErrors, Settings};
+
+pub use engine::RunSummary;
 
 /// Name of the event every engine event is forwarded under (payload: the event itself,
 /// `{"type": "step", ...}`).
@@ -146,22 +147,15 @@ pub struct RunView {
     pub recent_events: Vec<Value>,
 }
 
-/// One past run in the History panel, read from its `events.jsonl`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RunSummary {
-    pub id: String,
-    pub dir: PathBuf,
-    /// Status from the last lifecycle event; "interrupted" when the log just ends
-    /// (the app or machine went away mid-run).
-    pub status: String,
-    pub last_step: Option<u64>,
-    pub epoch: Option<u64>,
-    pub last_loss: Option<f64>,
-    pub events: usize,
-    /// Modification time of `events.jsonl`, seconds since the Unix epoch.
-    pub updated_unix: Option<u64>,
-    pub has_final_adapter: bool,
-    pub resumable: bool,
+/// One run in the History panel: the engine's summary of it (name, dir, status, steps,
+/// last loss, final adapter, resumable, update time), flattened, and whether it is the run
+/// this app is training now (then the panel shows it as "active", not resumable).
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryEntry {
+    #[serde(flatten)]
+    pub summary: RunSummary,
+    /// The run this app is training now (running, pausing, paused or stopping).
+    pub active: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -564,20 +558,24 @@ impl AppState {
         self.with_control(Some(RunStatus::Stopping), |c| c.stop())
     }
 
-    /// Past runs under the runs dir, newest first.
-    pub fn list_runs(&self) -> Result<Vec<RunSummary>, BridgeError> {
+    /// The runs under the runs dir, most recently updated first.
+    pub fn list_runs(&self) -> Result<Vec<HistoryEntry>, BridgeError> {
+        // Runs are directly under the runs dir: the current one is known by its name.
         let active = {
             let g = self.lock();
-            g.run.status.is_active().then(|| g.run.run_dir.clone()).flatten()
+            g.run.status.is_active().then(|| g.run.run_dir.as_deref().and_then(Path::file_name).map(|n| n.to_owned())).flatten()
         };
-        let mut runs = list_runs_in(&self.0.runs_dir)?;
-        for r in &mut runs {
-            if active.as_deref() == Some(r.dir.as_path()) {
-                r.status = "active".into();
-                r.resumable = false;
-            }
-        }
-        Ok(runs)
+        let runs_dir = self.0.runs_dir.canonicalize().unwrap_or_else(|_| self.0.runs_dir.clone());
+        let mut runs = engine::list_runs(&runs_dir)?;
+        runs.sort_by(|a, b| b.updated_unix.cmp(&a.updated_unix).then_with(|| b.name.cmp(&a.name)));
+        Ok(runs
+            .into_iter()
+            .map(|mut summary| {
+                let active = active.as_deref().is_some_and(|n| n == summary.name.as_str());
+                summary.resumable &= !active;
+                HistoryEntry { summary, active }
+            })
+            .collect())
     }
 
     /// Charts of the current run (`dir` = None) or of a past run replayed from its log.
@@ -592,8 +590,7 @@ impl AppState {
             }
             Some(dir) => {
                 let dir = self.checked_run_dir(dir)?;
-                let events = read_events(&dir.join("events.jsonl"))?;
-                engine::render_charts(&events, self.lock().dark)
+                engine::replay_charts(&dir.join("events.jsonl"), self.lock().dark)
             }
         }
     }
@@ -618,72 +615,6 @@ impl AppState {
         }
         Ok(dir)
     }
-}
-
-/// Reads an `events.jsonl`; skips lines that do not parse (a crash can cut the last one).
-pub fn read_events(path: &Path) -> Result<Vec<Value>, BridgeError> {
-    let f = std::fs::File::open(path).map_err(|source| BridgeError::Io { context: format!("reading {}", path.display()), source })?;
-    Ok(std::io::BufReader::new(f)
-        .lines()
-        .map_while(Result::ok)
-        .filter_map(|l| serde_json::from_str::<Value>(&l).ok())
-        .filter(|v| v.get("type").is_some())
-        .collect())
-}
-
-fn summarize(dir: &Path) -> Option<RunSummary> {
-    let log = dir.join("events.jsonl");
-    let events = read_events(&log).ok()?;
-    let mut status = "interrupted".to_string();
-    let (mut last_step, mut epoch, mut last_loss) = (None, None, None);
-    for ev in &events {
-        let ty = ev["type"].as_str().unwrap_or("");
-        match ty {
-            "step" => {
-                last_step = ev["step"].as_u64().or(last_step);
-                epoch = ev["epoch"].as_u64().or(epoch);
-                last_loss = ev["loss"].as_f64().or(last_loss);
-            }
-            "run_started" | "resumed" => status = "interrupted".into(),
-            "paused" | "stopped" | "finished" | "failed" => status = ty.into(),
-            _ => {}
-        }
-    }
-    let updated_unix = std::fs::metadata(&log)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|d| d.as_secs());
-    Some(RunSummary {
-        id: dir.file_name()?.to_string_lossy().into_owned(),
-        dir: dir.to_path_buf(),
-        resumable: matches!(status.as_str(), "paused" | "stopped" | "interrupted" | "failed"),
-        status,
-        last_step,
-        epoch,
-        last_loss,
-        events: events.len(),
-        updated_unix,
-        has_final_adapter: dir.join("final").join("adapter").is_dir(),
-    })
-}
-
-/// Every run directory (a folder with an `events.jsonl`) under `runs_dir`, newest first.
-pub fn list_runs_in(runs_dir: &Path) -> Result<Vec<RunSummary>, BridgeError> {
-    let entries = match std::fs::read_dir(runs_dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => return Err(BridgeError::Io { context: format!("listing {}", runs_dir.display()), source }),
-        Ok(it) => it,
-    };
-    let runs_dir = runs_dir.canonicalize().unwrap_or_else(|_| runs_dir.to_path_buf());
-    let mut runs: Vec<RunSummary> = entries
-        .filter_map(Result::ok)
-        .map(|e| runs_dir.join(e.file_name()))
-        .filter(|p| p.join("events.jsonl").is_file())
-        .filter_map(|p| summarize(&p))
-        .collect();
-    runs.sort_by(|a, b| b.updated_unix.cmp(&a.updated_unix).then_with(|| b.id.cmp(&a.id)));
-    Ok(runs)
 }
 
 /// Turns a receiver of any serializable event type (the engine's `Event`) into the
@@ -712,10 +643,11 @@ mod engine {
     use ostinato_engine::charts::{render_svg, Chart, Theme};
     use ostinato_engine::data::{audio, scan::scan_folder, sidecar::Sidecars};
     use ostinato_engine::device::Precision as EnginePrecision;
-    use ostinato_engine::events::Event;
+    use ostinato_engine::events::{read_events, Event};
     use ostinato_engine::export::{export_run, ExportFormat as EngineFormat};
     use ostinato_engine::model::source::ModelSource;
-    use ostinato_engine::train::{Run, RunConfig, RunControl, RunHandle};
+    pub use ostinato_engine::train::history::RunSummary;
+    use ostinato_engine::train::{history, Run, RunConfig, RunControl, RunHandle};
     use crate::settings::{ModelChoice, Precision};
 
     fn engine_err(e: impl std::fmt::Display) -> BridgeError {
@@ -863,11 +795,25 @@ mod engine {
         Run::resume(run_dir).map(attach).map_err(engine_err)
     }
 
+    /// Every run under `runs_dir`, summarised by the engine from its files.
+    pub fn list_runs(runs_dir: &Path) -> Result<Vec<RunSummary>, BridgeError> {
+        history::list_runs(runs_dir).map_err(engine_err)
+    }
+
     /// The three charts, drawn by the engine from the run's events.
     pub fn render_charts(events: &[Value], dark: bool) -> Result<Charts, BridgeError> {
         let events: Vec<Event> = events.iter().filter_map(|v| serde_json::from_value(v.clone()).ok()).collect();
+        draw_charts(&events, dark)
+    }
+
+    /// The three charts of a past run, replayed from its `events.jsonl`.
+    pub fn replay_charts(log: &Path, dark: bool) -> Result<Charts, BridgeError> {
+        draw_charts(&read_events(log).map_err(engine_err)?, dark)
+    }
+
+    fn draw_charts(events: &[Event], dark: bool) -> Result<Charts, BridgeError> {
         let theme = if dark { Theme::Dark } else { Theme::Light };
-        let draw = |chart| render_svg(chart, &events, (720, 300), theme).map_err(engine_err);
+        let draw = |chart| render_svg(chart, events, (720, 300), theme).map_err(engine_err);
         Ok(Charts {
             loss: draw(Chart::Loss)?,
             throughput: draw(Chart::Throughput)?,
@@ -994,43 +940,71 @@ mod tests {
         assert_eq!(run.all.len(), RECENT_EVENTS + 10);
     }
 
+    /// A `step` line as the engine writes it.
+    fn step_line(step: u64, loss: f64) -> Value {
+        json!({"v": 1, "type": "step", "step": step, "epoch": 0, "loss": loss, "lr": 1e-3, "grad_norm": 1.0,
+            "samples_per_sec": 1.0, "memory_now_bytes": 0, "memory_peak_bytes": 0, "elapsed_s": 1.0, "eta_s": null})
+    }
+
     #[test]
-    fn lists_runs_from_their_logs() {
+    fn lists_runs_newest_first_with_the_current_one_active() {
         let tmp = tempfile::tempdir().unwrap();
         let runs = tmp.path().join("runs");
-        let write = |id: &str, lines: &[Value], tail: &str| {
+        let now = std::time::SystemTime::now();
+        // Updated `age` seconds ago; names sort the other way round, so the order is by time.
+        let write = |id: &str, age: u64, lines: &[Value], tail: &str| {
             let d = runs.join(id);
             std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("run.toml"), "").unwrap();
             let mut s: String = lines.iter().map(|l| format!("{l}\n")).collect();
             s.push_str(tail);
-            std::fs::write(d.join("events.jsonl"), s).unwrap();
+            let log = d.join("events.jsonl");
+            std::fs::write(&log, s).unwrap();
+            let f = std::fs::File::options().write(true).open(&log).unwrap();
+            f.set_modified(now - Duration::from_secs(age)).unwrap();
         };
-        write(
-            "a-paused",
-            &[json!({"type":"run_started"}), json!({"type":"step","step":5,"epoch":1,"loss":0.5}), json!({"type":"paused"})],
-            "",
-        );
+        // Paused, then the app was quit: resumable (as stopped).
+        write("a-paused", 100, &[step_line(5, 0.5), json!({"v": 1, "type": "paused", "step": 5})], "");
         // Cut mid-line by a crash: the partial line is skipped and the run is interrupted.
-        write("b-crashed", &[json!({"type":"run_started"}), json!({"type":"step","step":7,"loss":0.4})], "{\"type\":\"st");
-        write("c-done", &[json!({"type":"run_started"}), json!({"type":"finished"})], "");
-        std::fs::create_dir_all(runs.join("not-a-run")).unwrap();
+        write("b-crashed", 200, &[step_line(7, 0.4)], "{\"v\":1,\"type\":\"st");
+        write("c-done", 300, &[step_line(9, 0.3), json!({"v": 1, "type": "finished", "adapter_path": "x", "steps": 9, "final_loss": 0.3})], "");
+        // A folder with a log but no run.toml is not a run.
+        let no_config = runs.join("d-no-config");
+        std::fs::create_dir_all(&no_config).unwrap();
+        std::fs::write(no_config.join("events.jsonl"), format!("{}\n", step_line(1, 0.1))).unwrap();
+
         let state = AppState::new(tmp.path().join("cfg"), runs.clone());
-        let mut list = state.list_runs().unwrap();
-        list.sort_by(|a, b| a.id.cmp(&b.id));
-        let got: Vec<_> = list.iter().map(|r| (r.id.as_str(), r.status.as_str(), r.last_step, r.resumable)).collect();
-        assert_eq!(
-            got,
-            [("a-paused", "paused", Some(5), true), ("b-crashed", "interrupted", Some(7), true), ("c-done", "finished", None, false)]
-        );
-        assert_eq!(list[0].last_loss, Some(0.5));
+        let list = state.list_runs().unwrap();
+        let got: Vec<_> = list.iter().map(|r| (r.summary.name.as_str(), r.summary.steps, r.summary.resumable, r.active)).collect();
+        assert_eq!(got, [("a-paused", 5, true, false), ("b-crashed", 7, true, false), ("c-done", 9, false, false)]);
+        let json = serde_json::to_value(&list).unwrap();
+        let statuses: Vec<_> = json.as_array().unwrap().iter().map(|r| r["status"].as_str().unwrap()).collect();
+        assert_eq!(statuses, ["stopped", "interrupted", "finished"]);
+        assert_eq!(json[0]["last_loss"], 0.5);
+        assert_eq!(json[0]["dir"], json!(runs.canonicalize().unwrap().join("a-paused")));
+        assert_eq!(json[2]["adapter"], Value::Null);
+
+        // The run the app is training now is active, and not resumable from the list.
+        let (tx, rx) = mpsc::channel::<Value>();
+        state.adopt_run(Box::new(Scripted(runs.join("b-crashed"), Default::default())), rx, Recorder::default());
+        let list = state.list_runs().unwrap();
+        let active: Vec<_> = list.iter().filter(|r| r.active).map(|r| (r.summary.name.as_str(), r.summary.resumable)).collect();
+        assert_eq!(active, [("b-crashed", false)]);
+        drop(tx);
+
         // Paths outside the runs dir are refused before the engine is asked.
         assert!(matches!(state.resume_run(tmp.path(), Recorder::default()), Err(BridgeError::Invalid(_))));
+        std::fs::create_dir_all(runs.join("not-a-run")).unwrap();
         assert!(matches!(state.resume_run(&runs.join("not-a-run"), Recorder::default()), Err(BridgeError::Invalid(_))));
         // A run directory without run.toml: the engine says what is missing.
-        match state.resume_run(&runs.join("a-paused"), Recorder::default()) {
+        wait_for(|| !state.state().run.status.is_active());
+        match state.resume_run(&no_config, Recorder::default()) {
             Err(BridgeError::Engine(m)) => assert!(m.contains("run.toml"), "{m}"),
             other => panic!("{other:?}"),
         }
+        // A past run's charts are replayed from its log.
+        let charts = state.charts(Some(&runs.join("c-done"))).unwrap();
+        assert!(charts.loss.contains("<svg"), "{}", charts.loss);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 use tauri::{AppHandle, Runtime, State};
 
-use crate::bridge::{AppState, BridgeError, Charts, DatasetView, ExportFormat, RunSummary, RunView, StateView};
+use crate::bridge::{AppState, BridgeError, Charts, DatasetView, ExportFormat, HistoryEntry, RunView, StateView};
 use crate::settings::{FieldErrors, Settings};
 
 /// What a failed command rejects with in JS: `{kind, message, fields?}`.
@@ -103,7 +103,7 @@ pub fn stop_run(state: State<'_, AppState>) -> Res<RunView> {
 }
 
 #[tauri::command]
-pub async fn list_runs(state: State<'_, AppState>) -> Res<Vec<RunSummary>> {
+pub async fn list_runs(state: State<'_, AppState>) -> Res<Vec<HistoryEntry>> {
     let state = state.inner().clone();
     blocking(move || state.list_runs()).await
 }

@@ -172,6 +172,8 @@ fn scan_start_follow_and_export_a_demo_run() {
 
     let runs = app.invoke("list_runs", json!({})).unwrap();
     assert_eq!(runs[0]["status"], "finished");
+    assert_eq!(runs[0]["resumable"], false);
+    assert!(runs[0]["adapter"].is_string(), "the final adapter: {runs}");
     let run_dir = runs[0]["dir"].clone();
     let charts = app.invoke("run_charts", json!({"dir": run_dir})).unwrap();
     for chart in ["loss", "throughput", "memory"] {
@@ -185,24 +187,37 @@ fn scan_start_follow_and_export_a_demo_run() {
 #[test]
 fn history_lists_runs_and_refuses_paths_outside_the_runs_dir() {
     let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("runs/20261101-120000-demo");
-    std::fs::create_dir_all(&run).unwrap();
-    std::fs::write(
-        run.join("events.jsonl"),
-        concat!(
-            r#"{"v":1,"type":"run_started","device":"cpu","precision":"f32"}"#, "\n",
-            r#"{"v":1,"type":"step","step":12,"epoch":0,"loss":0.31}"#, "\n",
-            r#"{"v":1,"type":"stopped","step":12,"adapter_path":"x"}"#, "\n",
-        ),
-    )
-    .unwrap();
+    let write_run = |name: &str, config: bool| {
+        let run = dir.path().join("runs").join(name);
+        std::fs::create_dir_all(&run).unwrap();
+        if config {
+            std::fs::write(run.join("run.toml"), "").unwrap();
+        }
+        std::fs::write(
+            run.join("events.jsonl"),
+            concat!(
+                r#"{"v":1,"type":"step","step":12,"epoch":0,"loss":0.31,"lr":0.001,"grad_norm":1.0,"samples_per_sec":2.0,"#,
+                r#""memory_now_bytes":1,"memory_peak_bytes":2,"elapsed_s":3.0,"eta_s":null}"#, "\n",
+                r#"{"v":1,"type":"stopped","step":12,"adapter_path":"x"}"#, "\n",
+            ),
+        )
+        .unwrap();
+        run
+    };
+    write_run("20261101-120000-demo", true);
+    // A folder with a log but no run.toml is no run: not listed, and the engine names
+    // what is missing when asked to resume or export it.
+    let run = write_run("no-config", false);
     let app = TestApp::new(dir.path());
     let runs = app.invoke("list_runs", json!({})).unwrap();
     assert_eq!(runs.as_array().unwrap().len(), 1);
-    assert_eq!(runs[0]["id"], "20261101-120000-demo");
+    assert_eq!(runs[0]["name"], "20261101-120000-demo");
     assert_eq!(runs[0]["status"], "stopped");
-    assert_eq!(runs[0]["last_step"], 12);
+    assert_eq!(runs[0]["steps"], 12);
+    assert_eq!(runs[0]["last_loss"], 0.31);
     assert_eq!(runs[0]["resumable"], true);
+    assert_eq!(runs[0]["active"], false);
+    assert!(runs[0]["updated_unix"].as_u64().is_some(), "{runs}");
 
     let outside = dir.path().join("config");
     std::fs::create_dir_all(&outside).unwrap();
@@ -214,7 +229,6 @@ fn history_lists_runs_and_refuses_paths_outside_the_runs_dir() {
         let err = app.invoke(cmd, args).unwrap_err();
         assert_eq!(err["kind"], "invalid", "{cmd}: {err}");
     }
-    // A run directory without run.toml cannot be resumed or exported: the engine names it.
     let err = app.invoke("resume_past_run", json!({"dir": run})).unwrap_err();
     assert_eq!(err["kind"], "engine");
     assert!(err["message"].as_str().unwrap().contains("run.toml"), "{err}");

@@ -18,10 +18,14 @@ use serde_json::{json, Value};
 
 const APP: &str = env!("CARGO_BIN_EXE_ostinato-app");
 
-/// A child process killed (and reaped) when dropped.
+/// A child process, with its name for messages, killed (and reaped) when dropped.
 struct Proc(Child, &'static str);
 impl Drop for Proc {
     fn drop(&mut self) {
+        if let Ok(Some(status)) = self.0.try_wait() {
+            // It should have lived until now: say so, it explains a failure above.
+            eprintln!("e2e: {} had already exited ({status})", self.1);
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -277,6 +281,10 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     // Tabs switch panels.
     c.find(Locator::Id("tab-history")).await.unwrap().click().await.unwrap();
     wait_js(&c, "return !document.getElementById('panel-history').hidden && document.getElementById('panel-charts').hidden", "the history tab").await;
+    // The stopped run is listed by the engine's summary: its status, steps and resume button.
+    wait_js(&c, "return document.querySelector('#runs-body tr[data-run] .badge.stopped') !== null", "the stopped run in the history").await;
+    assert_eq!(text(&c, "#runs-body tr[data-run] td.num").await, text(&c, "#sb-step").await.split(' ').nth(1).unwrap());
+    assert!(c.find(Locator::Css("#runs-body [data-testid='run-resume']")).await.unwrap().is_enabled().await.unwrap());
     c.find(Locator::Id("tab-charts")).await.unwrap().click().await.unwrap();
     c.close().await.unwrap();
     drop(driver);
@@ -287,6 +295,17 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     assert!(!checked(&js(&c, toggle).await), "gradient checkpointing stayed off after a relaunch");
     assert_eq!(js(&c, "return document.getElementById('set-rank').value").await, "32");
     assert!(text(&c, "#sb-memory").await.contains("Checkpointing off"));
+    // The screenshot must show the restored state in the dark theme, not a frame painted
+    // before it: wait for the history the UI loads after `ready`, the dark palette, and
+    // two animation frames (one full paint), then settle.
+    wait_js(&c, "return document.getElementById('runs-count').textContent === '1'", "the history to load").await;
+    wait_js(&c, "return matchMedia('(prefers-color-scheme: dark)').matches", "the dark appearance").await;
+    let dark_bg = "const c = getComputedStyle(document.body).backgroundColor.match(/\\d+/g); return !!c && c.slice(0, 3).every((v) => Number(v) < 60)";
+    wait_js(&c, dark_bg, "the dark palette").await;
+    c.execute_async("const done = arguments[arguments.length - 1]; requestAnimationFrame(() => requestAnimationFrame(() => done(true)));", vec![])
+        .await
+        .expect("waiting for a paint");
+    tokio::time::sleep(Duration::from_millis(300)).await;
     screenshot(&c, "05-relaunch.png").await;
     c.close().await.unwrap();
     drop(driver);

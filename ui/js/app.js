@@ -374,12 +374,14 @@ async function refreshRuns() {
   }
   for (const r of ui.runs) {
     const tr = document.createElement('tr');
-    tr.dataset.run = r.id;
+    tr.dataset.run = r.name;
     const td = (text, cls) => { const c = document.createElement('td'); if (cls) c.className = cls; c.textContent = text; return c; };
     const status = document.createElement('td');
+    // The run this app is training now shows as "active" (the engine sees it "running" or "paused").
+    const shown = r.active ? 'active' : r.status;
     const badge = document.createElement('span');
-    badge.className = `badge ${r.status}`;
-    badge.textContent = r.status;
+    badge.className = `badge ${shown}`;
+    badge.textContent = shown;
     status.append(badge);
     const actions = document.createElement('td');
     const box = document.createElement('div');
@@ -395,11 +397,11 @@ async function refreshRuns() {
     };
     btn('Charts', 'run-charts', () => historyCharts(r));
     btn('Resume', 'run-resume', () => command('resume_past_run', { dir: r.dir }), r.resumable && !ACTIVE.has(ui.run?.status));
-    btn('PEFT', 'export-peft', () => exportRun(r, 'peft'), r.status !== 'active');
-    btn('ComfyUI', 'export-comfyui', () => exportRun(r, 'comfyui'), r.status !== 'active');
-    btn('Merged', 'export-merged', () => exportRun(r, 'merged'), r.status !== 'active');
+    btn('PEFT', 'export-peft', () => exportRun(r, 'peft'), !r.active);
+    btn('ComfyUI', 'export-comfyui', () => exportRun(r, 'comfyui'), !r.active);
+    btn('Merged', 'export-merged', () => exportRun(r, 'merged'), !r.active);
     actions.append(box);
-    tr.append(td(r.id, 'name'), status, td(r.last_step != null ? String(r.last_step) : '—', 'num'),
+    tr.append(td(r.name, 'name'), status, td(r.steps ? String(r.steps) : '—', 'num'),
       td(fmt.num(r.last_loss), 'num'), td(fmt.when(r.updated_unix)), actions);
     body.append(tr);
   }
@@ -413,7 +415,7 @@ async function historyCharts(r) {
     const fig = document.createElement('figure');
     fig.className = 'chart-card';
     const cap = document.createElement('figcaption');
-    cap.textContent = `${r.id} · ${key}`;
+    cap.textContent = `${r.name} · ${key}`;
     const div = document.createElement('div');
     div.className = 'chart';
     div.id = `history-${key}`;
@@ -431,7 +433,7 @@ async function historyCharts(r) {
 
 async function exportRun(r, format) {
   try {
-    const to = await invoke('choose_folder', { title: `Export ${r.id} (${format}) to…` });
+    const to = await invoke('choose_folder', { title: `Export ${r.name} (${format}) to…` });
     if (!to) return;
     const path = await invoke('export_run', { dir: r.dir, format, to });
     say(`Exported to ${path}`);

@@ -213,6 +213,13 @@ struct Sink {
 
 impl Sink {
     fn emit(&mut self, event: Event) {
+        if matches!(event, Event::Finished { .. } | Event::Stopped { .. } | Event::Failed { .. }) {
+            // The run ends with this event: whoever sees it and then lists the runs must
+            // not find the run live (the training thread removes the marker only later).
+            if let Some(dir) = self.log.path().parent() {
+                let _ = std::fs::remove_file(dir.join(history::LIVE_MARKER));
+            }
+        }
         // A full disk must not kill training: the checkpoint path reports write errors.
         let _ = self.log.append(&event);
         let _ = self.tx.send(event);
@@ -555,5 +562,26 @@ fn data_event(e: DataEvent, folder: &Path) -> Event {
             file: file.unwrap_or_else(|| folder.to_path_buf()),
         },
         DataEvent::Issue { file, reason } => Event::DatasetIssue { file, reason },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_live_marker_is_gone_before_the_final_event_is_seen() {
+        let tmp = tempfile::tempdir().unwrap();
+        let marker = tmp.path().join(history::LIVE_MARKER);
+        let (tx, rx) = channel();
+        let mut sink = Sink { log: EventLog::open(tmp.path().join("events.jsonl")).unwrap(), tx };
+        std::fs::write(&marker, std::process::id().to_string()).unwrap();
+        sink.emit(Event::Paused { step: 1 });
+        assert!(marker.exists(), "a paused run is still live");
+        sink.emit(Event::Stopped { step: 1, adapter_path: "a".into() });
+        assert!(matches!(rx.recv().unwrap(), Event::Paused { .. }));
+        assert!(matches!(rx.recv().unwrap(), Event::Stopped { .. }));
+        assert!(!marker.exists());
+        assert_eq!(history::summarise(tmp.path()).unwrap().status, history::RunStatus::Stopped);
     }
 }
