@@ -18,15 +18,25 @@ use serde_json::{json, Value};
 
 const APP: &str = env!("CARGO_BIN_EXE_ostinato-app");
 
-/// A child process, with its name for messages, killed (and reaped) when dropped.
+/// A child process in a process group of its own, with its name for messages. Dropping
+/// it kills the whole group: tauri-driver's WebKitWebDriver (and the app) too, which
+/// would otherwise outlive the test holding its output pipes open.
 struct Proc(Child, &'static str);
+impl Proc {
+    fn spawn(cmd: &mut Command, name: &'static str) -> Self {
+        use std::os::unix::process::CommandExt;
+        let child = cmd.process_group(0).spawn().unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        Proc(child, name)
+    }
+}
 impl Drop for Proc {
     fn drop(&mut self) {
         if let Ok(Some(status)) = self.0.try_wait() {
             // It should have lived until now: say so, it explains a failure above.
             eprintln!("e2e: {} had already exited ({status})", self.1);
         }
-        let _ = self.0.kill();
+        // SAFETY: signals the process group this test created for the child.
+        unsafe { libc::killpg(self.0.id() as libc::pid_t, libc::SIGKILL) };
         let _ = self.0.wait();
     }
 }
@@ -45,14 +55,14 @@ fn free_port() -> u16 {
 
 /// Starts Xvfb on a free display (it picks one and reports it on stdout).
 fn start_xvfb(xvfb: &Path) -> (Proc, String) {
-    let mut child = Command::new(xvfb)
-        .args(["-displayfd", "1", "-screen", "0", "1280x800x24", "-nolisten", "tcp"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting Xvfb");
-    let stdout = child.stdout.take().unwrap();
-    let proc = Proc(child, "Xvfb");
+    let mut proc = Proc::spawn(
+        Command::new(xvfb)
+            .args(["-displayfd", "1", "-screen", "0", "1280x800x24", "-nolisten", "tcp"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null()),
+        "Xvfb",
+    );
+    let stdout = proc.0.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut line = String::new();
@@ -84,7 +94,7 @@ fn start_driver(tauri_driver: &Path, display: &str, env: &[(&str, &Path)], extra
     for (k, v) in extra {
         cmd.env(k, v);
     }
-    let proc = Proc(cmd.spawn().expect("starting tauri-driver"), "tauri-driver");
+    let proc = Proc::spawn(&mut cmd, "tauri-driver");
     let t = Instant::now();
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(t.elapsed() < Duration::from_secs(20), "tauri-driver did not listen on {port}");
@@ -270,6 +280,7 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     screenshot(&c, "04-paused.png").await;
 
     // Resume: it moves again. Stop: an adapter is written and the run can be resumed.
+    wait_js(&c, "const b = document.getElementById('btn-resume'); return !b.hidden && !b.disabled", "Resume shown").await;
     c.find(Locator::Id("btn-resume")).await.unwrap().click().await.unwrap();
     wait_js(&c, &step_js(&format!("> {paused_at}")), "steps after resuming").await;
     c.find(Locator::Id("btn-stop")).await.unwrap().click().await.unwrap();
