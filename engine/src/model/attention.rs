@@ -169,6 +169,8 @@ fn recompute(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock
     Ok(q.apply_op3(k, v, Recompute { out, rep, blocks: blocks.to_vec() })?)
 }
 
+/// Attention block by block, concatenated; with tracked inputs the graph keeps every
+/// block's scores (the reference the recompute path is tested against).
 fn blocked_forward(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<Tensor> {
     let outs = blocks
         .iter()
@@ -180,12 +182,6 @@ fn blocked_forward(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[Ban
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Tensor::cat(&outs, 2)?)
-}
-
-/// The banded blocks as plain differentiable ops (the graph keeps every block's
-/// scores); the reference the recompute path is tested against.
-fn blocked_forward_tracked(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<Tensor> {
-    blocked_forward(q, k, v, rep, blocks)
 }
 
 struct Recompute {
@@ -309,8 +305,9 @@ pub fn sliding(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, plan: &SlidingPla
     match plan {
         SlidingPlan::Unmasked => attend(q, k, v, rep, None),
         SlidingPlan::Masked(mask) => attend(q, k, v, rep, Some(mask)),
+        // Plain differentiable blocks: the graph keeps every block's scores (A/B runs).
         SlidingPlan::Banded(blocks) if ops::bench_switch("OSTINATO_KEEP_SCORES") => {
-            blocked_forward_tracked(q, k, v, rep, blocks)
+            blocked_forward(q, k, v, rep, blocks)
         }
         SlidingPlan::Banded(blocks) => recompute(q, k, v, rep, blocks),
     }
