@@ -10,11 +10,10 @@
 //! ```
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
-static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// Wraps an allocator and counts the bytes it has handed out and not taken back.
 pub struct Counting<A> {
@@ -35,7 +34,6 @@ fn grew(bytes: usize) {
 // SAFETY: every call is forwarded unchanged to `inner`; only counters are added.
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        INSTALLED.store(true, Relaxed);
         let p = self.inner.alloc(layout);
         if !p.is_null() {
             grew(layout.size());
@@ -44,7 +42,6 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        INSTALLED.store(true, Relaxed);
         let p = self.inner.alloc_zeroed(layout);
         if !p.is_null() {
             grew(layout.size());
@@ -67,14 +64,20 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     }
 }
 
+/// Whether a [`Counting`] allocator has counted anything (a Rust program allocates
+/// before `main`, so an installed one always has).
+fn installed() -> bool {
+    PEAK.load(Relaxed) > 0
+}
+
 /// Heap bytes live now, or None when the binary did not install [`Counting`].
 pub fn live_bytes() -> Option<u64> {
-    INSTALLED.load(Relaxed).then(|| LIVE.load(Relaxed) as u64)
+    installed().then(|| LIVE.load(Relaxed) as u64)
 }
 
 /// The most heap bytes live at once since the last [`reset_peak`] (or the start).
 pub fn peak_bytes() -> Option<u64> {
-    INSTALLED.load(Relaxed).then(|| PEAK.load(Relaxed) as u64)
+    installed().then(|| PEAK.load(Relaxed) as u64)
 }
 
 /// Starts a new peak from what is live now.
