@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use ostinato_engine::bench::Preset;
 use ostinato_engine::device::Precision;
 use ostinato_engine::export::ExportFormat;
-use ostinato_engine::heap;
+use ostinato_engine::runtime;
 
 #[derive(Parser)]
 #[command(name = "ostinato", version, about = "Train LoRA adapters for ACE-Step 1.5 from a folder of songs")]
@@ -155,32 +155,11 @@ fn parse_with<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, String> 
     s.parse()
 }
 
-// Live heap bytes are counted for `ostinato bench` (two relaxed atomics per allocation).
-#[cfg(feature = "mimalloc")]
 #[global_allocator]
-static GLOBAL: heap::Counting<mimalloc::MiMalloc> = heap::Counting::new(mimalloc::MiMalloc);
-#[cfg(not(feature = "mimalloc"))]
-#[global_allocator]
-static GLOBAL: heap::Counting<std::alloc::System> = heap::Counting::new(std::alloc::System);
-
-/// mimalloc v3's `mi_option_purge_delay` (mimalloc.h). Training frees and reallocates
-/// the same large activations every step; with the default 10 ms delay they were
-/// returned to the OS and re-faulted (and zeroed) each time.
-#[cfg(feature = "mimalloc")]
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+static GLOBAL: runtime::Allocator = runtime::ALLOCATOR;
 
 fn main() {
-    #[cfg(feature = "mimalloc")]
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-        // SAFETY: sets a process-wide allocator option before any thread exists.
-        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
-    }
-    // candle's elementwise pool spin-waits between ops; on a few shared cores one
-    // elementwise thread measured 1.3-2x faster per step (bench/NOTES.md). GEMMs keep
-    // their threads. An explicit setting wins.
-    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-        std::env::set_var("CANDLE_NUM_THREADS", "1");
-    }
+    runtime::configure();
     let cli = Cli::parse();
     let code = match run(cli) {
         Ok(code) => code,

@@ -12,6 +12,7 @@ pub mod heap;
 pub mod lora;
 pub mod metrics;
 pub mod model;
+pub mod runtime;
 pub mod train;
 
 pub use error::{Error, Result};
