@@ -90,7 +90,11 @@ impl CustomOp2 for Pruned {
 
 fn binary(kind: Kind, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let shape = a.shape().broadcast_shape_binary_op(b.shape(), "pruned")?;
-    let (a, b) = (a.broadcast_as(&shape)?, b.broadcast_as(&shape)?);
+    // A same-shape `broadcast_as` still records a node whose backward is a full-size
+    // `sum_keepdim` over no dimensions (a copy) plus a gradient accumulation: 7% of a
+    // small-30s step when every residual went through one.
+    let widen = |t: &Tensor| if t.shape() == &shape { Ok(t.clone()) } else { t.broadcast_as(&shape) };
+    let (a, b) = (widen(a)?, widen(b)?);
     if !a.track_op() && !b.track_op() {
         // No graph to record: plain candle ops are the same kernels.
         return match kind {
