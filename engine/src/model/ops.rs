@@ -23,6 +23,9 @@ enum Kind {
     Mul,
     /// `[.., M, K] x [.., K, N]` with equal batch dimensions.
     Matmul,
+    /// `x [.., K]` (contiguous) times `w [N, K]` transposed: `[.., N]`. One node where
+    /// reshapes around a matmul would add two, each a full-size gradient accumulation.
+    Linear,
 }
 
 struct Pruned(Kind);
@@ -42,6 +45,14 @@ impl Pruned {
                 out.extend([m, n]);
                 Ok((s1.matmul(s2, (batch, m, n, k), l1, l2)?, Shape::from(out)))
             }
+            Kind::Linear => {
+                let (n, k) = l2.shape().dims2()?;
+                let rows = l1.shape().elem_count() / k;
+                let x = Layout::contiguous_with_offset((rows, k), l1.start_offset());
+                let mut out = l1.dims().to_vec();
+                *out.last_mut().expect("x has a feature dimension") = n;
+                Ok((s1.matmul(s2, (1, rows, n, k), &x, &l2.transpose(0, 1)?)?, Shape::from(out)))
+            }
         }
     }
 }
@@ -53,6 +64,7 @@ impl CustomOp2 for Pruned {
             Kind::Sub => "pruned-sub",
             Kind::Mul => "pruned-mul",
             Kind::Matmul => "pruned-matmul",
+            Kind::Linear => "pruned-linear",
         }
     }
 
@@ -84,6 +96,14 @@ impl CustomOp2 for Pruned {
                 wanted(a, &|| grad.matmul(&b.t()?))?,
                 wanted(b, &|| a.t()?.matmul(grad))?,
             )),
+            Kind::Linear => {
+                let (n, k) = b.dims2()?;
+                let g = grad.reshape((grad.elem_count() / n, n))?;
+                Ok((
+                    wanted(a, &|| g.matmul(b)?.reshape(a.shape()))?,
+                    wanted(b, &|| g.t()?.matmul(&a.reshape((a.elem_count() / k, k))?))?,
+                ))
+            }
         }
     }
 }
@@ -101,7 +121,7 @@ fn binary(kind: Kind, a: &Tensor, b: &Tensor) -> Result<Tensor> {
             Kind::Add => a.add(&b),
             Kind::Sub => a.sub(&b),
             Kind::Mul => a.mul(&b),
-            Kind::Matmul => unreachable!("matmul goes through `matmul`"),
+            Kind::Matmul | Kind::Linear => unreachable!("matmuls go through `matmul` / `linear`"),
         };
     }
     a.apply_op2(&b, Pruned(kind))
@@ -135,20 +155,18 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// `x @ w^T (+ bias)` for `x [.., in]` and `w [out, in]`: one GEMM over all leading
 /// dimensions. A frozen `w` gets no gradient; a tracked one (LoRA) does.
 pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    let dims = x.dims().to_vec();
-    let rows: usize = dims[..dims.len() - 1].iter().product();
-    let x2 = x.reshape((rows, dims[dims.len() - 1]))?;
     // The transposed weight is a strided view: GEMM reads it in place. Same layouts
     // with and without a graph (see `matmul`).
-    let x2 = x2.contiguous()?;
-    let y = if !x2.track_op() && !w.track_op() {
-        x2.matmul(&w.t()?)?
+    let x = x.contiguous()?;
+    let y = if !x.track_op() && !w.track_op() {
+        let dims = x.dims();
+        let (rows, k) = (x.elem_count() / dims[dims.len() - 1], dims[dims.len() - 1]);
+        let mut out = dims.to_vec();
+        *out.last_mut().expect("x has a feature dimension") = w.dim(0)?;
+        x.reshape((rows, k))?.matmul(&w.t()?)?.reshape(out)?
     } else {
-        x2.apply_op2(&w.t()?, Pruned(Kind::Matmul))?
+        x.apply_op2(w, Pruned(Kind::Linear))?
     };
-    let mut out_dims = dims;
-    *out_dims.last_mut().expect("x has a feature dimension") = w.dim(0)?;
-    let y = y.reshape(out_dims)?;
     match bias {
         Some(b) => add(&y, b),
         None => Ok(y),
