@@ -13,7 +13,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{ops, DitModel};
+use crate::model::lora_linear::lora_linear;
+use crate::model::DitModel;
 use crate::{Error, Result};
 
 /// PEFT's key prefix for a model wrapped by `get_peft_model` (ACE-Step's decoder).
@@ -329,28 +330,26 @@ fn peft_config_from_file(path: &Path) -> Result<LoraConfig> {
 }
 
 impl LoraCtx<'_> {
-    /// The adapter's contribution for module `name` on input `x`, or `None` when the
-    /// module is not adapted. LoRA tensors are f32 and cast to the compute dtype here.
-    pub fn delta(&self, name: &str, x: &Tensor) -> Result<Option<Tensor>> {
+    /// Module `name` with weight `w` applied to `x`, its LoRA delta included, or `None`
+    /// when the module is not adapted. LoRA tensors are f32 and cast to the compute
+    /// dtype here.
+    pub fn linear(&self, name: &str, x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
         let Some(m) = self.adapter.modules.get(name) else {
             return Ok(None);
         };
         let config = &self.adapter.config;
-        let x = match self.mode {
+        let mask = match self.mode {
             LoraMode::Train { dropout_seed } if config.dropout > 0.0 => {
-                let mask = dropout_mask(dropout_seed, name, x, config.dropout)?;
-                ops::mul(x, &mask)?
+                Some(dropout_mask(dropout_seed, name, x, config.dropout)?)
             }
-            _ => x.clone(),
+            _ => None,
         };
         let weight = |v: &Var| -> Result<Tensor> {
             let t = if self.tracked { v.as_tensor().clone() } else { v.as_tensor().detach() };
             Ok(t.to_dtype(x.dtype())?)
         };
-        // The scaling multiplies B ([out, r]) rather than the [rows, out] delta.
-        let h = ops::linear(&x, &weight(&m.a)?, None)?;
-        let y = ops::linear(&h, &(weight(&m.b)? * config.scaling())?, None)?;
-        Ok(Some(y))
+        let (a, b) = (weight(&m.a)?, weight(&m.b)?);
+        Ok(Some(lora_linear(x, w, &a, &b, config.scaling(), mask.as_ref())?))
     }
 }
 

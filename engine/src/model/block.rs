@@ -37,10 +37,14 @@ impl Linear {
 
     /// `[.., in] -> [.., out]`.
     pub fn forward(&self, x: &Tensor, lora: Option<&LoraCtx>) -> Result<Tensor> {
-        let y = ops::linear(x, &self.weight, self.bias.as_ref())?;
-        match lora.map(|l| l.delta(&self.name, x)).transpose()?.flatten() {
-            Some(delta) => Ok(ops::add(&y, &delta)?),
-            None => Ok(y),
+        let adapted = match lora {
+            Some(l) => l.linear(&self.name, x, &self.weight)?,
+            None => None,
+        };
+        match (adapted, &self.bias) {
+            (Some(y), Some(bias)) => Ok(ops::add(&y, bias)?),
+            (Some(y), None) => Ok(y),
+            (None, bias) => Ok(ops::linear(x, &self.weight, bias.as_ref())?),
         }
     }
 
