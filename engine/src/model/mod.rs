@@ -14,6 +14,7 @@ pub mod footprint;
 pub mod lora_linear;
 pub mod ops;
 pub mod qwen3;
+pub mod simd;
 pub mod source;
 pub mod tensors;
 pub mod tokenizer;

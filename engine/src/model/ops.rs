@@ -16,6 +16,8 @@ use candle_core::{
     CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, MetalStorage, Result, Shape, Tensor, D,
 };
 
+use super::simd;
+
 #[derive(Debug, Clone, Copy)]
 enum Kind {
     Add,
@@ -266,17 +268,7 @@ impl CustomOp1 for Softmax {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (x, n) = rows(s, l)?;
         let mut out = output(x.len());
-        par_rows(&mut out, n, |r, y| {
-            let x = &x[r * n..(r + 1) * n];
-            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for (y, &x) in y.iter_mut().zip(x) {
-                *y = (x - max).exp();
-                sum += *y;
-            }
-            let inv = 1.0 / sum;
-            y.iter_mut().for_each(|y| *y *= inv);
-        });
+        par_rows(&mut out, n, |r, y| simd::softmax_row(&x[r * n..(r + 1) * n], y));
         Ok((CpuStorage::F32(out), l.shape().clone()))
     }
 
@@ -308,11 +300,8 @@ impl CustomOp2 for SoftmaxBwd {
         let (g, _) = rows(gs, gl)?;
         let mut out = output(y.len());
         par_rows(&mut out, n, |r, dx| {
-            let (y, g) = (&y[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
-            let dot: f32 = y.iter().zip(g).map(|(y, g)| y * g).sum();
-            for ((dx, &y), &g) in dx.iter_mut().zip(y).zip(g) {
-                *dx = y * (g - dot);
-            }
+            let range = r * n..(r + 1) * n;
+            simd::softmax_bwd_row(&y[range.clone()], &g[range], dx)
         });
         Ok((CpuStorage::F32(out), yl.shape().clone()))
     }
@@ -408,10 +397,6 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     mul(&gate.silu()?, up)
 }
 
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
 struct Swiglu;
 
 impl CustomOp2 for Swiglu {
@@ -424,10 +409,8 @@ impl CustomOp2 for Swiglu {
         let (u, _) = rows(us, ul)?;
         let mut out = output(g.len());
         par_rows(&mut out, n, |r, y| {
-            let (g, u) = (&g[r * n..(r + 1) * n], &u[r * n..(r + 1) * n]);
-            for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
-                *y = g * sigmoid(g) * u;
-            }
+            let range = r * n..(r + 1) * n;
+            simd::swiglu_row(&g[range.clone()], &u[range], y)
         });
         Ok((CpuStorage::F32(out), gl.shape().clone()))
     }
@@ -472,11 +455,7 @@ impl candle_core::CustomOp3 for SwigluBwd {
         let wrt_gate = self.wrt_gate;
         par_rows(&mut out, n, |r, dx| {
             let range = r * n..(r + 1) * n;
-            let (g, u, d) = (&g[range.clone()], &u[range.clone()], &d[range]);
-            for (((dx, &g), &u), &d) in dx.iter_mut().zip(g).zip(u).zip(d) {
-                let s = sigmoid(g);
-                *dx = if wrt_gate { d * u * s * (1.0 + g * (1.0 - s)) } else { d * g * s };
-            }
+            simd::swiglu_bwd_row(&g[range.clone()], &u[range.clone()], &d[range], dx, wrt_gate)
         });
         Ok((CpuStorage::F32(out), gl.shape().clone()))
     }
@@ -501,8 +480,7 @@ impl CustomOp2 for RmsNorm {
         let eps = self.eps;
         par_rows(&mut out, n, |r, y| {
             let x = &x[r * n..(r + 1) * n];
-            let ss: f32 = x.iter().map(|v| v * v).sum();
-            let inv = 1.0 / (ss / n as f32 + eps).sqrt();
+            let inv = 1.0 / (simd::dot(x, x) / n as f32 + eps).sqrt();
             for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
                 *y = x * inv * w;
             }
@@ -552,9 +530,8 @@ impl candle_core::CustomOp3 for RmsNormBwd {
         let eps = self.eps;
         par_rows(&mut out, n, |r, dx| {
             let (x, g) = (&x[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
-            let ss: f32 = x.iter().map(|v| v * v).sum();
-            let inv = 1.0 / (ss / n as f32 + eps).sqrt();
-            let gwx: f32 = x.iter().zip(g).zip(w).map(|((x, g), w)| g * w * x).sum();
+            let inv = 1.0 / (simd::dot(x, x) / n as f32 + eps).sqrt();
+            let gwx = simd::dot3(g, w, x);
             let c = inv * inv * inv * gwx / n as f32;
             for (((dx, &x), &g), &w) in dx.iter_mut().zip(x).zip(g).zip(w) {
                 *dx = inv * g * w - x * c;

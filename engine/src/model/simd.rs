@@ -1,0 +1,232 @@
+//! Row kernels of the fused CPU ops, written as 16-lane loops that LLVM vectorises,
+//! compiled for AVX-512 and for AVX2 + FMA besides the baseline and picked at run time
+//! (the crate itself targets baseline x86-64, i.e. SSE2).
+//!
+//! Plain iterator sums, `f32::max` folds and libm's `expf` stay scalar: a sum in strict
+//! floating point is one dependency chain. Here every reduction keeps 16 partial
+//! results, and `exp` is a branch-free polynomial.
+
+const LANES: usize = 16;
+
+/// Defines `pub fn $name` that runs `$body` compiled for the best instruction set the
+/// CPU has. The body is one inlined function, so all three copies compute the same
+/// operations in the same order.
+macro_rules! kernel {
+    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$doc])*
+        pub fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU has AVX2 and FMA.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+
+/// `e^x` to within 2 ulp, branch-free; exactly 0 below -87.3 (where `e^x` leaves the
+/// normal range: masked attention scores, `f32::MIN` minus the row maximum, must get a
+/// probability of exactly 0), and finite up to 88.3 (the largest power of two it
+/// builds is 2^127).
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split so that n * LN2_HI is exact for |n| <= 128 (Cody-Waite).
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    // Adding 1.5 * 2^23 rounds to the nearest integer, which then sits in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    let underflow = x < -87.3;
+    let x = x.clamp(-87.3, 88.3);
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO; // |r| <= ln2 / 2
+    // e^r by its Taylor series to r^7 (truncation < 1e-8 relative at |r| = 0.35).
+    let p = 1.0 / 5040.0;
+    let p = p * r + 1.0 / 720.0;
+    let p = p * r + 1.0 / 120.0;
+    let p = p * r + 1.0 / 24.0;
+    let p = p * r + 1.0 / 6.0;
+    let p = p * r + 0.5;
+    let p = p * r + 1.0;
+    let p = p * r + 1.0;
+    let n_int = t.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
+    let scale = f32::from_bits(((n_int + 127) as u32) << 23);
+    if underflow {
+        0.0
+    } else {
+        p * scale
+    }
+}
+
+#[inline(always)]
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
+/// Sum of `f(i)` over `0..n`, in 16 interleaved partial sums.
+#[inline(always)]
+fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
+    let mut acc = [0f32; LANES];
+    for chunk in 0..n / LANES {
+        for (l, a) in acc.iter_mut().enumerate() {
+            *a += f(chunk * LANES + l);
+        }
+    }
+    let tail: f32 = (n - n % LANES..n).map(&f).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+kernel! {
+    /// `sum(a * b)`.
+    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        lane_sum(n, |i| a[i] * b[i])
+    }
+}
+
+kernel! {
+    /// `sum(a * b * c)`.
+    pub fn dot3(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
+        let n = a.len().min(b.len()).min(c.len());
+        lane_sum(n, |i| a[i] * b[i] * c[i])
+    }
+}
+
+kernel! {
+    /// `y = softmax(x)` over one row.
+    pub fn softmax_row(x: &[f32], y: &mut [f32]) {
+        let mut m = [f32::NEG_INFINITY; LANES];
+        let full = x.len() - x.len() % LANES;
+        for c in x[..full].chunks_exact(LANES) {
+            for (m, &v) in m.iter_mut().zip(c) {
+                *m = m.max(v);
+            }
+        }
+        let max = x[full..].iter().chain(&m).copied().fold(f32::NEG_INFINITY, f32::max);
+        for (y, &x) in y.iter_mut().zip(x) {
+            *y = exp(x - max);
+        }
+        let inv = 1.0 / lane_sum(y.len(), |i| y[i]);
+        y.iter_mut().for_each(|y| *y *= inv);
+    }
+}
+
+kernel! {
+    /// The softmax input gradient over one row: `dx = y * (g - sum(g * y))`.
+    pub fn softmax_bwd_row(y: &[f32], g: &[f32], dx: &mut [f32]) {
+        let dot = lane_sum(y.len(), |i| y[i] * g[i]);
+        for ((dx, &y), &g) in dx.iter_mut().zip(y).zip(g) {
+            *dx = y * (g - dot);
+        }
+    }
+}
+
+kernel! {
+    /// `y = silu(gate) * up`.
+    pub fn swiglu_row(gate: &[f32], up: &[f32], y: &mut [f32]) {
+        for ((y, &g), &u) in y.iter_mut().zip(gate).zip(up) {
+            *y = g * sigmoid(g) * u;
+        }
+    }
+}
+
+kernel! {
+    /// One input gradient of SwiGLU from the output gradient `d`:
+    /// `d_gate = d * up * s * (1 + gate * (1 - s))` with `s = sigmoid(gate)`, or
+    /// `d_up = d * silu(gate)`.
+    pub fn swiglu_bwd_row(gate: &[f32], up: &[f32], d: &[f32], dx: &mut [f32], wrt_gate: bool) {
+        for (((dx, &g), &u), &d) in dx.iter_mut().zip(gate).zip(up).zip(d) {
+            let s = sigmoid(g);
+            *dx = if wrt_gate { d * u * s * (1.0 + g * (1.0 - s)) } else { d * g * s };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_accurate_and_exactly_zero_below_the_normal_range() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let exact = (x as f64).exp();
+            worst = worst.max(((exp(x) as f64) - exact).abs() / exact);
+            x += 0.0137;
+        }
+        println!("exp: worst relative error {worst:.2e} over [-87, 88]");
+        assert!(worst < 3e-7, "relative error {worst}");
+        assert_eq!(exp(f32::MIN), 0.0);
+        assert_eq!(exp(-100.0), 0.0);
+        assert_eq!(exp(0.0), 1.0);
+        assert!(exp(88.3).is_finite());
+    }
+
+    #[test]
+    fn row_kernels_match_plain_loops() {
+        // 37: two full lane groups and a tail.
+        let x: Vec<f32> = (0..37).map(|i| ((i * 7919) % 113) as f32 / 10.0 - 5.0).collect();
+        let g: Vec<f32> = (0..37).map(|i| ((i * 104_729) % 97) as f32 / 30.0 - 1.5).collect();
+        let rel = |a: f32, b: f32| (a - b).abs() / b.abs().max(1.0);
+
+        let plain_dot: f32 = x.iter().zip(&g).map(|(a, b)| a * b).sum();
+        let plain_dot3: f32 = x.iter().zip(&g).map(|(a, b)| a * b * b).sum();
+        let e = [rel(dot(&x, &g), plain_dot), rel(dot3(&x, &g, &g), plain_dot3)];
+
+        let max = x.iter().copied().fold(f32::MIN, f32::max);
+        let sum: f32 = x.iter().map(|v| (v - max).exp()).sum();
+        let mut y = vec![0f32; 37];
+        softmax_row(&x, &mut y);
+        let e_soft = y.iter().zip(&x).map(|(&y, &x)| rel(y, (x - max).exp() / sum)).fold(0f32, f32::max);
+
+        let dot_yg: f32 = y.iter().zip(&g).map(|(a, b)| a * b).sum();
+        let mut dx = vec![0f32; 37];
+        softmax_bwd_row(&y, &g, &mut dx);
+        let e_soft_bwd = dx.iter().zip(&y).zip(&g).map(|((&d, &y), &g)| rel(d, y * (g - dot_yg))).fold(0f32, f32::max);
+
+        let sig = |v: f32| 1.0 / (1.0 + (-v).exp());
+        let mut s = vec![0f32; 37];
+        swiglu_row(&x, &g, &mut s);
+        let e_swiglu = s.iter().zip(&x).zip(&g).map(|((&s, &x), &u)| rel(s, x * sig(x) * u)).fold(0f32, f32::max);
+        let mut dg = vec![0f32; 37];
+        swiglu_bwd_row(&x, &g, &g, &mut dg, true);
+        let e_dgate = dg
+            .iter()
+            .zip(&x)
+            .zip(&g)
+            .map(|((&d, &x), &u)| rel(d, u * u * sig(x) * (1.0 + x * (1.0 - sig(x)))))
+            .fold(0f32, f32::max);
+
+        println!(
+            "relative errors: dot {:.1e}, dot3 {:.1e}, softmax {e_soft:.1e}, softmax bwd {e_soft_bwd:.1e}, swiglu {e_swiglu:.1e}, d gate {e_dgate:.1e}",
+            e[0], e[1]
+        );
+        for err in [e[0], e[1], e_soft, e_soft_bwd, e_swiglu, e_dgate] {
+            assert!(err < 1e-6, "{err}");
+        }
+    }
+
+    #[test]
+    fn a_masked_softmax_entry_is_exactly_zero() {
+        let x = [0.5, f32::MIN, 1.0, f32::MIN];
+        let mut y = [1f32; 4];
+        softmax_row(&x, &mut y);
+        assert_eq!((y[1], y[3]), (0.0, 0.0));
+        assert!((y[0] + y[2] - 1.0).abs() < 1e-7);
+    }
+}
