@@ -241,11 +241,10 @@ impl DitLayer {
         let (c_shift, c_scale, c_gate) = (chunk(3)?, (chunk(4)? + 1.0)?, chunk(5)?);
 
         // 2. Modulated self-attention, gated residual.
-        let h = ops::rms_norm(x, &self.self_attn_norm, self.eps)?;
-        let h = ops::add(&ops::mul(&h, &scale)?, &shift)?;
+        let h = ops::modulated_rms_norm(x, &self.self_attn_norm, &scale, &shift, self.eps)?;
         let plan = if self.sliding { Some(&ctx.sliding) } else { None };
         let attn = self.self_attn.forward(&h, &h, Some(&ctx.rope), plan, lora)?;
-        let x = ops::add(x, &ops::mul(&attn, &gate)?)?;
+        let x = ops::gated_add(x, &attn, &gate)?;
 
         // 3. Cross-attention to the condition, plain residual.
         let h = ops::rms_norm(&x, &self.cross_attn_norm, self.eps)?;
@@ -253,10 +252,9 @@ impl DitLayer {
         let x = ops::add(&x, &cross)?;
 
         // 4. Modulated SwiGLU MLP, gated residual.
-        let h = ops::rms_norm(&x, &self.mlp_norm, self.eps)?;
-        let h = ops::add(&ops::mul(&h, &c_scale)?, &c_shift)?;
+        let h = ops::modulated_rms_norm(&x, &self.mlp_norm, &c_scale, &c_shift, self.eps)?;
         let ff = self.mlp.forward(&h, lora)?;
-        Ok(ops::add(&x, &ops::mul(&ff, &c_gate)?)?)
+        Ok(ops::gated_add(&x, &ff, &c_gate)?)
     }
 
     /// The layer's linear modules, named as in the checkpoint.

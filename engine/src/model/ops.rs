@@ -181,9 +181,34 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
 /// all record a backward.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     if fused_cpu_f32(x) && weight.dtype() == DType::F32 && !weight.track_op() {
-        return x.contiguous()?.apply_op2(weight, RmsNorm { eps: eps as f32 });
+        return x.contiguous()?.apply_op2(weight, RmsNorm { eps: eps as f32, shift: None });
     }
     rms_norm_composed(x, weight, eps)
+}
+
+/// AdaLN's modulated norm, `rms_norm(x, weight) * scale + shift` for `x [B, P, H]` and
+/// per-item `scale`, `shift` `[B, 1, H]`. Fused on the CPU (one node, one pass each way)
+/// when the modulation is a constant, as it is unless a LoRA adapts the timestep
+/// embedding; composed otherwise.
+pub fn modulated_rms_norm(x: &Tensor, weight: &Tensor, scale: &Tensor, shift: &Tensor, eps: f64) -> Result<Tensor> {
+    let constant = [weight, scale, shift].iter().all(|t| t.dtype() == DType::F32 && !t.track_op());
+    if fused_cpu_f32(x) && constant {
+        let weight = scale.broadcast_mul(weight)?.contiguous()?;
+        let shift = Some(shift.contiguous()?);
+        return x.contiguous()?.apply_op2(&weight, RmsNorm { eps: eps as f32, shift });
+    }
+    add(&mul(&rms_norm(x, weight, eps)?, scale)?, shift)
+}
+
+/// The residual `x + f * gate` for `x, f [B, P, H]` and `gate [B, 1, H]`. Fused on the CPU
+/// (one node; `x`'s gradient is the output's, `f`'s is one multiply) when the gate is a
+/// constant; composed otherwise.
+pub fn gated_add(x: &Tensor, f: &Tensor, gate: &Tensor) -> Result<Tensor> {
+    if fused_cpu_f32(x) && f.dtype() == DType::F32 && gate.dtype() == DType::F32 && !gate.track_op() && x.shape() == f.shape() {
+        let op = GatedAdd { gate: gate.contiguous()? };
+        return x.contiguous()?.apply_op2(&f.contiguous()?, op);
+    }
+    add(x, &mul(f, gate)?)
 }
 
 fn rms_norm_composed(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
@@ -461,8 +486,24 @@ impl candle_core::CustomOp3 for SwigluBwd {
     }
 }
 
+/// Row `r` of `rows` of a per-group table `v` (`[G, n]`, consecutive row groups: G = 1
+/// for a plain weight, B for per-item AdaLN modulations).
+fn group_row(v: &[f32], n: usize, rows: usize, r: usize) -> &[f32] {
+    let groups = v.len() / n;
+    let g = r / (rows / groups);
+    &v[g * n..(g + 1) * n]
+}
+
+/// A constant tensor's contiguous f32 values on the CPU.
+fn cpu_values(t: &Tensor) -> Result<Vec<f32>> {
+    t.flatten_all()?.to_vec1::<f32>()
+}
+
+/// `x * inv * weight (+ shift)`: a weight `[H]` or per item `[B, 1, H]`, an optional
+/// per-item shift; the input gradient only (weight and shift are constants).
 struct RmsNorm {
     eps: f32,
+    shift: Option<Tensor>,
 }
 
 impl CustomOp2 for RmsNorm {
@@ -473,16 +514,28 @@ impl CustomOp2 for RmsNorm {
     fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout, ws: &CpuStorage, wl: &Layout) -> Result<(CpuStorage, Shape)> {
         let (x, n) = rows(xs, xl)?;
         let (w, wn) = rows(ws, wl)?;
-        if wn != n || w.len() != n {
-            return Err(candle_core::Error::Msg(format!("rms_norm: weight of {} for rows of {n}", w.len())));
+        let total = x.len() / n;
+        let groups_ok = |len: usize| len % n == 0 && len > 0 && total % (len / n) == 0;
+        if wn != n || !groups_ok(w.len()) {
+            return Err(candle_core::Error::Msg(format!("rms_norm: weight of {} for {total} rows of {n}", w.len())));
+        }
+        let shift = self.shift.as_ref().map(cpu_values).transpose()?;
+        if let Some(b) = &shift {
+            if !groups_ok(b.len()) {
+                return Err(candle_core::Error::Msg(format!("rms_norm: shift of {} for {total} rows of {n}", b.len())));
+            }
         }
         let mut out = output(x.len());
         let eps = self.eps;
         par_rows(&mut out, n, |r, y| {
             let x = &x[r * n..(r + 1) * n];
+            let w = group_row(w, n, total, r);
             let inv = 1.0 / (simd::dot(x, x) / n as f32 + eps).sqrt();
             for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
                 *y = x * inv * w;
+            }
+            if let Some(b) = &shift {
+                y.iter_mut().zip(group_row(b, n, total, r)).for_each(|(y, b)| *y += b);
             }
         });
         Ok((CpuStorage::F32(out), xl.shape().clone()))
@@ -527,9 +580,10 @@ impl candle_core::CustomOp3 for RmsNormBwd {
         let (w, _) = rows(ws, wl)?;
         let (g, _) = rows(gs, gl)?;
         let mut out = output(x.len());
-        let eps = self.eps;
+        let (eps, total) = (self.eps, x.len() / n);
         par_rows(&mut out, n, |r, dx| {
             let (x, g) = (&x[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
+            let w = group_row(w, n, total, r);
             let inv = 1.0 / (simd::dot(x, x) / n as f32 + eps).sqrt();
             let gwx = simd::dot3(g, w, x);
             let c = inv * inv * inv * gwx / n as f32;
@@ -538,6 +592,45 @@ impl candle_core::CustomOp3 for RmsNormBwd {
             }
         });
         Ok((CpuStorage::F32(out), xl.shape().clone()))
+    }
+}
+
+/// `x + f * gate` with a constant per-item gate `[B, 1, H]`.
+struct GatedAdd {
+    gate: Tensor,
+}
+
+impl CustomOp2 for GatedAdd {
+    fn name(&self) -> &'static str {
+        "fused-gated-add"
+    }
+
+    fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout, fs: &CpuStorage, fl: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (x, n) = rows(xs, xl)?;
+        let (f, _) = rows(fs, fl)?;
+        let gate = cpu_values(&self.gate)?;
+        let total = x.len() / n;
+        if gate.len() % n != 0 || gate.is_empty() || total % (gate.len() / n) != 0 {
+            return Err(candle_core::Error::Msg(format!("gated_add: gate of {} for {total} rows of {n}", gate.len())));
+        }
+        let mut out = output(x.len());
+        par_rows(&mut out, n, |r, y| {
+            let range = r * n..(r + 1) * n;
+            let (x, f, g) = (&x[range.clone()], &f[range], group_row(&gate, n, total, r));
+            for (((y, &x), &f), &g) in y.iter_mut().zip(x).zip(f).zip(g) {
+                *y = x + f * g;
+            }
+        });
+        Ok((CpuStorage::F32(out), xl.shape().clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, f: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dx = x.track_op().then(|| grad.clone());
+        let df = match f.track_op() {
+            true => Some(grad.broadcast_mul(&self.gate)?),
+            false => None,
+        };
+        Ok((dx, df))
     }
 }
 
@@ -587,10 +680,18 @@ mod tests {
         let g = Tensor::randn(0f32, 1., (3, 5, 37), &dev)?;
         let w = Tensor::randn(1f32, 0.2, 37, &dev)?;
         let g2 = Tensor::randn(0f32, 1., (3, 5, 37), &dev)?; // SwiGLU's `up` (frozen here)
+        // AdaLN modulation per batch item.
+        let scale = Tensor::randn(1f32, 0.3, (3, 1, 37), &dev)?;
+        let shift = Tensor::randn(0f32, 0.3, (3, 1, 37), &dev)?;
         for (name, fused, composed) in [
             ("softmax", softmax_last_dim(x.as_tensor())?, softmax_composed(x.as_tensor())?),
             ("rms_norm", rms_norm(x.as_tensor(), &w, 1e-6)?, rms_norm_composed(x.as_tensor(), &w, 1e-6)?),
             ("swiglu", swiglu(x.as_tensor(), &g2)?, mul(&x.as_tensor().silu()?, &g2)?),
+            (
+                "modulated_rms_norm",
+                modulated_rms_norm(x.as_tensor(), &w, &scale, &shift, 1e-6)?,
+                add(&mul(&rms_norm_composed(x.as_tensor(), &w, 1e-6)?, &scale)?, &shift)?,
+            ),
         ] {
             // The inputs are random (candle's randn is unseeded) and SwiGLU's outputs
             // reach ~30, where one f32 ulp is ~2e-6: errors are relative.
@@ -604,6 +705,24 @@ mod tests {
             assert!(err < 1e-5, "{name} gradient differs by {err:e}");
             assert_eq!(gf.get_ids().count(), 1, "{name}: only the input gets a gradient");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn gated_add_matches_composed_for_both_inputs() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Var::randn(0f32, 1., (2, 5, 19), &dev)?;
+        let f = Var::randn(0f32, 1., (2, 5, 19), &dev)?;
+        let gate = Tensor::randn(0f32, 1., (2, 1, 19), &dev)?;
+        let g = Tensor::randn(0f32, 1., (2, 5, 19), &dev)?;
+        let fused = gated_add(x.as_tensor(), f.as_tensor(), &gate)?;
+        let composed = (x.as_tensor() + f.as_tensor().broadcast_mul(&gate)?)?;
+        let err = rel_err(&fused, &composed);
+        let gf = mul(&fused, &g)?.sum_all()?.backward()?;
+        let gc = mul(&composed, &g)?.sum_all()?.backward()?;
+        let (ex, ef) = (rel_err(gf.get(&x).unwrap(), gc.get(&x).unwrap()), rel_err(gf.get(&f).unwrap(), gc.get(&f).unwrap()));
+        eprintln!("gated_add: forward error {err:e}, dx {ex:e}, df {ef:e}");
+        assert!(err < 1e-6 && ex < 1e-6 && ef < 1e-6);
         Ok(())
     }
 
