@@ -4,6 +4,7 @@
 use candle_core::{DType, Device, Tensor, D};
 
 use super::attention::{self, SlidingPlan};
+use super::heads;
 use super::ops;
 use super::weights::DecoderWeights;
 use super::DitConfig;
@@ -83,11 +84,6 @@ impl Rope {
             sin: emb.sin()?.to_dtype(dtype)?.unsqueeze(1)?,
         })
     }
-
-    /// `scale * (x * cos + rotate_half(x) * sin)` for `x [B, P, heads, head_dim]`.
-    fn apply(&self, x: &Tensor, scale: f64) -> Result<Tensor> {
-        Ok(ops::rope(x, &self.cos, &self.sin, scale)?)
-    }
 }
 
 struct Attention {
@@ -133,40 +129,27 @@ impl Attention {
         let s = kv_input.dim(1)?;
         let (hd, kv, rep) = (self.head_dim, self.kv_heads, self.heads / self.kv_heads);
 
-        // 1. Project, split heads, RMSNorm q and k over head_dim: (B, P, heads, D).
-        let q = self.q_proj.forward(x, lora)?.reshape((b, p, self.heads, hd))?;
-        let k = self.k_proj.forward(kv_input, lora)?.reshape((b, s, kv, hd))?;
-        let v = self.v_proj.forward(kv_input, lora)?.reshape((b, s, kv, hd))?;
-        let q = ops::rms_norm(&q, &self.q_norm, self.eps)?;
-        let k = ops::rms_norm(&k, &self.k_norm, self.eps)?;
-
-        // 2. RoPE (self-attention only), on the (B, P, heads, D) layout. The 1/sqrt(D)
-        //    score scale goes on q (P * heads * D values, fused with RoPE when there is
-        //    one) rather than on the scores.
+        // 1. Project; split heads into attention's grouped layout (see attention.rs),
+        //    RMSNorm q and k over head_dim, RoPE (self-attention only). The 1/sqrt(D)
+        //    score scale goes on q (P * heads * D values, in the same pass) rather than
+        //    on the scores.
+        let q_geo = heads::Geometry { batch: b, positions: p, kv_heads: kv, rep, head_dim: hd };
+        let kv_geo = heads::Geometry { positions: s, rep: 1, ..q_geo };
+        let rope = rope.map(|r| (&r.cos, &r.sin));
         let scale = (hd as f64).powf(-0.5);
-        let (q, k) = match rope {
-            Some(rope) => (rope.apply(&q, scale)?, rope.apply(&k, 1.0)?),
-            None => ((q * scale)?, k),
-        };
+        let q = heads::split(&self.q_proj.forward(x, lora)?, q_geo, Some((&self.q_norm, self.eps)), rope, scale)?;
+        let k = heads::split(&self.k_proj.forward(kv_input, lora)?, kv_geo, Some((&self.k_norm, self.eps)), rope, 1.0)?;
+        let v = heads::split(&self.v_proj.forward(kv_input, lora)?, kv_geo, None, None, 1.0)?;
 
-        // 3. GQA without repeating K/V: query head h = kv * rep + r, rows ordered
-        //    (position, r) per KV head: (B, KV, P * rep, D).
-        let q = q.reshape((b, p, kv, rep * hd))?.transpose(1, 2)?.contiguous()?.reshape((b, kv, p * rep, hd))?;
-        let k = k.transpose(1, 2)?.contiguous()?; // (B, KV, S, D)
-        let v = v.transpose(1, 2)?.contiguous()?; // (B, KV, S, D)
-
-        // 4. softmax(q k^T [+ band]) v, banded on long sliding-window layers.
+        // 2. softmax(q k^T [+ band]) v, banded on long sliding-window layers:
+        //    (B, KV, P * rep, D).
         let out = match sliding {
             Some(plan) => attention::sliding(&q, &k, &v, rep, plan)?,
             None => attention::full(&q, &k, &v, rep, None)?,
-        }; // (B, KV, P * rep, D)
+        };
 
-        // 5. Merge heads, output projection.
-        let out = out
-            .reshape((b, kv, p, rep * hd))?
-            .transpose(1, 2)?
-            .reshape((b, p, self.heads * hd))?;
-        self.o_proj.forward(&out, lora)
+        // 3. Merge heads, output projection.
+        self.o_proj.forward(&heads::merge(&out, q_geo)?, lora)
     }
 
     fn linears(&self) -> [&Linear; 4] {

@@ -11,6 +11,7 @@ pub mod config;
 pub mod demo;
 pub mod folder;
 pub mod footprint;
+pub mod heads;
 pub mod lora_linear;
 pub mod ops;
 pub mod qwen3;

@@ -236,7 +236,7 @@ fn softmax_composed(x: &Tensor) -> Result<Tensor> {
     e.broadcast_div(&sum)
 }
 
-fn fused_cpu_f32(x: &Tensor) -> bool {
+pub(super) fn fused_cpu_f32(x: &Tensor) -> bool {
     x.device().is_cpu() && x.dtype() == DType::F32 && !bench_switch("OSTINATO_NO_FUSED")
 }
 
@@ -251,7 +251,7 @@ pub fn bench_switch(name: &'static str) -> bool {
 }
 
 /// Rows of a contiguous f32 tensor: (slice, row length).
-fn rows<'a>(s: &'a CpuStorage, l: &Layout) -> Result<(&'a [f32], usize)> {
+pub(super) fn rows<'a>(s: &'a CpuStorage, l: &Layout) -> Result<(&'a [f32], usize)> {
     let (start, end) = l
         .contiguous_offsets()
         .ok_or_else(|| candle_core::Error::Msg("fused op: input must be contiguous".into()))?;
@@ -261,7 +261,7 @@ fn rows<'a>(s: &'a CpuStorage, l: &Layout) -> Result<(&'a [f32], usize)> {
 
 /// An output buffer every element of which the caller writes before reading: no
 /// zero-fill pass (a memset of the whole tensor) as `vec![0.0; n]` would make.
-fn output(n: usize) -> Vec<f32> {
+pub(super) fn output(n: usize) -> Vec<f32> {
     let mut v = Vec::with_capacity(n);
     // SAFETY: f32 has no invalid bit patterns and each fused op writes every element
     // (par_rows visits every row) before the buffer is read.
@@ -273,7 +273,7 @@ fn output(n: usize) -> Vec<f32> {
 }
 
 /// Runs `f(row_index, out_row)` over rows, in parallel chunks of about 64K elements.
-fn par_rows(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+pub(super) fn par_rows(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     use rayon::prelude::*;
     let rows_per_chunk = (65536 / n).max(1);
     out.par_chunks_mut(rows_per_chunk * n).enumerate().for_each(|(c, chunk)| {
@@ -333,13 +333,10 @@ impl CustomOp2 for SoftmaxBwd {
 }
 
 /// Rotate-half RoPE, `scale * (x * cos + rotate_half(x) * sin)`, for `x [.., P, H, D]`
-/// with tables `[P, 1, D]` laid out `cat([f, f])`. On the CPU with f32 one fused pass
-/// each way (the backward is the same rotation with -sin); elsewhere composed.
+/// with tables `[P, 1, D]` laid out `cat([f, f])`, composed from ops that record a
+/// backward. (On the CPU with f32 the attention path applies it inside
+/// `heads::split`.)
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, scale: f64) -> Result<Tensor> {
-    if fused_cpu_f32(x) && cos.dtype() == DType::F32 {
-        let (cos, sin) = (cos.contiguous()?, sin.contiguous()?);
-        return x.contiguous()?.apply_op3(&cos, &sin, Rope { scale: scale as f32, inverse: false });
-    }
     let d = x.dim(D::Minus1)?;
     let x1 = x.narrow(D::Minus1, 0, d / 2)?;
     let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
@@ -349,65 +346,6 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, scale: f64) -> Result<Tensor
         Ok(y)
     } else {
         y * scale
-    }
-}
-
-struct Rope {
-    scale: f32,
-    /// Rotate by -angle: the backward of the forward rotation.
-    inverse: bool,
-}
-
-impl candle_core::CustomOp3 for Rope {
-    fn name(&self) -> &'static str {
-        "fused-rope"
-    }
-
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        cs: &CpuStorage,
-        cl: &Layout,
-        ss: &CpuStorage,
-        sl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (x, d) = rows(xs, xl)?;
-        let (cos, _) = rows(cs, cl)?;
-        let (sin, _) = rows(ss, sl)?;
-        let dims = xl.dims();
-        if dims.len() < 3 {
-            return Err(candle_core::Error::Msg("rope: x must be [.., P, H, D]".into()));
-        }
-        let (p, heads) = (dims[dims.len() - 3], dims[dims.len() - 2]);
-        if cos.len() != p * d || sin.len() != p * d {
-            return Err(candle_core::Error::Msg(format!("rope: tables of {} for P {p} x D {d}", cos.len())));
-        }
-        let (scale, sign, h) = (self.scale, if self.inverse { -1f32 } else { 1f32 }, d / 2);
-        let mut out = output(x.len());
-        par_rows(&mut out, d, |r, y| {
-            let pos = (r / heads) % p;
-            let x = &x[r * d..(r + 1) * d];
-            let (c, s) = (&cos[pos * d..(pos + 1) * d], &sin[pos * d..(pos + 1) * d]);
-            for i in 0..h {
-                y[i] = scale * (x[i] * c[i] - x[i + h] * s[i] * sign);
-                y[i + h] = scale * (x[i + h] * c[i + h] + x[i] * s[i + h] * sign);
-            }
-        });
-        Ok((CpuStorage::F32(out), xl.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        _x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        _y: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let inverse = Rope { scale: self.scale, inverse: !self.inverse };
-        let dx = grad.contiguous()?.apply_op3_no_bwd(cos, sin, &inverse)?;
-        Ok((Some(dx), None, None))
     }
 }
 
@@ -495,7 +433,7 @@ fn group_row(v: &[f32], n: usize, rows: usize, r: usize) -> &[f32] {
 }
 
 /// A constant tensor's contiguous f32 values on the CPU.
-fn cpu_values(t: &Tensor) -> Result<Vec<f32>> {
+pub(super) fn cpu_values(t: &Tensor) -> Result<Vec<f32>> {
     t.flatten_all()?.to_vec1::<f32>()
 }
 
@@ -723,27 +661,6 @@ mod tests {
         let (ex, ef) = (rel_err(gf.get(&x).unwrap(), gc.get(&x).unwrap()), rel_err(gf.get(&f).unwrap(), gc.get(&f).unwrap()));
         eprintln!("gated_add: forward error {err:e}, dx {ex:e}, df {ef:e}");
         assert!(err < 1e-6 && ex < 1e-6 && ef < 1e-6);
-        Ok(())
-    }
-
-    #[test]
-    fn fused_rope_matches_composed() -> Result<()> {
-        let dev = Device::Cpu;
-        let x = Var::randn(0f32, 1., (2, 7, 3, 8), &dev)?;
-        let g = Tensor::randn(0f32, 1., (2, 7, 3, 8), &dev)?;
-        let f = Tensor::randn(0f32, 1., (7, 1, 4), &dev)?;
-        let f = Tensor::cat(&[&f, &f], D::Minus1)?;
-        let (cos, sin) = (f.cos()?, f.sin()?);
-        let fused = rope(x.as_tensor(), &cos, &sin, 0.5)?;
-        let composed = {
-            let (x1, x2) = (x.as_tensor().narrow(3, 0, 4)?, x.as_tensor().narrow(3, 4, 4)?);
-            let rot = Tensor::cat(&[&x2.neg()?, &x1], 3)?;
-            ((x.as_tensor().broadcast_mul(&cos)? + rot.broadcast_mul(&sin)?)? * 0.5)?
-        };
-        assert!(close(&fused, &composed) < 1e-6);
-        let gf = mul(&fused, &g)?.sum_all()?.backward()?;
-        let gc = mul(&composed, &g)?.sum_all()?.backward()?;
-        assert!(close(gf.get(&x).unwrap(), gc.get(&x).unwrap()) < 1e-6);
         Ok(())
     }
 
