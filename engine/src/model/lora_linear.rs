@@ -40,6 +40,7 @@ impl LoraLinear {
     fn fwd<S: BackendStorage>(
         &self,
         pick: fn(&Storage) -> Option<&S>,
+        thin: Thin<S>,
         xs: &S,
         xl: &Layout,
         a: &S,
@@ -66,9 +67,10 @@ impl LoraLinear {
             Some(s) => (s, Layout::contiguous((rows, k))),
             None => (xs, x2),
         };
-        let h = xd.matmul(a, (1, rows, r, k), &xdl, &al.transpose(0, 1)?)?;
+        let h = thin(xd, a, (1, rows, r, k), &xdl, &al.transpose(0, 1)?)?;
         let scaled_b = b.affine(bl, self.scaling, 0.0)?;
-        let delta = h.matmul(
+        let delta = thin(
+            &h,
             &scaled_b,
             (1, rows, n, r),
             &Layout::contiguous((rows, r)),
@@ -93,7 +95,7 @@ impl CustomOp3 for LoraLinear {
                 _ => None,
             }
         }
-        self.fwd(pick, x, xl, a, al, b, bl)
+        self.fwd(pick, single_thread_matmul, x, xl, a, al, b, bl)
     }
 
     fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, a: &CudaStorage, al: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
@@ -103,7 +105,7 @@ impl CustomOp3 for LoraLinear {
                 _ => None,
             }
         }
-        self.fwd(pick, x, xl, a, al, b, bl)
+        self.fwd(pick, |x, y, bmnk, xl, yl| x.matmul(y, bmnk, xl, yl), x, xl, a, al, b, bl)
     }
 
     fn metal_fwd(&self, x: &MetalStorage, xl: &Layout, a: &MetalStorage, al: &Layout, b: &MetalStorage, bl: &Layout) -> Result<(MetalStorage, Shape)> {
@@ -113,7 +115,7 @@ impl CustomOp3 for LoraLinear {
                 _ => None,
             }
         }
-        self.fwd(pick, x, xl, a, al, b, bl)
+        self.fwd(pick, |x, y, bmnk, xl, yl| x.matmul(y, bmnk, xl, yl), x, xl, a, al, b, bl)
     }
 
     fn bwd(&self, x: &Tensor, a: &Tensor, b: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
@@ -128,10 +130,10 @@ impl CustomOp3 for LoraLinear {
         };
         let (a_t, b_t) = (a.detach(), b.detach());
         // d(delta)/d(h) with h = xd a^T: g (scaling b), [rows, r].
-        let gb = g.matmul(&(&b_t * self.scaling)?)?;
+        let gb = thin_matmul(&g, &(&b_t * self.scaling)?)?;
         let dx = match x.track_op() {
             true => {
-                let through_adapter = gb.matmul(&a_t)?;
+                let through_adapter = thin_matmul(&gb, &a_t)?;
                 let through_adapter = match &mask {
                     Some(m) => through_adapter.mul(m)?,
                     None => through_adapter,
@@ -141,14 +143,81 @@ impl CustomOp3 for LoraLinear {
             false => None,
         };
         let da = match a.track_op() {
-            true => Some(gb.t()?.matmul(&xd)?),
+            true => Some(thin_matmul(&gb.t()?, &xd)?),
             false => None,
         };
         let db = match b.track_op() {
-            true => Some(g.t()?.matmul(&(xd.matmul(&a_t.t()?)? * self.scaling)?)?),
+            true => Some(thin_matmul(&g.t()?, &(thin_matmul(&xd, &a_t.t()?)? * self.scaling)?)?),
             false => None,
         };
         Ok((dx, da, db))
+    }
+}
+
+/// A storage-level matmul `(a, b, (batch, m, n, k), a_layout, b_layout)`.
+type Thin<S> = fn(&S, &S, (usize, usize, usize, usize), &Layout, &Layout) -> Result<S>;
+
+/// The rank-r GEMMs of a LoRA delta (one dimension is r) on the calling thread: a
+/// few microseconds of work each, less than waking a second thread costs. f32 2-D on
+/// the CPU; anything else takes candle's matmul.
+fn single_thread_matmul(a: &CpuStorage, b: &CpuStorage, bmnk: (usize, usize, usize, usize), al: &Layout, bl: &Layout) -> Result<CpuStorage> {
+    let (batch, m, n, k) = bmnk;
+    let (CpuStorage::F32(av), CpuStorage::F32(bv)) = (a, b) else {
+        return a.matmul(b, bmnk, al, bl);
+    };
+    if batch != 1 || al.dims().len() != 2 || bl.dims().len() != 2 {
+        return a.matmul(b, bmnk, al, bl);
+    }
+    let (sa, sb) = (al.stride(), bl.stride());
+    let mut out = Vec::<f32>::with_capacity(m * n);
+    // SAFETY: the pointers and strides describe `a` ([m, k]) and `b` ([k, n]) inside
+    // their storages (candle's layouts are in bounds); `out` has room for m * n values
+    // and gemm writes every one of them (read_dst = false) before set_len.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            av.as_ptr().add(al.start_offset()),
+            sa[1] as isize,
+            sa[0] as isize,
+            bv.as_ptr().add(bl.start_offset()),
+            sb[1] as isize,
+            sb[0] as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+        out.set_len(m * n);
+    }
+    Ok(CpuStorage::F32(out))
+}
+
+/// [`single_thread_matmul`] on tensors, without a graph.
+fn thin_matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if !a.device().is_cpu() {
+        return a.matmul(b);
+    }
+    a.apply_op2_no_bwd(b, &ThinMatmul)
+}
+
+struct ThinMatmul;
+
+impl candle_core::CustomOp2 for ThinMatmul {
+    fn name(&self) -> &'static str {
+        "thin-matmul"
+    }
+
+    fn cpu_fwd(&self, a: &CpuStorage, al: &Layout, b: &CpuStorage, bl: &Layout) -> Result<(CpuStorage, Shape)> {
+        let ((m, k), (_, n)) = (al.shape().dims2()?, bl.shape().dims2()?);
+        Ok((single_thread_matmul(a, b, (1, m, n, k), al, bl)?, Shape::from((m, n))))
     }
 }
 
