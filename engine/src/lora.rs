@@ -330,6 +330,11 @@ fn peft_config_from_file(path: &Path) -> Result<LoraConfig> {
 }
 
 impl LoraCtx<'_> {
+    /// Whether module `name` carries an adapter.
+    pub fn adapts(&self, name: &str) -> bool {
+        self.adapter.modules.contains_key(name)
+    }
+
     /// Module `name` with weight `w` applied to `x`, its LoRA delta included, or `None`
     /// when the module is not adapted. LoRA tensors are f32 and cast to the compute
     /// dtype here.

@@ -5,6 +5,7 @@ use candle_core::{DType, Device, Tensor, D};
 
 use super::attention::{self, SlidingPlan};
 use super::heads;
+use super::mlp;
 use super::ops;
 use super::weights::DecoderWeights;
 use super::DitConfig;
@@ -165,6 +166,11 @@ struct Mlp {
 
 impl Mlp {
     fn forward(&self, x: &Tensor, lora: Option<&LoraCtx>) -> Result<Tensor> {
+        let linears = [&self.gate_proj, &self.up_proj, &self.down_proj];
+        let adapted = lora.is_some_and(|l| linears.iter().any(|m| l.adapts(&m.name)));
+        if !adapted && linears.iter().all(|m| m.bias.is_none()) {
+            return Ok(mlp::swiglu_mlp(x, self.gate_proj.weight(), self.up_proj.weight(), self.down_proj.weight())?);
+        }
         let gate = self.gate_proj.forward(x, lora)?;
         let up = self.up_proj.forward(x, lora)?;
         self.down_proj.forward(&ops::swiglu(&gate, &up)?, lora)

@@ -13,6 +13,7 @@ pub mod folder;
 pub mod footprint;
 pub mod heads;
 pub mod lora_linear;
+pub mod mlp;
 pub mod ops;
 pub mod qwen3;
 pub mod simd;

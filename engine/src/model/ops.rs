@@ -383,12 +383,18 @@ impl CustomOp2 for Swiglu {
         let grad = grad.contiguous()?;
         let d = |input: &Tensor, wrt_gate| -> Result<Option<Tensor>> {
             match input.track_op() {
-                true => Ok(Some(gate.apply_op3_no_bwd(up, &grad, &SwigluBwd { wrt_gate })?)),
+                true => Ok(Some(swiglu_grad(gate, up, &grad, wrt_gate)?)),
                 false => Ok(None),
             }
         };
         Ok((d(gate, true)?, d(up, false)?))
     }
+}
+
+/// The gradient of `silu(gate) * up` for `gate` (`wrt_gate`) or `up` from the output
+/// gradient `d`, without a graph (contiguous f32 CPU tensors).
+pub(super) fn swiglu_grad(gate: &Tensor, up: &Tensor, d: &Tensor, wrt_gate: bool) -> Result<Tensor> {
+    gate.apply_op3_no_bwd(up, d, &SwigluBwd { wrt_gate })
 }
 
 /// One input gradient of [`Swiglu`] from (gate, up, output gradient `d`):
