@@ -14,6 +14,8 @@
 //! both forms give the same softmax up to summation order. Everything is built from
 //! differentiable ops, so gradients flow to q, k, v (and the LoRA tensors behind them).
 
+use std::sync::Mutex;
+
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CudaStorage, DType, Device, Layout, MetalStorage, Shape, Storage, Tensor};
 
@@ -150,8 +152,10 @@ pub fn full(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor
     attend(q, k, v, rep, mask)
 }
 
-/// Score count above which attention no longer keeps its scores for the backward.
-pub const RECOMPUTE_ELEMENTS: usize = 1 << 23;
+/// Score count above which attention no longer keeps its scores (and probabilities)
+/// for the backward. 2M: small-240s's cross-attention (3M scores) then keeps neither,
+/// 24 MiB of a checkpointed layer's graph; small-30s's attention (1.1M) stays as is.
+pub const RECOMPUTE_ELEMENTS: usize = 1 << 21;
 /// About how many scores one query block of the recompute path holds at a time. Its
 /// backward keeps four such buffers (scores, probabilities, their gradients) at once:
 /// 2M scores = 32 MiB in f32, against 128 MiB at 8M, which set the checkpointed peak.
@@ -166,7 +170,7 @@ fn recompute(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock
     if !(q.track_op() || k.track_op() || v.track_op()) {
         return Ok(out);
     }
-    Ok(q.apply_op3(k, v, Recompute { out, rep, blocks: blocks.to_vec() })?)
+    Ok(q.apply_op3(k, v, Recompute { out: Mutex::new(Some(out)), rep, blocks: blocks.to_vec() })?)
 }
 
 /// Attention block by block, concatenated; with tracked inputs the graph keeps every
@@ -185,10 +189,18 @@ fn blocked_forward(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[Ban
 }
 
 struct Recompute {
-    /// The forward's result, computed without a graph.
-    out: Tensor,
+    /// The forward's result, computed without a graph, handed over (copied) once so
+    /// that the graph does not hold it twice.
+    out: Mutex<Option<Tensor>>,
     rep: usize,
     blocks: Vec<BandBlock>,
+}
+
+impl Recompute {
+    fn take_out(&self) -> candle_core::Result<Tensor> {
+        let out = self.out.lock().expect("recompute result").take();
+        out.ok_or_else(|| candle_core::Error::Msg("recompute-attention: forward ran twice".into()))
+    }
 }
 
 impl candle_core::CustomOp3 for Recompute {
@@ -205,7 +217,8 @@ impl candle_core::CustomOp3 for Recompute {
         _: &CpuStorage,
         _: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (storage, layout) = self.out.storage_and_layout();
+        let out = self.take_out()?;
+        let (storage, layout) = out.storage_and_layout();
         match &*storage {
             Storage::Cpu(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
             _ => candle_core::bail!("recompute-attention: result not on the CPU"),
@@ -221,7 +234,8 @@ impl candle_core::CustomOp3 for Recompute {
         _: &CudaStorage,
         _: &Layout,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let (storage, layout) = self.out.storage_and_layout();
+        let out = self.take_out()?;
+        let (storage, layout) = out.storage_and_layout();
         match &*storage {
             Storage::Cuda(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
             _ => candle_core::bail!("recompute-attention: result not on the CUDA device"),
@@ -237,7 +251,8 @@ impl candle_core::CustomOp3 for Recompute {
         _: &MetalStorage,
         _: &Layout,
     ) -> candle_core::Result<(MetalStorage, Shape)> {
-        let (storage, layout) = self.out.storage_and_layout();
+        let out = self.take_out()?;
+        let (storage, layout) = out.storage_and_layout();
         match &*storage {
             Storage::Metal(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
             _ => candle_core::bail!("recompute-attention: result not on the Metal device"),
