@@ -231,13 +231,8 @@ impl CustomOp1 for Merge {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ops::rel_err;
     use candle_core::{Device, Var};
-
-    /// max |a - b| over the larger of 1 and max |b|.
-    fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-        let max = |t: &Tensor| t.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
-        max(&(a - b).unwrap()) / max(b).max(1.0)
-    }
 
     #[test]
     fn split_and_merge_match_the_composed_forms() -> Result<()> {

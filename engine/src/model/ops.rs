@@ -578,19 +578,25 @@ impl CustomOp2 for GatedAdd {
     }
 }
 
+/// max |t| (tests).
+#[cfg(test)]
+pub(super) fn max_abs(t: &Tensor) -> f32 {
+    t.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+}
+
+/// max |a - b| over the larger of 1 and max |b| (tests: fused ops against composed forms).
+#[cfg(test)]
+pub(super) fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
+    max_abs(&(a - b).unwrap()) / max_abs(b).max(1.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use candle_core::{DType, Device, Var};
 
     fn close(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
-    }
-
-    /// max |a - b| over the larger of 1 and max |b|.
-    fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-        let scale = b.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
-        close(a, b) / scale.max(1.0)
+        max_abs(&(a - b).unwrap())
     }
 
     #[test]
