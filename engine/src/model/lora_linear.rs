@@ -4,9 +4,10 @@
 //! Composed from candle ops the same thing records six nodes (base GEMM, dropout, two
 //! adapter GEMMs, the scaled B, the sum), and candle's backward seeds every node's
 //! input gradient with a zeros tensor and adds to it: full-size passes the fused op
-//! does not need. The forward runs the same kernels in the same order as the composed
-//! form, on every backend, with or without a graph (so a recomputed block is
-//! bit-identical); the backward recomputes the rank-r projection instead of keeping it.
+//! does not need. The forward runs the same operations in the same order with or
+//! without a graph (so a recomputed block is bit-identical); on the CPU its rank-r
+//! GEMMs run on the calling thread. The backward recomputes the rank-r projection
+//! instead of keeping it.
 
 use candle_core::backend::BackendStorage;
 use candle_core::op::{Add, Mul};
