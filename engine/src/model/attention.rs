@@ -14,11 +14,9 @@
 //! both forms give the same softmax up to summation order. Everything is built from
 //! differentiable ops, so gradients flow to q, k, v (and the LoRA tensors behind them).
 
-use std::sync::Mutex;
+use candle_core::{CpuStorage, CudaStorage, DType, Device, Layout, MetalStorage, Shape, Tensor};
 
-use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CudaStorage, DType, Device, Layout, MetalStorage, Shape, Storage, Tensor};
-
+use super::handover::{on_cpu, on_cuda, on_metal, Handover};
 use super::ops;
 use crate::Result;
 
@@ -170,7 +168,7 @@ fn recompute(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock
     if !(q.track_op() || k.track_op() || v.track_op()) {
         return Ok(out);
     }
-    Ok(q.apply_op3(k, v, Recompute { out: Mutex::new(Some(out)), rep, blocks: blocks.to_vec() })?)
+    Ok(q.apply_op3(k, v, Recompute { out: Handover::new(out, "recompute-attention"), rep, blocks: blocks.to_vec() })?)
 }
 
 /// Attention block by block, concatenated; with tracked inputs the graph keeps every
@@ -189,18 +187,10 @@ fn blocked_forward(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[Ban
 }
 
 struct Recompute {
-    /// The forward's result, computed without a graph, handed over (copied) once so
-    /// that the graph does not hold it twice.
-    out: Mutex<Option<Tensor>>,
+    /// The forward's result, computed without a graph.
+    out: Handover,
     rep: usize,
     blocks: Vec<BandBlock>,
-}
-
-impl Recompute {
-    fn take_out(&self) -> candle_core::Result<Tensor> {
-        let out = self.out.lock().expect("recompute result").take();
-        out.ok_or_else(|| candle_core::Error::Msg("recompute-attention: forward ran twice".into()))
-    }
 }
 
 impl candle_core::CustomOp3 for Recompute {
@@ -208,55 +198,16 @@ impl candle_core::CustomOp3 for Recompute {
         "recompute-attention"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let out = self.take_out()?;
-        let (storage, layout) = out.storage_and_layout();
-        match &*storage {
-            Storage::Cpu(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
-            _ => candle_core::bail!("recompute-attention: result not on the CPU"),
-        }
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.out.take(on_cpu)
     }
 
-    fn cuda_fwd(
-        &self,
-        _: &CudaStorage,
-        _: &Layout,
-        _: &CudaStorage,
-        _: &Layout,
-        _: &CudaStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let out = self.take_out()?;
-        let (storage, layout) = out.storage_and_layout();
-        match &*storage {
-            Storage::Cuda(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
-            _ => candle_core::bail!("recompute-attention: result not on the CUDA device"),
-        }
+    fn cuda_fwd(&self, _: &CudaStorage, _: &Layout, _: &CudaStorage, _: &Layout, _: &CudaStorage, _: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+        self.out.take(on_cuda)
     }
 
-    fn metal_fwd(
-        &self,
-        _: &MetalStorage,
-        _: &Layout,
-        _: &MetalStorage,
-        _: &Layout,
-        _: &MetalStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(MetalStorage, Shape)> {
-        let out = self.take_out()?;
-        let (storage, layout) = out.storage_and_layout();
-        match &*storage {
-            Storage::Metal(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
-            _ => candle_core::bail!("recompute-attention: result not on the Metal device"),
-        }
+    fn metal_fwd(&self, _: &MetalStorage, _: &Layout, _: &MetalStorage, _: &Layout, _: &MetalStorage, _: &Layout) -> candle_core::Result<(MetalStorage, Shape)> {
+        self.out.take(on_metal)
     }
 
     /// Per block: p = softmax(q k^T + mask) recomputed; dv += p^T g; dp = g v^T;

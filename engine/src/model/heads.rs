@@ -125,12 +125,7 @@ impl CustomOp1 for Split {
             let (q, p) = self.geo.flat_of(o);
             let x = &x[q * d..(q + 1) * d];
             match &self.norm {
-                Some((w, eps)) => {
-                    let inv = 1.0 / (simd::dot(x, x) / d as f32 + eps).sqrt();
-                    for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
-                        *y = x * inv * w;
-                    }
-                }
+                Some((w, eps)) => simd::rms_norm_row(x, w, *eps, y),
                 None => y.copy_from_slice(x),
             }
             match &self.rope {
@@ -186,13 +181,7 @@ impl CustomOp2 for SplitBwd {
                 None => dx.iter_mut().zip(g).for_each(|(u, &g)| *u = scale * g),
             }
             if let Some((w, eps)) = norm {
-                // y = x * inv * w: dx = inv * (u w) - x * inv^3 * mean(u w x), in place.
-                let x = &x[q * d..(q + 1) * d];
-                let inv = 1.0 / (simd::dot(x, x) / d as f32 + eps).sqrt();
-                let c = inv * inv * inv * simd::dot3(dx, w, x) / d as f32;
-                for ((dx, &x), &w) in dx.iter_mut().zip(x).zip(w) {
-                    *dx = inv * *dx * w - x * c;
-                }
+                simd::rms_norm_bwd_row(&x[q * d..(q + 1) * d], w, *eps, dx);
             }
         });
         Ok((CpuStorage::F32(out), geo.flat_shape()))

@@ -11,7 +11,9 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::op::{Add, Mul};
-use candle_core::{CpuStorage, CudaStorage, CustomOp3, Error, Layout, MetalStorage, Result, Shape, Storage, Tensor};
+use candle_core::{CpuStorage, CudaStorage, CustomOp3, Layout, MetalStorage, Result, Shape, Tensor};
+
+use super::handover::{on_cpu, on_cuda, on_metal, storage_on, Pick};
 
 /// `x [.., in]`, frozen `w [out, in]`, `a [r, in]`, `b [out, r]`; `mask` (shaped like
 /// `x`, 0 or 1/(1-p)) is the adapter input's dropout. Gradients for `x`, `a` and `b`
@@ -31,16 +33,11 @@ struct LoraLinear {
     scaling: f64,
 }
 
-/// A constant tensor's storage on the backend `S` of the op's inputs.
-fn storage_of<'a, S>(guard: &'a Storage, pick: fn(&Storage) -> Option<&S>) -> Result<&'a S> {
-    pick(guard).ok_or_else(|| Error::Msg("lora-linear: weight and input on different devices".into()))
-}
-
 impl LoraLinear {
     #[allow(clippy::too_many_arguments)]
     fn fwd<S: BackendStorage>(
         &self,
-        pick: fn(&Storage) -> Option<&S>,
+        pick: Pick<S>,
         thin: Thin<S>,
         xs: &S,
         xl: &Layout,
@@ -50,7 +47,7 @@ impl LoraLinear {
         bl: &Layout,
     ) -> Result<(S, Shape)> {
         let (wg, wl) = self.w.storage_and_layout();
-        let w = storage_of(&wg, pick)?;
+        let w = storage_on(&wg, pick, "lora-linear")?;
         let (n, k) = wl.shape().dims2()?;
         let r = al.shape().dims2()?.0;
         let rows = xl.shape().elem_count() / k;
@@ -60,7 +57,7 @@ impl LoraLinear {
         let dropped = match &self.mask {
             Some(m) => {
                 let (mg, ml) = m.storage_and_layout();
-                Some(xs.binary_impl::<Mul>(storage_of(&mg, pick)?, xl, ml)?)
+                Some(xs.binary_impl::<Mul>(storage_on(&mg, pick, "lora-linear")?, xl, ml)?)
             }
             None => None,
         };
@@ -90,33 +87,15 @@ impl CustomOp3 for LoraLinear {
     }
 
     fn cpu_fwd(&self, x: &CpuStorage, xl: &Layout, a: &CpuStorage, al: &Layout, b: &CpuStorage, bl: &Layout) -> Result<(CpuStorage, Shape)> {
-        fn pick(s: &Storage) -> Option<&CpuStorage> {
-            match s {
-                Storage::Cpu(s) => Some(s),
-                _ => None,
-            }
-        }
-        self.fwd(pick, single_thread_matmul, x, xl, a, al, b, bl)
+        self.fwd(on_cpu, single_thread_matmul, x, xl, a, al, b, bl)
     }
 
     fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, a: &CudaStorage, al: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
-        fn pick(s: &Storage) -> Option<&CudaStorage> {
-            match s {
-                Storage::Cuda(s) => Some(s),
-                _ => None,
-            }
-        }
-        self.fwd(pick, |x, y, bmnk, xl, yl| x.matmul(y, bmnk, xl, yl), x, xl, a, al, b, bl)
+        self.fwd(on_cuda, |x, y, bmnk, xl, yl| x.matmul(y, bmnk, xl, yl), x, xl, a, al, b, bl)
     }
 
     fn metal_fwd(&self, x: &MetalStorage, xl: &Layout, a: &MetalStorage, al: &Layout, b: &MetalStorage, bl: &Layout) -> Result<(MetalStorage, Shape)> {
-        fn pick(s: &Storage) -> Option<&MetalStorage> {
-            match s {
-                Storage::Metal(s) => Some(s),
-                _ => None,
-            }
-        }
-        self.fwd(pick, |x, y, bmnk, xl, yl| x.matmul(y, bmnk, xl, yl), x, xl, a, al, b, bl)
+        self.fwd(on_metal, |x, y, bmnk, xl, yl| x.matmul(y, bmnk, xl, yl), x, xl, a, al, b, bl)
     }
 
     fn bwd(&self, x: &Tensor, a: &Tensor, b: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {

@@ -7,11 +7,9 @@
 //! one block at a time. Same GEMMs as the composed form, no recompute. With a LoRA on
 //! an MLP projection, or on other devices, the composed form runs.
 
-use std::sync::Mutex;
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 
-use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor};
-
+use super::handover::{on_cpu, Handover};
 use super::ops;
 
 /// Rows per block of the backward: `[block, intermediate]` f32 gradients are 6 MiB
@@ -24,7 +22,7 @@ pub fn swiglu_mlp(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Resu
         let h = ops::swiglu(&ops::linear(x, gate, None)?, &ops::linear(x, up, None)?)?;
         ops::linear(&h, down, None)
     };
-    if !(x.device().is_cpu() && x.dtype() == DType::F32 && frozen) || ops::bench_switch("OSTINATO_NO_FUSED") {
+    if !(ops::fused_cpu_f32(x) && frozen) {
         return composed(x);
     }
     let xd = x.detach();
@@ -35,7 +33,7 @@ pub fn swiglu_mlp(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Resu
         return Ok(out);
     }
     let node = MlpNode {
-        out: Mutex::new(Some(out)),
+        out: Handover::new(out, "swiglu-mlp"),
         gate_out: g,
         up_out: u,
         weights: [gate.clone(), up.clone(), down.clone()],
@@ -45,8 +43,8 @@ pub fn swiglu_mlp(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Resu
 
 /// Attaches the MLP's backward to `x`; the forward was computed without a graph.
 struct MlpNode {
-    /// The forward's result, handed over (copied) once.
-    out: Mutex<Option<Tensor>>,
+    /// The forward's result, computed without a graph.
+    out: Handover,
     gate_out: Tensor,
     up_out: Tensor,
     /// gate `[I, H]`, up `[I, H]`, down `[H, I]`.
@@ -59,12 +57,7 @@ impl CustomOp1 for MlpNode {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        let out = self.out.lock().expect("mlp result").take().ok_or_else(|| candle_core::Error::Msg("swiglu-mlp: forward ran twice".into()))?;
-        let (storage, layout) = out.storage_and_layout();
-        match &*storage {
-            Storage::Cpu(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
-            _ => candle_core::bail!("swiglu-mlp: result not on the CPU"),
-        }
+        self.out.take(on_cpu)
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {

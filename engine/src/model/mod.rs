@@ -11,6 +11,7 @@ pub mod config;
 pub mod demo;
 pub mod folder;
 pub mod footprint;
+pub mod handover;
 pub mod heads;
 pub mod lora_linear;
 pub mod mlp;

@@ -161,11 +161,7 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     // with and without a graph (see `matmul`).
     let x = x.contiguous()?;
     let y = if !x.track_op() && !w.track_op() {
-        let dims = x.dims();
-        let (rows, k) = (x.elem_count() / dims[dims.len() - 1], dims[dims.len() - 1]);
-        let mut out = dims.to_vec();
-        *out.last_mut().expect("x has a feature dimension") = w.dim(0)?;
-        x.reshape((rows, k))?.matmul(&w.t()?)?.reshape(out)?
+        x.apply_op2_no_bwd(w, &Pruned(Kind::Linear))?
     } else {
         x.apply_op2(w, Pruned(Kind::Linear))?
     };
@@ -438,6 +434,15 @@ fn group_row(v: &[f32], n: usize, rows: usize, r: usize) -> &[f32] {
     &v[g * n..(g + 1) * n]
 }
 
+/// That a per-group table of `len` values fits `rows` rows of `n`: [`group_row`]'s
+/// precondition.
+fn check_groups(what: &str, len: usize, n: usize, rows: usize) -> Result<()> {
+    if len == 0 || len % n != 0 || rows % (len / n) != 0 {
+        return Err(candle_core::Error::Msg(format!("{what}: {len} values for {rows} rows of {n}")));
+    }
+    Ok(())
+}
+
 /// A constant tensor's contiguous f32 values on the CPU.
 pub(super) fn cpu_values(t: &Tensor) -> Result<Vec<f32>> {
     t.flatten_all()?.to_vec1::<f32>()
@@ -459,25 +464,19 @@ impl CustomOp2 for RmsNorm {
         let (x, n) = rows(xs, xl)?;
         let (w, wn) = rows(ws, wl)?;
         let total = x.len() / n;
-        let groups_ok = |len: usize| len % n == 0 && len > 0 && total % (len / n) == 0;
-        if wn != n || !groups_ok(w.len()) {
-            return Err(candle_core::Error::Msg(format!("rms_norm: weight of {} for {total} rows of {n}", w.len())));
+        if wn != n {
+            return Err(candle_core::Error::Msg(format!("rms_norm: weight rows of {wn} for rows of {n}")));
         }
+        check_groups("rms_norm weight", w.len(), n, total)?;
         let shift = self.shift.as_ref().map(cpu_values).transpose()?;
         if let Some(b) = &shift {
-            if !groups_ok(b.len()) {
-                return Err(candle_core::Error::Msg(format!("rms_norm: shift of {} for {total} rows of {n}", b.len())));
-            }
+            check_groups("rms_norm shift", b.len(), n, total)?;
         }
         let mut out = output(x.len());
         let eps = self.eps;
         par_rows(&mut out, n, |r, y| {
             let x = &x[r * n..(r + 1) * n];
-            let w = group_row(w, n, total, r);
-            let inv = 1.0 / (simd::dot(x, x) / n as f32 + eps).sqrt();
-            for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
-                *y = x * inv * w;
-            }
+            simd::rms_norm_row(x, group_row(w, n, total, r), eps, y);
             if let Some(b) = &shift {
                 y.iter_mut().zip(group_row(b, n, total, r)).for_each(|(y, b)| *y += b);
             }
@@ -519,21 +518,14 @@ impl candle_core::CustomOp3 for RmsNormBwd {
         gl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         // y = x * inv * w, inv = (mean(x^2) + eps)^-1/2:
-        // dx = inv * (g w) - x * inv^3 * mean(g w x)
         let (x, n) = rows(xs, xl)?;
         let (w, _) = rows(ws, wl)?;
         let (g, _) = rows(gs, gl)?;
         let mut out = output(x.len());
         let (eps, total) = (self.eps, x.len() / n);
         par_rows(&mut out, n, |r, dx| {
-            let (x, g) = (&x[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
-            let w = group_row(w, n, total, r);
-            let inv = 1.0 / (simd::dot(x, x) / n as f32 + eps).sqrt();
-            let gwx = simd::dot3(g, w, x);
-            let c = inv * inv * inv * gwx / n as f32;
-            for (((dx, &x), &g), &w) in dx.iter_mut().zip(x).zip(g).zip(w) {
-                *dx = inv * g * w - x * c;
-            }
+            dx.copy_from_slice(&g[r * n..(r + 1) * n]);
+            simd::rms_norm_bwd_row(&x[r * n..(r + 1) * n], group_row(w, n, total, r), eps, dx);
         });
         Ok((CpuStorage::F32(out), xl.shape().clone()))
     }
@@ -554,9 +546,7 @@ impl CustomOp2 for GatedAdd {
         let (f, _) = rows(fs, fl)?;
         let gate = cpu_values(&self.gate)?;
         let total = x.len() / n;
-        if gate.len() % n != 0 || gate.is_empty() || total % (gate.len() / n) != 0 {
-            return Err(candle_core::Error::Msg(format!("gated_add: gate of {} for {total} rows of {n}", gate.len())));
-        }
+        check_groups("gated_add gate", gate.len(), n, total)?;
         let mut out = output(x.len());
         par_rows(&mut out, n, |r, y| {
             let range = r * n..(r + 1) * n;

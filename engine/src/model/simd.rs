@@ -91,18 +91,25 @@ fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
 }
 
 kernel! {
-    /// `sum(a * b)`.
-    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len().min(b.len());
-        lane_sum(n, |i| a[i] * b[i])
+    /// RMSNorm over one row: `y = x * inv * w` with `inv = 1 / sqrt(mean(x^2) + eps)`.
+    pub fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+        let inv = 1.0 / (lane_sum(x.len(), |i| x[i] * x[i]) / x.len() as f32 + eps).sqrt();
+        for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
+            *y = x * inv * w;
+        }
     }
 }
 
 kernel! {
-    /// `sum(a * b * c)`.
-    pub fn dot3(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
-        let n = a.len().min(b.len()).min(c.len());
-        lane_sum(n, |i| a[i] * b[i] * c[i])
+    /// RMSNorm's input gradient over one row, in place: `g` holds the output gradient
+    /// and becomes `inv * g * w - x * inv^3 * mean(g * w * x)`.
+    pub fn rms_norm_bwd_row(x: &[f32], w: &[f32], eps: f32, g: &mut [f32]) {
+        let n = x.len().min(w.len()).min(g.len());
+        let inv = 1.0 / (lane_sum(n, |i| x[i] * x[i]) / n as f32 + eps).sqrt();
+        let c = inv * inv * inv * lane_sum(n, |i| g[i] * w[i] * x[i]) / n as f32;
+        for ((g, &x), &w) in g.iter_mut().zip(x).zip(w) {
+            *g = inv * *g * w - x * c;
+        }
     }
 }
 
@@ -184,9 +191,23 @@ mod tests {
         let g: Vec<f32> = (0..37).map(|i| ((i * 104_729) % 97) as f32 / 30.0 - 1.5).collect();
         let rel = |a: f32, b: f32| (a - b).abs() / b.abs().max(1.0);
 
-        let plain_dot: f32 = x.iter().zip(&g).map(|(a, b)| a * b).sum();
-        let plain_dot3: f32 = x.iter().zip(&g).map(|(a, b)| a * b * b).sum();
-        let e = [rel(dot(&x, &g), plain_dot), rel(dot3(&x, &g, &g), plain_dot3)];
+        // RMSNorm with weight w = g + 2, forward and input gradient (output gradient g).
+        let w: Vec<f32> = g.iter().map(|v| v + 2.0).collect();
+        let (n, eps) = (37.0, 1e-6);
+        let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() / n + eps).sqrt();
+        let mut y = vec![0f32; 37];
+        rms_norm_row(&x, &w, eps, &mut y);
+        let e_rms = y.iter().zip(&x).zip(&w).map(|((&y, &x), &w)| rel(y, x * inv * w)).fold(0f32, f32::max);
+        let gwx: f32 = g.iter().zip(&w).zip(&x).map(|((g, w), x)| g * w * x).sum();
+        let mut dx = g.clone();
+        rms_norm_bwd_row(&x, &w, eps, &mut dx);
+        let e_rms_bwd = dx
+            .iter()
+            .zip(&x)
+            .zip(&g)
+            .zip(&w)
+            .map(|(((&d, &x), &g), &w)| rel(d, inv * g * w - x * inv * inv * inv * gwx / n))
+            .fold(0f32, f32::max);
 
         let max = x.iter().copied().fold(f32::MIN, f32::max);
         let sum: f32 = x.iter().map(|v| (v - max).exp()).sum();
@@ -213,10 +234,9 @@ mod tests {
             .fold(0f32, f32::max);
 
         println!(
-            "relative errors: dot {:.1e}, dot3 {:.1e}, softmax {e_soft:.1e}, softmax bwd {e_soft_bwd:.1e}, swiglu {e_swiglu:.1e}, d gate {e_dgate:.1e}",
-            e[0], e[1]
+            "relative errors: rms_norm {e_rms:.1e}, rms_norm bwd {e_rms_bwd:.1e}, softmax {e_soft:.1e}, softmax bwd {e_soft_bwd:.1e}, swiglu {e_swiglu:.1e}, d gate {e_dgate:.1e}"
         );
-        for err in [e[0], e[1], e_soft, e_soft_bwd, e_swiglu, e_dgate] {
+        for err in [e_rms, e_rms_bwd, e_soft, e_soft_bwd, e_swiglu, e_dgate] {
             assert!(err < 1e-6, "{err}");
         }
     }
