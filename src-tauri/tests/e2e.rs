@@ -129,6 +129,11 @@ async fn open_app(driver: &Driver) -> Client {
     client
 }
 
+/// How long Pause and Stop may take: each finishes the step in flight, then writes and
+/// fsyncs a checkpoint (Stop also the final adapter). On a loaded CI machine the fsyncs
+/// alone have taken over 15 s.
+const CHECKPOINT_WAIT: Duration = Duration::from_secs(60);
+
 /// Polls a JS expression until it returns true (15 s).
 async fn wait_js(c: &Client, script: &str, what: &str) {
     wait_js_for(c, script, what, Duration::from_secs(15)).await
@@ -278,7 +283,8 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
 
     // Pause: the counter stops.
     c.find(Locator::Id("btn-pause")).await.unwrap().click().await.unwrap();
-    wait_js(&c, "return document.getElementById('run-status').dataset.status === 'paused'", "paused").await;
+    let paused = "return document.getElementById('run-status').dataset.status === 'paused'";
+    wait_js_for(&c, paused, "paused", CHECKPOINT_WAIT).await;
     let paused_at = js(&c, &step).await.as_u64().unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(js(&c, &step).await.as_u64().unwrap(), paused_at, "no steps while paused");
@@ -289,10 +295,8 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     c.find(Locator::Id("btn-resume")).await.unwrap().click().await.unwrap();
     wait_js(&c, &step_js(&format!("> {paused_at}")), "steps after resuming").await;
     c.find(Locator::Id("btn-stop")).await.unwrap().click().await.unwrap();
-    // Stopping finishes the step in flight, then writes the final adapter and checkpoint
-    // (debug build, shared machine): once over 15 s in CI.
     let stopped = "return document.getElementById('run-status').dataset.status === 'stopped'";
-    wait_js_for(&c, stopped, "stopped", Duration::from_secs(60)).await;
+    wait_js_for(&c, stopped, "stopped", CHECKPOINT_WAIT).await;
     let run = std::fs::read_dir(&runs).unwrap().next().unwrap().unwrap().path();
     assert!(run.join("final/adapter/adapter_model.safetensors").is_file());
     eprintln!("e2e: paused at step {paused_at}, stopped with {}", text(&c, "#sb-step").await);
