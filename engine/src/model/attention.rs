@@ -155,8 +155,9 @@ pub fn full(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor
 /// 24 MiB of a checkpointed layer's graph; small-30s's attention (1.1M) stays as is.
 pub const RECOMPUTE_ELEMENTS: usize = 1 << 21;
 /// About how many scores one query block of the recompute path holds at a time. Its
-/// backward keeps four such buffers (scores, probabilities, their gradients) at once:
-/// 2M scores = 32 MiB in f32, against 128 MiB at 8M, which set the checkpointed peak.
+/// backward keeps three such buffers (probabilities, their gradient, the scores'
+/// gradient) at once: 2M scores = 24 MiB in f32 (96 MiB at 8M, which set the
+/// checkpointed step's peak).
 const RECOMPUTE_BLOCK_ELEMENTS: usize = 1 << 21;
 
 /// Blockwise attention whose backward recomputes each block's probabilities instead of
@@ -240,10 +241,14 @@ impl candle_core::CustomOp3 for Recompute {
                     .reshape((b, kv, rn, blk.k_len))?,
                 None => scores,
             };
+            // Each block buffer is dropped as soon as the next is made: at most three
+            // exist at once (this loop sets the checkpointed step's peak).
             let probs = ops::softmax_last_dim(&scores)?;
+            drop(scores);
             let gbf = gb.to_dtype(DType::F32)?;
             let dp = gbf.matmul(&vb.t()?.to_dtype(DType::F32)?)?;
             let ds = ops::softmax_backward(&probs, &dp)?.to_dtype(q.dtype())?;
+            drop(dp);
             let probs = probs.to_dtype(v.dtype())?;
             let dvb = probs.t()?.matmul(&gb)?;
             let dkb = ds.t()?.matmul(&qb)?;

@@ -4,10 +4,15 @@
 //! backward and nothing else (composed, the graph also holds `silu(gate) * up`, and the
 //! backward holds four more `[rows, intermediate]` gradients plus candle's zeros for
 //! each). The backward runs in row blocks: the `[rows, intermediate]` gradients exist
-//! one block at a time. Same GEMMs as the composed form, no recompute. With a LoRA on
-//! an MLP projection, or on other devices, the composed form runs.
+//! one block at a time, and it releases `gate(x)` and `up(x)` when done: the graph
+//! lives until the whole backward returns, and the layer's attention backward, which
+//! runs after the MLP's, sets the checkpointed step's peak. Same GEMMs as the composed
+//! form, no recompute. With a LoRA on an MLP projection, or on other devices, the
+//! composed form runs.
 
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+use std::sync::Mutex;
+
+use candle_core::{CpuStorage, CustomOp1, DType, Error, Layout, Result, Shape, Tensor};
 
 use super::handover::{on_cpu, Handover};
 use super::ops;
@@ -34,8 +39,7 @@ pub fn swiglu_mlp(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Resu
     }
     let node = MlpNode {
         out: Handover::new(out, "swiglu-mlp"),
-        gate_out: g,
-        up_out: u,
+        saved: Mutex::new(Some((g, u))),
         weights: [gate.clone(), up.clone(), down.clone()],
     };
     x.apply_op1(node)
@@ -45,8 +49,8 @@ pub fn swiglu_mlp(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Resu
 struct MlpNode {
     /// The forward's result, computed without a graph.
     out: Handover,
-    gate_out: Tensor,
-    up_out: Tensor,
+    /// `gate(x)` and `up(x)`, taken by the backward (which runs once per graph).
+    saved: Mutex<Option<(Tensor, Tensor)>>,
     /// gate `[I, H]`, up `[I, H]`, down `[H, I]`.
     weights: [Tensor; 3],
 }
@@ -66,7 +70,9 @@ impl CustomOp1 for MlpNode {
         let rows = x.elem_count() / hidden;
         let inter = w_gate.dim(0)?;
         let grad = grad.reshape((rows, hidden))?;
-        let (g, u) = (self.gate_out.reshape((rows, inter))?, self.up_out.reshape((rows, inter))?);
+        let saved = self.saved.lock().expect("mlp lock").take();
+        let (g, u) = saved.ok_or_else(|| Error::Msg("swiglu-mlp: backward ran twice over one graph".into()))?;
+        let (g, u) = (g.reshape((rows, inter))?, u.reshape((rows, inter))?);
         let mut dx = Vec::with_capacity(rows.div_ceil(BACKWARD_ROWS));
         for start in (0..rows).step_by(BACKWARD_ROWS) {
             let n = BACKWARD_ROWS.min(rows - start);
@@ -103,6 +109,18 @@ mod tests {
         println!("swiglu_mlp: output rel err {out_err:.2e}, dx rel err {grad_err:.2e}");
         assert!(out_err == 0.0, "same GEMMs and kernels as the composed forward");
         assert!(grad_err < 1e-5);
+        Ok(())
+    }
+
+    #[test]
+    fn backward_releases_what_it_kept() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Var::randn(0f32, 1., (1, 8, 4), &dev)?;
+        let w = |shape| Tensor::randn(0f32, 0.3, shape, &dev);
+        let y = swiglu_mlp(x.as_tensor(), &w((6, 4))?, &w((6, 4))?, &w((4, 6))?)?.sum_all()?;
+        y.backward()?;
+        let again = y.backward().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(again.contains("backward ran twice"), "a second backward over the graph: {again:?}");
         Ok(())
     }
 }

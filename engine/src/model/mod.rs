@@ -237,8 +237,7 @@ impl DitModel {
         let (b, p, _) = x.dims3()?;
         let m = ops::add(&self.scale_shift_table, &prep.temb.unsqueeze(1)?)?; // (B, 2, H)
         let (shift, scale) = (m.narrow(1, 0, 1)?, (m.narrow(1, 1, 1)? + 1.0)?);
-        let h = ops::rms_norm(x, &self.norm_out, self.cfg.rms_norm_eps)?;
-        let h = ops::add(&ops::mul(&h, &scale)?, &shift)?;
+        let h = ops::modulated_rms_norm(x, &self.norm_out, &scale, &shift, self.cfg.rms_norm_eps)?;
         let y = self.proj_out.forward(&h, None)?; // (B, P, k * 64)
         let y = y.reshape((b, p * self.cfg.patch_size, self.cfg.audio_acoustic_hidden_dim))?;
         Ok(y.narrow(1, 0, prep.frames)?)

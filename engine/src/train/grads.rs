@@ -4,11 +4,12 @@
 
 use std::collections::HashMap;
 
-use candle_core::{Tensor, TensorId, Var};
+use candle_core::{CpuStorage, CudaStorage, CustomOp1, Layout, MetalStorage, Shape, Tensor, TensorId, Var};
 
 use super::flow::FlowBatch;
 use crate::lora::{LoraAdapter, LoraMode};
-use crate::model::{ops, DitModel};
+use crate::model::handover::{on_cpu, on_cuda, on_metal, Handover};
+use crate::model::DitModel;
 use crate::Result;
 
 /// The outcome of forward + backward on one batch.
@@ -45,10 +46,15 @@ pub fn compute(
     }
 }
 
-/// Block recompute: forward every layer without a graph keeping its input; then,
-/// from the last layer down, recompute the layer from its input made a tracked leaf
-/// and backpropagate the surrogate sum(out * grad_out), which yields the layer's LoRA
-/// gradients and the gradient for its input.
+/// Block recompute: forward every block without a graph, keeping each one's input;
+/// head and loss run on a copy of the last block's output, for the gradient that output
+/// receives. Then, from the last block down: recompute the block from its input made a
+/// tracked leaf and backpropagate that gradient through it, which yields the block's
+/// LoRA gradients and the gradient for its input.
+///
+/// Keeping the last block's graph from the forward would save its recompute (1/8 of
+/// checkpointing's extra time at 8 layers) but raise the peak: the head's backward
+/// (~42 MiB at small-240s) would then run beside a block's graph.
 fn checkpointed(
     model: &DitModel,
     adapter: &LoraAdapter,
@@ -69,31 +75,76 @@ fn checkpointed(
         inputs.push(std::mem::replace(&mut x, next));
     }
 
-    // 2. Head and loss with a graph from the last block's output.
-    let last = Var::from_tensor(&x)?;
-    let loss = batch.loss(&model.head(last.as_tensor(), &prep)?)?;
-    let store = (&loss * loss_scale)?.backward()?;
-    let mut grad_out = store.get(&last).expect("head output reaches the loss").clone();
-    drop(store);
+    // 2. Head and loss on a copy of the last block's output. Only the loss's value is
+    //    kept: its graph holds the head's activations.
+    let head_in = Var::from_tensor(&x)?;
+    drop(x);
+    let loss_graph = batch.loss(&model.head(head_in.as_tensor(), &prep)?)?;
+    let store = (&loss_graph * loss_scale)?.backward()?;
+    let mut grad_out = store.get(&head_in).expect("head input is on the graph").clone();
+    let loss = loss_graph.to_scalar::<f32>()?;
+    drop((store, head_in, loss_graph));
 
-    // 3. Block by block from the last: recompute, backpropagate the surrogate.
+    // 3. Block by block from the last: recompute, backpropagate.
     let mut acc = Accumulator::new(vars);
     for (i, layer) in model.layers().iter().enumerate().rev() {
-        let input = inputs.pop().expect("one saved input per layer");
-        // Layer 0's input is the patch embedding: nothing upstream needs its gradient.
-        let leaf = if i > 0 { Some(Var::from_tensor(&input)?) } else { None };
-        let x_in = leaf.as_ref().map_or(&input, |v| v.as_tensor());
-        let out = layer.forward(x_in, &prep.layer_ctx, Some(&tracked))?;
-        let store = ops::mul(&out, &grad_out)?.sum_all()?.backward()?;
+        let (x_in, leaf) = tracked_input(inputs.pop().expect("one saved input per block"), i)?;
+        let out = layer.forward(&x_in, &prep.layer_ctx, Some(&tracked))?;
+        let store = seeded(&out, &grad_out)?.backward()?;
         acc.add(vars, &store)?;
         if let Some(leaf) = leaf {
             grad_out = store.get(&leaf).expect("block input is on the graph").clone();
         }
     }
-    Ok(Gradients {
-        loss: loss.to_scalar::<f32>()?,
-        grads: acc.finish(vars)?,
-    })
+    Ok(Gradients { loss, grads: acc.finish(vars)? })
+}
+
+/// Block `index`'s input for a tracked forward: a leaf whose gradient is read back (a
+/// copy; the saved input is dropped), except block 0's, the patch embedding, whose
+/// gradient nothing upstream needs.
+fn tracked_input(input: Tensor, index: usize) -> Result<(Tensor, Option<Var>)> {
+    if index == 0 {
+        return Ok((input, None));
+    }
+    let leaf = Var::from_tensor(&input)?;
+    drop(input);
+    Ok((leaf.as_tensor().clone(), Some(leaf)))
+}
+
+/// The surrogate `sum(out * grad_out)`, whose backward hands `out` the gradient
+/// `grad_out`. As one node it keeps only `grad_out`; `mul` + `sum_all` would also keep
+/// the product and leave a gradient for `grad_out` in the store for the whole
+/// backward.
+fn seeded(out: &Tensor, grad_out: &Tensor) -> Result<Tensor> {
+    let value = (out.detach() * grad_out)?.sum_all()?;
+    Ok(out.apply_op1(Seed { value: Handover::new(value, "seeded-backward"), grad_out: grad_out.clone() })?)
+}
+
+struct Seed {
+    value: Handover,
+    grad_out: Tensor,
+}
+
+impl CustomOp1 for Seed {
+    fn name(&self) -> &'static str {
+        "seeded-backward"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.value.take(on_cpu)
+    }
+
+    fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+        self.value.take(on_cuda)
+    }
+
+    fn metal_fwd(&self, _: &MetalStorage, _: &Layout) -> candle_core::Result<(MetalStorage, Shape)> {
+        self.value.take(on_metal)
+    }
+
+    fn bwd(&self, _: &Tensor, _: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(self.grad_out.broadcast_mul(grad)?))
+    }
 }
 
 /// Sums gradients per variable across backward passes.
