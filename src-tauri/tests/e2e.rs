@@ -129,10 +129,10 @@ async fn open_app(driver: &Driver) -> Client {
     client
 }
 
-/// How long Pause and Stop may take: each finishes the step in flight, then writes and
-/// fsyncs a checkpoint (Stop also the final adapter). On a loaded CI machine the fsyncs
-/// alone have taken over 15 s.
-const CHECKPOINT_WAIT: Duration = Duration::from_secs(60);
+/// How long a wait on the engine's work may take (training steps; Pause and Stop, which
+/// finish the step in flight and write and fsync a checkpoint, Stop also the final
+/// adapter): on a loaded CI machine a pause has taken over 15 s.
+const ENGINE_WAIT: Duration = Duration::from_secs(60);
 
 /// Polls a JS expression until it returns true (15 s).
 async fn wait_js(c: &Client, script: &str, what: &str) {
@@ -273,18 +273,18 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     // Start: the step counter and the loss chart advance.
     let step = step_js("");
     c.find(Locator::Id("btn-start")).await.unwrap().click().await.unwrap();
-    wait_js(&c, &step_js(">= 3"), "three steps").await;
+    wait_js_for(&c, &step_js(">= 3"), "three steps", ENGINE_WAIT).await;
     wait_js(&c, "return document.querySelector('#chart-loss svg polyline') !== null", "the loss chart").await;
     // The longest line in the loss chart: the loss series (grid lines have two points).
     let points = "return Math.max(...[...document.querySelectorAll('#chart-loss svg polyline')].map(p => p.getAttribute('points').trim().split(/\\s+/).length))";
     let before = js(&c, points).await.as_u64().unwrap();
-    wait_js(&c, &format!("{points} > {before}"), "the loss chart to grow").await;
+    wait_js_for(&c, &format!("{points} > {before}"), "the loss chart to grow", ENGINE_WAIT).await;
     screenshot(&c, "03-training.png").await;
 
     // Pause: the counter stops.
     c.find(Locator::Id("btn-pause")).await.unwrap().click().await.unwrap();
     let paused = "return document.getElementById('run-status').dataset.status === 'paused'";
-    wait_js_for(&c, paused, "paused", CHECKPOINT_WAIT).await;
+    wait_js_for(&c, paused, "paused", ENGINE_WAIT).await;
     let paused_at = js(&c, &step).await.as_u64().unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(js(&c, &step).await.as_u64().unwrap(), paused_at, "no steps while paused");
@@ -293,10 +293,10 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     // Resume: it moves again. Stop: an adapter is written and the run can be resumed.
     wait_js(&c, "const b = document.getElementById('btn-resume'); return !b.hidden && !b.disabled", "Resume shown").await;
     c.find(Locator::Id("btn-resume")).await.unwrap().click().await.unwrap();
-    wait_js(&c, &step_js(&format!("> {paused_at}")), "steps after resuming").await;
+    wait_js_for(&c, &step_js(&format!("> {paused_at}")), "steps after resuming", ENGINE_WAIT).await;
     c.find(Locator::Id("btn-stop")).await.unwrap().click().await.unwrap();
     let stopped = "return document.getElementById('run-status').dataset.status === 'stopped'";
-    wait_js_for(&c, stopped, "stopped", CHECKPOINT_WAIT).await;
+    wait_js_for(&c, stopped, "stopped", ENGINE_WAIT).await;
     let run = std::fs::read_dir(&runs).unwrap().next().unwrap().unwrap().path();
     assert!(run.join("final/adapter/adapter_model.safetensors").is_file());
     eprintln!("e2e: paused at step {paused_at}, stopped with {}", text(&c, "#sb-step").await);
