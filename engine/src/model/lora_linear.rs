@@ -13,6 +13,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::op::{Add, Mul};
 use candle_core::{CpuStorage, CudaStorage, CustomOp3, Layout, MetalStorage, Result, Shape, Tensor};
 
+use super::cpu_gemm::{matmul_into, Mat, Threads};
 use super::handover::{on_cpu, on_cuda, on_metal, storage_on, Pick};
 
 /// `x [.., in]`, frozen `w [out, in]`, `a [r, in]`, `b [out, r]`; `mask` (shaped like
@@ -149,34 +150,10 @@ fn single_thread_matmul(a: &CpuStorage, b: &CpuStorage, bmnk: (usize, usize, usi
         return a.matmul(b, bmnk, al, bl);
     }
     let (sa, sb) = (al.stride(), bl.stride());
-    let mut out = Vec::<f32>::with_capacity(m * n);
-    // SAFETY: the pointers and strides describe `a` ([m, k]) and `b` ([k, n]) inside
-    // their storages (candle's layouts are in bounds); `out` has room for m * n values
-    // and gemm writes every one of them (read_dst = false) before set_len.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            av.as_ptr().add(al.start_offset()),
-            sa[1] as isize,
-            sa[0] as isize,
-            bv.as_ptr().add(bl.start_offset()),
-            sb[1] as isize,
-            sb[0] as isize,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-        out.set_len(m * n);
-    }
+    let a = Mat { data: av, offset: al.start_offset(), rows: m, cols: k, rs: sa[0], cs: sa[1] };
+    let b = Mat { data: bv, offset: bl.start_offset(), rows: k, cols: n, rs: sb[0], cs: sb[1] };
+    let mut out = vec![0f32; m * n];
+    matmul_into(&mut out, 0, n, a, b, false, Threads::Calling);
     Ok(CpuStorage::F32(out))
 }
 

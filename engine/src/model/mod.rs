@@ -7,6 +7,7 @@
 pub mod attention;
 pub mod block;
 pub mod condition_encoder;
+pub mod cpu_gemm;
 pub mod config;
 pub mod demo;
 pub mod folder;
