@@ -16,7 +16,7 @@
 
 use candle_core::{CpuStorage, CudaStorage, DType, Device, Layout, MetalStorage, Shape, Tensor};
 
-use super::cpu_gemm::{matmul_into, Mat, Threads};
+use super::cpu_gemm::{host_f32, matmul_into, Mat, Threads};
 use super::handover::{on_cpu, on_cuda, on_metal, Handover};
 use super::ops;
 use crate::Result;
@@ -225,8 +225,7 @@ impl candle_core::CustomOp3 for Recompute {
         let (b, kv, rows) = (q.dim(0)?, q.dim(1)?, q.dim(2)?);
         let rep = self.rep;
         let (q, k, v, grad) = (q.detach(), k.detach(), v.detach(), grad.contiguous()?);
-        let mut dkv = KvGrads::new(&k, &grad)?;
-        let mut dq = Vec::with_capacity(self.blocks.len());
+        let mut grads = QkvGrads::new(&q, &k, &grad, self.blocks.len())?;
         for blk in &self.blocks {
             let (r0, rn) = (blk.q_start * rep, blk.q_len * rep);
             let qb = q.narrow(2, r0, rn)?;
@@ -250,57 +249,65 @@ impl candle_core::CustomOp3 for Recompute {
             let ds = ops::softmax_backward(&probs, &dp)?.to_dtype(q.dtype())?;
             drop(dp);
             let probs = probs.to_dtype(v.dtype())?;
-            dkv.add_block(blk, &probs, &ds, &qb, &gb)?;
-            dq.push(ds.matmul(&kb)?);
+            grads.add_block(blk, rep, &probs, &ds, &qb, &kb, &gb)?;
         }
-        let (dk, dv) = dkv.finish(q.device())?;
-        let dq = Tensor::cat(&dq, 2)?;
+        let (dq, dk, dv) = grads.finish(q.device())?;
         debug_assert_eq!(dq.dim(2)?, rows);
         Ok((Some(dq), Some(dk), Some(dv)))
     }
 }
 
 
-/// dk and dv of [`Recompute`], summed block by block: `dv += p^T g`, `dk += ds^T q`
-/// over the block's key range. On the CPU in f32 each head's product accumulates
-/// straight into one buffer; elsewhere each block's product is added to the running
-/// tensors (a copy of the whole tensor per block where the range is partial).
-enum KvGrads {
-    Host { dk: Vec<f32>, dv: Vec<f32>, shape: Shape },
-    Device { dk: Tensor, dv: Tensor },
+/// The gradients of [`Recompute`], block by block: `dq = ds k` over the block's rows,
+/// `dv += p^T g` and `dk += ds^T q` over its key range. On the CPU in f32 each head's
+/// product goes straight into one buffer per gradient; elsewhere the dq blocks are
+/// concatenated and each dk/dv block is added to the running tensors (a copy of the
+/// whole tensor per block where the range is partial).
+enum QkvGrads {
+    Host { dq: Vec<f32>, dk: Vec<f32>, dv: Vec<f32>, q_shape: Shape, kv_shape: Shape },
+    Device { dq: Vec<Tensor>, dk: Tensor, dv: Tensor },
 }
 
-impl KvGrads {
-    fn new(k: &Tensor, grad: &Tensor) -> candle_core::Result<Self> {
+impl QkvGrads {
+    fn new(q: &Tensor, k: &Tensor, grad: &Tensor, blocks: usize) -> candle_core::Result<Self> {
         if ops::fused_cpu_f32(k) && grad.dtype() == DType::F32 {
-            let n = k.elem_count();
-            return Ok(Self::Host { dk: vec![0.0; n], dv: vec![0.0; n], shape: k.shape().clone() });
+            let (q_shape, kv_shape) = (q.shape().clone(), k.shape().clone());
+            // dq: every row is written by exactly one block (accumulate = false).
+            let (dq, kv) = (vec![0.0; q.elem_count()], vec![0.0; k.elem_count()]);
+            return Ok(Self::Host { dq, dk: kv.clone(), dv: kv, q_shape, kv_shape });
         }
-        Ok(Self::Device { dk: k.zeros_like()?, dv: k.zeros_like()? })
+        Ok(Self::Device { dq: Vec::with_capacity(blocks), dk: k.zeros_like()?, dv: k.zeros_like()? })
     }
 
     /// `probs`, `ds`: `(B, KV, rows, k_len)`; `qb`, `gb`: the block's rows of q and of
-    /// the output's gradient, `(B, KV, rows, D)`.
-    fn add_block(&mut self, blk: &BandBlock, probs: &Tensor, ds: &Tensor, qb: &Tensor, gb: &Tensor) -> candle_core::Result<()> {
+    /// the output's gradient, `(B, KV, rows, D)`; `kb` its keys, `(B, KV, k_len, D)`.
+    #[allow(clippy::too_many_arguments)]
+    fn add_block(&mut self, blk: &BandBlock, rep: usize, probs: &Tensor, ds: &Tensor, qb: &Tensor, kb: &Tensor, gb: &Tensor) -> candle_core::Result<()> {
         match self {
-            Self::Host { dk, dv, shape } => {
-                let (b, kv, s, d) = shape.dims4()?;
+            Self::Host { dq, dk, dv, q_shape, kv_shape } => {
+                let (b, kv, s, d) = kv_shape.dims4()?;
+                let rows = q_shape.dims()[2];
                 let (p, p_at) = probs.storage_and_layout();
                 let (dsv, ds_at) = ds.storage_and_layout();
                 let (q, q_at) = qb.storage_and_layout();
+                let (k, k_at) = kb.storage_and_layout();
                 let (g, g_at) = gb.storage_and_layout();
-                let (p, dsv, q, g) = (host(&p)?, host(&dsv)?, host(&q)?, host(&g)?);
+                let host = |s| host_f32(s, "recompute-attention");
+                let (p, dsv, q, k, g) = (host(&p)?, host(&dsv)?, host(&q)?, host(&k)?, host(&g)?);
                 for i in 0..b {
                     for h in 0..kv {
+                        let head = |data, layout| Mat::of(data, layout, i * kv + h);
+                        let q_at_rows = ((i * kv + h) * rows + blk.q_start * rep) * d;
+                        matmul_into(dq, q_at_rows, d, head(dsv, ds_at), head(k, k_at), false, Threads::Pool);
                         let at = ((i * kv + h) * s + blk.k_start) * d;
-                        let head = |data, layout| head_matrix(data, layout, i, h);
                         matmul_into(dv, at, d, head(p, p_at).t(), head(g, g_at), true, Threads::Pool);
                         matmul_into(dk, at, d, head(dsv, ds_at).t(), head(q, q_at), true, Threads::Pool);
                     }
                 }
                 Ok(())
             }
-            Self::Device { dk, dv } => {
+            Self::Device { dq, dk, dv } => {
+                dq.push(ds.matmul(kb)?);
                 let (b, kv, s, d) = dk.dims4()?;
                 let range = |t: &Tensor, add: &Tensor| -> candle_core::Result<Tensor> {
                     if blk.k_start == 0 && blk.k_len == s {
@@ -316,26 +323,16 @@ impl KvGrads {
         }
     }
 
-    fn finish(self, device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
+    fn finish(self, device: &Device) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
         match self {
-            Self::Host { dk, dv, shape } => Ok((Tensor::from_vec(dk, shape.clone(), device)?, Tensor::from_vec(dv, shape, device)?)),
-            Self::Device { dk, dv } => Ok((dk, dv)),
+            Self::Host { dq, dk, dv, q_shape, kv_shape } => Ok((
+                Tensor::from_vec(dq, q_shape, device)?,
+                Tensor::from_vec(dk, kv_shape.clone(), device)?,
+                Tensor::from_vec(dv, kv_shape, device)?,
+            )),
+            Self::Device { dq, dk, dv } => Ok((Tensor::cat(&dq, 2)?, dk, dv)),
         }
     }
-}
-
-/// The f32 values of a CPU storage.
-fn host(s: &candle_core::Storage) -> candle_core::Result<&[f32]> {
-    match s {
-        candle_core::Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
-        _ => candle_core::bail!("recompute-attention: expected f32 on the CPU"),
-    }
-}
-
-/// Head `(i, h)` of a `(B, KV, rows, cols)` tensor as a matrix view.
-fn head_matrix<'a>(data: &'a [f32], layout: &Layout, i: usize, h: usize) -> Mat<'a> {
-    let (st, dims) = (layout.stride(), layout.dims());
-    Mat { data, offset: layout.start_offset() + i * st[0] + h * st[1], rows: dims[2], cols: dims[3], rs: st[2], cs: st[3] }
 }
 
 /// Sliding-window attention by the plan's blocks; same result as [`full`] with the
@@ -364,25 +361,25 @@ mod tests {
     /// Banded blocks give the masked full square's output within 1e-5 and its q/k/v
     /// gradients within 1e-5 relative, for block sizes that do and do not divide P and windows near P.
     #[test]
-    fn kv_gradients_accumulate_the_same_on_host_and_device_paths() -> Result<()> {
+    fn gradients_accumulate_the_same_on_host_and_device_paths() -> Result<()> {
         let dev = Device::Cpu;
         let (b, kv, rep, p, d) = (2, 2, 3, 50, 8);
-        let (q, g) = (Tensor::randn(0f32, 1.0, (b, kv, p * rep, d), &dev)?, Tensor::randn(0f32, 1.0, (b, kv, p * rep, d), &dev)?);
-        let k = Tensor::zeros((b, kv, p, d), DType::F32, &dev)?;
+        let rand = |shape: (usize, usize, usize, usize)| Tensor::randn(0f32, 1.0, shape, &dev);
+        let (q, g, k) = (rand((b, kv, p * rep, d))?, rand((b, kv, p * rep, d))?, rand((b, kv, p, d))?);
         let SlidingPlan::Banded(blocks) = SlidingPlan::banded(p, 9, 7, &dev)? else { panic!("a banded plan") };
-        let mut host = KvGrads::new(&k, &g)?;
-        assert!(matches!(host, KvGrads::Host { .. }));
-        let mut device = KvGrads::Device { dk: k.zeros_like()?, dv: k.zeros_like()? };
+        let mut host = QkvGrads::new(&q, &k, &g, blocks.len())?;
+        assert!(matches!(host, QkvGrads::Host { .. }));
+        let mut device = QkvGrads::Device { dq: Vec::new(), dk: k.zeros_like()?, dv: k.zeros_like()? };
         for blk in &blocks {
-            let (qb, gb) = (q.narrow(2, blk.q_start * rep, blk.q_len * rep)?, g.narrow(2, blk.q_start * rep, blk.q_len * rep)?);
-            let probs = Tensor::randn(0f32, 1.0, (b, kv, blk.q_len * rep, blk.k_len), &dev)?;
-            let ds = Tensor::randn(0f32, 1.0, (b, kv, blk.q_len * rep, blk.k_len), &dev)?;
-            host.add_block(blk, &probs, &ds, &qb, &gb)?;
-            device.add_block(blk, &probs, &ds, &qb, &gb)?;
+            let rows = |t: &Tensor| t.narrow(2, blk.q_start * rep, blk.q_len * rep);
+            let (qb, gb, kb) = (rows(&q)?, rows(&g)?, k.narrow(2, blk.k_start, blk.k_len)?);
+            let (probs, ds) = (rand((b, kv, blk.q_len * rep, blk.k_len))?, rand((b, kv, blk.q_len * rep, blk.k_len))?);
+            host.add_block(blk, rep, &probs, &ds, &qb, &kb, &gb)?;
+            device.add_block(blk, rep, &probs, &ds, &qb, &kb, &gb)?;
         }
-        let ((hk, hv), (dk, dv)) = (host.finish(&dev)?, device.finish(&dev)?);
-        let err = max_abs(&hk, &dk).max(max_abs(&hv, &dv));
-        println!("kv gradients: host vs device path, max abs difference {err:e}");
+        let (host, device) = (host.finish(&dev)?, device.finish(&dev)?);
+        let err = max_abs(&host.0, &device.0).max(max_abs(&host.1, &device.1)).max(max_abs(&host.2, &device.2));
+        println!("q/k/v gradients: host vs device path, max abs difference {err:e}");
         assert!(err <= 1e-4, "{err:e}");
         Ok(())
     }

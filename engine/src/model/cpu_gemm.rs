@@ -2,6 +2,8 @@
 //! buffer they own: accumulating (`dst += a b`) saves the temporary and the add that
 //! candle's matmul-then-add needs, and a small product can stay on the calling thread.
 
+use candle_core::{CpuStorage, Layout, Result, Storage};
+
 /// Matrix `(rows, cols)` inside `data`: element `(i, j)` at `offset + i * rs + j * cs`.
 #[derive(Clone, Copy)]
 pub struct Mat<'a> {
@@ -19,6 +21,20 @@ impl<'a> Mat<'a> {
         Self { data, offset, rows, cols, rs, cs: 1 }
     }
 
+    /// Matrix `index` of a tensor's layout: its last two dimensions, at position `index`
+    /// of the leading ones taken row-major (head `(i, h)` of `(B, KV, rows, cols)` is
+    /// `i * KV + h`).
+    pub fn of(data: &'a [f32], layout: &Layout, index: usize) -> Self {
+        let (dims, st) = (layout.dims(), layout.stride());
+        let r = dims.len();
+        let (mut offset, mut rest) = (layout.start_offset(), index);
+        for ax in (0..r - 2).rev() {
+            offset += rest % dims[ax] * st[ax];
+            rest /= dims[ax];
+        }
+        Self { data, offset, rows: dims[r - 2], cols: dims[r - 1], rs: st[r - 2], cs: st[r - 1] }
+    }
+
     /// The transpose (a view, nothing moves).
     pub fn t(self) -> Self {
         Self { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs, ..self }
@@ -28,6 +44,14 @@ impl<'a> Mat<'a> {
     fn check(&self, what: &str) {
         let last = self.offset + self.rows.saturating_sub(1) * self.rs + self.cols.saturating_sub(1) * self.cs;
         assert!(self.rows == 0 || self.cols == 0 || last < self.data.len(), "cpu_gemm: {what} out of bounds");
+    }
+}
+
+/// The f32 values of a CPU storage, or an error naming `op`.
+pub fn host_f32<'a>(s: &'a Storage, op: &str) -> Result<&'a [f32]> {
+    match s {
+        Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
+        _ => candle_core::bail!("{op}: expected f32 on the CPU"),
     }
 }
 

@@ -14,6 +14,7 @@ use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp1, DType, Error, Layout, Result, Shape, Tensor};
 
+use super::cpu_gemm::{host_f32, matmul_into, Mat, Threads};
 use super::handover::{on_cpu, Handover};
 use super::ops;
 
@@ -73,16 +74,25 @@ impl CustomOp1 for MlpNode {
         let saved = self.saved.lock().expect("mlp lock").take();
         let (g, u) = saved.ok_or_else(|| Error::Msg("swiglu-mlp: backward ran twice over one graph".into()))?;
         let (g, u) = (g.reshape((rows, inter))?, u.reshape((rows, inter))?);
-        let mut dx = Vec::with_capacity(rows.div_ceil(BACKWARD_ROWS));
+        // dx = d_gate w_gate + d_up w_up, both GEMMs writing the block's rows in place.
+        let mut dx = vec![0f32; rows * hidden];
+        let (wg, wg_layout) = w_gate.storage_and_layout();
+        let (wu, wu_layout) = w_up.storage_and_layout();
+        const OP: &str = "swiglu-mlp";
+        let (wg, wu) = (Mat::of(host_f32(&wg, OP)?, wg_layout, 0), Mat::of(host_f32(&wu, OP)?, wu_layout, 0));
         for start in (0..rows).step_by(BACKWARD_ROWS) {
             let n = BACKWARD_ROWS.min(rows - start);
             let (gb, ub) = (g.narrow(0, start, n)?, u.narrow(0, start, n)?);
             let d_h = grad.narrow(0, start, n)?.matmul(w_down)?; // [n, I]
             let d_gate = ops::swiglu_grad(&gb, &ub, &d_h, true)?;
             let d_up = ops::swiglu_grad(&gb, &ub, &d_h, false)?;
-            dx.push((d_gate.matmul(w_gate)? + d_up.matmul(w_up)?)?);
+            let (dg, dg_layout) = d_gate.storage_and_layout();
+            let (du, du_layout) = d_up.storage_and_layout();
+            let (dg, du) = (Mat::of(host_f32(&dg, OP)?, dg_layout, 0), Mat::of(host_f32(&du, OP)?, du_layout, 0));
+            matmul_into(&mut dx, start * hidden, hidden, dg, wg, false, Threads::Pool);
+            matmul_into(&mut dx, start * hidden, hidden, du, wu, true, Threads::Pool);
         }
-        Ok(Some(Tensor::cat(&dx, 0)?.reshape(x.shape())?))
+        Ok(Some(Tensor::from_vec(dx, x.shape(), x.device())?))
     }
 }
 
