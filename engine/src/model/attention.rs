@@ -16,7 +16,7 @@
 
 use candle_core::{CpuStorage, CudaStorage, DType, Device, Layout, MetalStorage, Shape, Tensor};
 
-use super::cpu_gemm::{host_f32, matmul_into, Mat, Threads};
+use super::attention_host;
 use super::handover::{on_cpu, on_cuda, on_metal, Handover};
 use super::ops;
 use crate::Result;
@@ -156,9 +156,10 @@ pub fn full(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor
 /// 24 MiB of a checkpointed layer's graph; small-30s's attention (1.1M) stays as is.
 pub const RECOMPUTE_ELEMENTS: usize = 1 << 21;
 /// About how many scores one query block of the recompute path holds at a time. Its
-/// backward keeps three such buffers (probabilities, their gradient, the scores'
-/// gradient) at once: 2M scores = 24 MiB in f32 (96 MiB at 8M, which set the
-/// checkpointed step's peak).
+/// candle-op backward keeps three such buffers (probabilities, their gradient, the
+/// scores' gradient) at once: 2M scores = 24 MiB in f32 (96 MiB at 8M, which set the
+/// checkpointed step's peak). The CPU kernels (`attention_host`) work one head at a
+/// time: three buffers of a head's share of the block.
 const RECOMPUTE_BLOCK_ELEMENTS: usize = 1 << 21;
 
 /// Blockwise attention whose backward recomputes each block's probabilities instead of
@@ -166,7 +167,10 @@ const RECOMPUTE_BLOCK_ELEMENTS: usize = 1 << 21;
 /// `q k^T` + softmax per block in the backward. The forward runs without a graph; the
 /// op only attaches the backward to q, k and v.
 fn recompute(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<Tensor> {
-    let out = blocked_forward(&q.detach(), &k.detach(), &v.detach(), rep, blocks)?;
+    let out = match attention_host::applies(q, None) {
+        true => attention_host::forward(q, k, v, rep, blocks)?,
+        false => blocked_forward(&q.detach(), &k.detach(), &v.detach(), rep, blocks)?,
+    };
     if !(q.track_op() || k.track_op() || v.track_op()) {
         return Ok(out);
     }
@@ -212,8 +216,6 @@ impl candle_core::CustomOp3 for Recompute {
         self.out.take(on_metal)
     }
 
-    /// Per block: p = softmax(q k^T + mask) recomputed; dv += p^T g; dp = g v^T;
-    /// ds = p (dp - rowsum(dp p)); dq = ds k; dk += ds^T q.
     fn bwd(
         &self,
         q: &Tensor,
@@ -222,117 +224,56 @@ impl candle_core::CustomOp3 for Recompute {
         _out: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (b, kv, rows) = (q.dim(0)?, q.dim(1)?, q.dim(2)?);
-        let rep = self.rep;
-        let (q, k, v, grad) = (q.detach(), k.detach(), v.detach(), grad.contiguous()?);
-        let mut grads = QkvGrads::new(&q, &k, &grad, self.blocks.len())?;
-        for blk in &self.blocks {
-            let (r0, rn) = (blk.q_start * rep, blk.q_len * rep);
-            let qb = q.narrow(2, r0, rn)?;
-            let gb = grad.narrow(2, r0, rn)?;
-            let kb = k.narrow(2, blk.k_start, blk.k_len)?;
-            let vb = v.narrow(2, blk.k_start, blk.k_len)?;
-            let scores = qb.matmul(&kb.t()?)?.to_dtype(DType::F32)?;
-            let scores = match &blk.mask {
-                Some(mask) => scores
-                    .reshape((b, kv, blk.q_len, rep, blk.k_len))?
-                    .broadcast_add(mask)?
-                    .reshape((b, kv, rn, blk.k_len))?,
-                None => scores,
-            };
-            // Each block buffer is dropped as soon as the next is made: at most three
-            // exist at once (this loop sets the checkpointed step's peak).
-            let probs = ops::softmax_last_dim(&scores)?;
-            drop(scores);
-            let gbf = gb.to_dtype(DType::F32)?;
-            let dp = gbf.matmul(&vb.t()?.to_dtype(DType::F32)?)?;
-            let ds = ops::softmax_backward(&probs, &dp)?.to_dtype(q.dtype())?;
-            drop(dp);
-            let probs = probs.to_dtype(v.dtype())?;
-            grads.add_block(blk, rep, &probs, &ds, &qb, &kb, &gb)?;
-        }
-        let (dq, dk, dv) = grads.finish(q.device())?;
-        debug_assert_eq!(dq.dim(2)?, rows);
+        let (q, k, v) = (q.detach(), k.detach(), v.detach());
+        let (dq, dk, dv) = match attention_host::applies(&q, Some(grad)) {
+            true => attention_host::backward(&q, &k, &v, grad, self.rep, &self.blocks)?,
+            false => composed_backward(&q, &k, &v, grad, self.rep, &self.blocks)?,
+        };
         Ok((Some(dq), Some(dk), Some(dv)))
     }
 }
 
-
-/// The gradients of [`Recompute`], block by block: `dq = ds k` over the block's rows,
-/// `dv += p^T g` and `dk += ds^T q` over its key range. On the CPU in f32 each head's
-/// product goes straight into one buffer per gradient; elsewhere the dq blocks are
-/// concatenated and each dk/dv block is added to the running tensors (a copy of the
-/// whole tensor per block where the range is partial).
-enum QkvGrads {
-    Host { dq: Vec<f32>, dk: Vec<f32>, dv: Vec<f32>, q_shape: Shape, kv_shape: Shape },
-    Device { dq: Vec<Tensor>, dk: Tensor, dv: Tensor },
-}
-
-impl QkvGrads {
-    fn new(q: &Tensor, k: &Tensor, grad: &Tensor, blocks: usize) -> candle_core::Result<Self> {
-        if ops::fused_cpu_f32(k) && grad.dtype() == DType::F32 {
-            let (q_shape, kv_shape) = (q.shape().clone(), k.shape().clone());
-            // dq: every row is written by exactly one block (accumulate = false).
-            let (dq, kv) = (vec![0.0; q.elem_count()], vec![0.0; k.elem_count()]);
-            return Ok(Self::Host { dq, dk: kv.clone(), dv: kv, q_shape, kv_shape });
-        }
-        Ok(Self::Device { dq: Vec::with_capacity(blocks), dk: k.zeros_like()?, dv: k.zeros_like()? })
-    }
-
-    /// `probs`, `ds`: `(B, KV, rows, k_len)`; `qb`, `gb`: the block's rows of q and of
-    /// the output's gradient, `(B, KV, rows, D)`; `kb` its keys, `(B, KV, k_len, D)`.
-    #[allow(clippy::too_many_arguments)]
-    fn add_block(&mut self, blk: &BandBlock, rep: usize, probs: &Tensor, ds: &Tensor, qb: &Tensor, kb: &Tensor, gb: &Tensor) -> candle_core::Result<()> {
-        match self {
-            Self::Host { dq, dk, dv, q_shape, kv_shape } => {
-                let (b, kv, s, d) = kv_shape.dims4()?;
-                let rows = q_shape.dims()[2];
-                let (p, p_at) = probs.storage_and_layout();
-                let (dsv, ds_at) = ds.storage_and_layout();
-                let (q, q_at) = qb.storage_and_layout();
-                let (k, k_at) = kb.storage_and_layout();
-                let (g, g_at) = gb.storage_and_layout();
-                let host = |s| host_f32(s, "recompute-attention");
-                let (p, dsv, q, k, g) = (host(&p)?, host(&dsv)?, host(&q)?, host(&k)?, host(&g)?);
-                for i in 0..b {
-                    for h in 0..kv {
-                        let head = |data, layout| Mat::of(data, layout, i * kv + h);
-                        let q_at_rows = ((i * kv + h) * rows + blk.q_start * rep) * d;
-                        matmul_into(dq, q_at_rows, d, head(dsv, ds_at), head(k, k_at), false, Threads::Pool);
-                        let at = ((i * kv + h) * s + blk.k_start) * d;
-                        matmul_into(dv, at, d, head(p, p_at).t(), head(g, g_at), true, Threads::Pool);
-                        matmul_into(dk, at, d, head(dsv, ds_at).t(), head(q, q_at), true, Threads::Pool);
-                    }
-                }
-                Ok(())
+/// [`Recompute`]'s backward in candle ops (other devices and dtypes). Per block:
+/// p = softmax(q k^T + mask) recomputed; dv += p^T g; dp = g v^T;
+/// ds = p (dp - rowsum(dp p)); dq = ds k; dk += ds^T q.
+fn composed_backward(q: &Tensor, k: &Tensor, v: &Tensor, grad: &Tensor, rep: usize, blocks: &[BandBlock]) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+    let (b, kv, _, d) = q.dims4()?;
+    let s = k.dim(2)?;
+    let grad = grad.contiguous()?;
+    let (mut dk, mut dv) = (k.zeros_like()?, v.zeros_like()?);
+    let mut dq = Vec::with_capacity(blocks.len());
+    for blk in blocks {
+        let (r0, rn) = (blk.q_start * rep, blk.q_len * rep);
+        let qb = q.narrow(2, r0, rn)?;
+        let gb = grad.narrow(2, r0, rn)?;
+        let kb = k.narrow(2, blk.k_start, blk.k_len)?;
+        let vb = v.narrow(2, blk.k_start, blk.k_len)?;
+        let scores = qb.matmul(&kb.t()?)?.to_dtype(DType::F32)?;
+        let scores = match &blk.mask {
+            Some(mask) => scores
+                .reshape((b, kv, blk.q_len, rep, blk.k_len))?
+                .broadcast_add(mask)?
+                .reshape((b, kv, rn, blk.k_len))?,
+            None => scores,
+        };
+        let probs = ops::softmax_last_dim(&scores)?;
+        drop(scores);
+        let dp = gb.to_dtype(DType::F32)?.matmul(&vb.t()?.to_dtype(DType::F32)?)?;
+        let ds = ops::softmax_backward(&probs, &dp)?.to_dtype(q.dtype())?;
+        drop(dp);
+        let probs = probs.to_dtype(v.dtype())?;
+        dq.push(ds.matmul(&kb)?);
+        let range = |t: &Tensor, add: &Tensor| -> candle_core::Result<Tensor> {
+            if blk.k_start == 0 && blk.k_len == s {
+                return t + add;
             }
-            Self::Device { dq, dk, dv } => {
-                dq.push(ds.matmul(kb)?);
-                let (b, kv, s, d) = dk.dims4()?;
-                let range = |t: &Tensor, add: &Tensor| -> candle_core::Result<Tensor> {
-                    if blk.k_start == 0 && blk.k_len == s {
-                        return t + add;
-                    }
-                    let sum = (t.narrow(2, blk.k_start, blk.k_len)? + add)?;
-                    t.slice_assign(&[0..b, 0..kv, blk.k_start..blk.k_start + blk.k_len, 0..d], &sum)
-                };
-                *dv = range(dv, &probs.t()?.matmul(gb)?)?;
-                *dk = range(dk, &ds.t()?.matmul(qb)?)?;
-                Ok(())
-            }
-        }
+            let sum = (t.narrow(2, blk.k_start, blk.k_len)? + add)?;
+            t.slice_assign(&[0..b, 0..kv, blk.k_start..blk.k_start + blk.k_len, 0..d], &sum)
+        };
+        dv = range(&dv, &probs.t()?.matmul(&gb)?)?;
+        dk = range(&dk, &ds.t()?.matmul(&qb)?)?;
     }
-
-    fn finish(self, device: &Device) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
-        match self {
-            Self::Host { dq, dk, dv, q_shape, kv_shape } => Ok((
-                Tensor::from_vec(dq, q_shape, device)?,
-                Tensor::from_vec(dk, kv_shape.clone(), device)?,
-                Tensor::from_vec(dv, kv_shape, device)?,
-            )),
-            Self::Device { dq, dk, dv } => Ok((Tensor::cat(&dq, 2)?, dk, dv)),
-        }
-    }
+    Ok((Tensor::cat(&dq, 2)?, dk, dv))
 }
 
 /// Sliding-window attention by the plan's blocks; same result as [`full`] with the
@@ -361,26 +302,24 @@ mod tests {
     /// Banded blocks give the masked full square's output within 1e-5 and its q/k/v
     /// gradients within 1e-5 relative, for block sizes that do and do not divide P and windows near P.
     #[test]
-    fn gradients_accumulate_the_same_on_host_and_device_paths() -> Result<()> {
+    fn host_kernels_match_the_candle_op_forms() -> Result<()> {
         let dev = Device::Cpu;
         let (b, kv, rep, p, d) = (2, 2, 3, 50, 8);
         let rand = |shape: (usize, usize, usize, usize)| Tensor::randn(0f32, 1.0, shape, &dev);
-        let (q, g, k) = (rand((b, kv, p * rep, d))?, rand((b, kv, p * rep, d))?, rand((b, kv, p, d))?);
-        let SlidingPlan::Banded(blocks) = SlidingPlan::banded(p, 9, 7, &dev)? else { panic!("a banded plan") };
-        let mut host = QkvGrads::new(&q, &k, &g, blocks.len())?;
-        assert!(matches!(host, QkvGrads::Host { .. }));
-        let mut device = QkvGrads::Device { dq: Vec::new(), dk: k.zeros_like()?, dv: k.zeros_like()? };
-        for blk in &blocks {
-            let rows = |t: &Tensor| t.narrow(2, blk.q_start * rep, blk.q_len * rep);
-            let (qb, gb, kb) = (rows(&q)?, rows(&g)?, k.narrow(2, blk.k_start, blk.k_len)?);
-            let (probs, ds) = (rand((b, kv, blk.q_len * rep, blk.k_len))?, rand((b, kv, blk.q_len * rep, blk.k_len))?);
-            host.add_block(blk, rep, &probs, &ds, &qb, &kb, &gb)?;
-            device.add_block(blk, rep, &probs, &ds, &qb, &kb, &gb)?;
+        let (q, g) = (rand((b, kv, p * rep, d))?, rand((b, kv, p * rep, d))?);
+        let (k, v) = (rand((b, kv, p, d))?, rand((b, kv, p, d))?);
+        let SlidingPlan::Banded(banded) = SlidingPlan::banded(p, 9, 7, &dev)? else { panic!("a banded plan") };
+        let full = (0..p).step_by(16).map(|q_start| BandBlock { q_start, q_len: 16.min(p - q_start), k_start: 0, k_len: p, mask: None });
+        for (what, blocks) in [("banded", banded), ("full", full.collect())] {
+            let host = attention_host::forward(&q, &k, &v, rep, &blocks)?;
+            let composed = blocked_forward(&q, &k, &v, rep, &blocks)?;
+            let out_err = max_abs(&host, &composed);
+            let host = attention_host::backward(&q, &k, &v, &g, rep, &blocks)?;
+            let composed = composed_backward(&q, &k, &v, &g, rep, &blocks)?;
+            let grad_err = max_abs(&host.0, &composed.0).max(max_abs(&host.1, &composed.1)).max(max_abs(&host.2, &composed.2));
+            println!("{what} blocks: host vs candle ops, output {out_err:e}, gradients {grad_err:e} (max abs)");
+            assert!(out_err <= 1e-5 && grad_err <= 1e-4, "{what}: {out_err:e} {grad_err:e}");
         }
-        let (host, device) = (host.finish(&dev)?, device.finish(&dev)?);
-        let err = max_abs(&host.0, &device.0).max(max_abs(&host.1, &device.1)).max(max_abs(&host.2, &device.2));
-        println!("q/k/v gradients: host vs device path, max abs difference {err:e}");
-        assert!(err <= 1e-4, "{err:e}");
         Ok(())
     }
 

@@ -35,6 +35,11 @@ impl<'a> Mat<'a> {
         Self { data, offset, rows: dims[r - 2], cols: dims[r - 1], rs: st[r - 2], cs: st[r - 1] }
     }
 
+    /// Rows `start..start + n` (a view).
+    pub fn row_range(self, start: usize, n: usize) -> Self {
+        Self { offset: self.offset + start * self.rs, rows: n, ..self }
+    }
+
     /// The transpose (a view, nothing moves).
     pub fn t(self) -> Self {
         Self { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs, ..self }

@@ -5,6 +5,7 @@
 //! unpatchify, crop). Gradient checkpointing drives the same three pieces itself.
 
 pub mod attention;
+pub mod attention_host;
 pub mod block;
 pub mod condition_encoder;
 pub mod cpu_gemm;
