@@ -141,7 +141,11 @@ pub fn full(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor
     let s = k.dim(2)?;
     if mask.is_none() && b * kv * rows * s > RECOMPUTE_ELEMENTS && !ops::bench_switch("OSTINATO_KEEP_SCORES") {
         let p = rows / rep;
-        let block = (RECOMPUTE_BLOCK_ELEMENTS / (b * kv * rep * s)).clamp(16, p);
+        let budget = match attention_host::applies(q, None) {
+            true => HOST_BLOCK_ELEMENTS,
+            false => RECOMPUTE_BLOCK_ELEMENTS,
+        };
+        let block = (budget / (b * kv * rep * s)).clamp(16, p);
         let blocks = (0..p)
             .step_by(block)
             .map(|q_start| BandBlock { q_start, q_len: block.min(p - q_start), k_start: 0, k_len: s, mask: None })
@@ -158,9 +162,13 @@ pub const RECOMPUTE_ELEMENTS: usize = 1 << 21;
 /// About how many scores one query block of the recompute path holds at a time. Its
 /// candle-op backward keeps three such buffers (probabilities, their gradient, the
 /// scores' gradient) at once: 2M scores = 24 MiB in f32 (96 MiB at 8M, which set the
-/// checkpointed step's peak). The CPU kernels (`attention_host`) work one head at a
-/// time: three buffers of a head's share of the block.
+/// checkpointed step's peak).
 const RECOMPUTE_BLOCK_ELEMENTS: usize = 1 << 21;
+/// The same for the CPU kernels (`attention_host`), which hold one head's share of a
+/// block at a time: 4x the blocks for that memory at small-240s (B * KV = 4), and
+/// fewer, larger GEMMs, each of which packs its operands anew: 0.86x the step time of
+/// 2M blocks there (bench/NOTES.md, 19). 32M was no faster and held more.
+const HOST_BLOCK_ELEMENTS: usize = 1 << 23;
 
 /// Blockwise attention whose backward recomputes each block's probabilities instead of
 /// keeping them: memory O(block) rather than O(P * S) per layer, for one more
