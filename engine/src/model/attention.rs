@@ -11,8 +11,10 @@
 //! the queries into blocks and scores each block only against the keys its rows can
 //! see, `[start - window, end + window)`, masking the corners of that rectangle. A key
 //! outside the band gets `f32::MIN` in the full square, so its probability is exactly 0:
-//! both forms give the same softmax up to summation order. Everything is built from
-//! differentiable ops, so gradients flow to q, k, v (and the LoRA tensors behind them).
+//! both forms give the same softmax up to summation order. Past a size, attention runs
+//! in query blocks through [`Recompute`], which keeps no scores and recomputes them in
+//! its backward (on the CPU in f32 with the kernels of `attention_host`); gradients
+//! flow to q, k, v (and the LoRA tensors behind them) either way.
 
 use candle_core::{CpuStorage, CudaStorage, DType, Device, Layout, MetalStorage, Shape, Tensor};
 
@@ -307,8 +309,8 @@ mod tests {
         (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
     }
 
-    /// Banded blocks give the masked full square's output within 1e-5 and its q/k/v
-    /// gradients within 1e-5 relative, for block sizes that do and do not divide P and windows near P.
+    /// The recompute path's CPU kernels against its candle-op forms (the path other
+    /// devices take), forward and q/k/v gradients, on banded and full blocks.
     #[test]
     fn host_kernels_match_the_candle_op_forms() -> Result<()> {
         let dev = Device::Cpu;
@@ -331,6 +333,8 @@ mod tests {
         Ok(())
     }
 
+    /// Banded blocks give the masked full square's output within 1e-5 and its q/k/v
+    /// gradients within 1e-5 relative, for block sizes that do and do not divide P and windows near P.
     #[test]
     fn banded_equals_masked_full_square() -> Result<()> {
         let dev = Device::Cpu;

@@ -5,8 +5,8 @@
 //! backward holds four more `[rows, intermediate]` gradients plus candle's zeros for
 //! each). The backward runs in row blocks: the `[rows, intermediate]` gradients exist
 //! one block at a time, and it releases `gate(x)` and `up(x)` when done: the graph
-//! lives until the whole backward returns, and the layer's attention backward, which
-//! runs after the MLP's, sets the checkpointed step's peak. Same GEMMs as the composed
+//! lives until the whole backward returns, so otherwise they would sit beside the
+//! layer's attention backwards, which run after the MLP's. Same GEMMs as the composed
 //! form, no recompute. With a LoRA on an MLP projection, or on other devices, the
 //! composed form runs.
 
