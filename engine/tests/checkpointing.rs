@@ -1,5 +1,7 @@
 //! Gradient checkpointing (block recompute) gives the same LoRA gradients as the
-//! plain path: on every fixture model and on a randomly built 8-layer model with dropout.
+//! plain path: on every fixture model and on a randomly built 8-layer model with dropout,
+//! with the LoRA on attention only (the recompute skips each MLP's down projection) and
+//! on an MLP projection too (the whole layer is recomputed).
 
 mod common;
 
@@ -50,6 +52,15 @@ fn fixture_models_same_gradients_with_and_without_checkpointing() {
 
 #[test]
 fn random_eight_layer_model_same_gradients_with_dropout_and_padding() {
+    random_eight_layer_model("random-8-layer", &["q_proj", "k_proj", "v_proj", "o_proj"]);
+}
+
+#[test]
+fn random_eight_layer_model_with_an_adapted_mlp_same_gradients() {
+    random_eight_layer_model("random-8-layer, LoRA on down_proj", &["q_proj", "down_proj"]);
+}
+
+fn random_eight_layer_model(name: &str, targets: &[&str]) {
     let cfg = DitConfig::from_value(&serde_json::json!({
         "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 8,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
@@ -60,7 +71,8 @@ fn random_eight_layer_model_same_gradients_with_dropout_and_padding() {
     let dev = Device::Cpu;
     let w = DecoderWeights::random(&cfg, 3, 0.05, DType::F32, &dev).unwrap();
     let model = DitModel::new(&cfg, &w).unwrap();
-    let lora = LoraConfig { r: 4, alpha: 8.0, dropout: 0.1, ..Default::default() };
+    let target_modules = targets.iter().map(|t| t.to_string()).collect();
+    let lora = LoraConfig { r: 4, alpha: 8.0, dropout: 0.1, target_modules, ..Default::default() };
     let mut adapter = LoraAdapter::new(lora, &model, 11).unwrap();
     // Non-zero B so every LoRA tensor's gradient is informative.
     let filled: std::collections::HashMap<String, Tensor> = adapter
@@ -78,5 +90,5 @@ fn random_eight_layer_model_same_gradients_with_dropout_and_padding() {
         context_latents: Tensor::randn(0f32, 1., (b, t, 128), &dev).unwrap(),
     };
     let flow = FlowBatch::new(&batch, &[0.75, 0.5], &mut ChaCha8Rng::seed_from_u64(9)).unwrap();
-    assert_same_gradients("random-8-layer", &model, &adapter, &flow, LoraMode::Train { dropout_seed: 77 });
+    assert_same_gradients(name, &model, &adapter, &flow, LoraMode::Train { dropout_seed: 77 });
 }

@@ -7,6 +7,7 @@ use super::attention::{self, SlidingPlan};
 use super::heads;
 use super::mlp;
 use super::ops;
+use super::roots;
 use super::weights::DecoderWeights;
 use super::DitConfig;
 use crate::lora::LoraCtx;
@@ -166,15 +167,38 @@ struct Mlp {
 
 impl Mlp {
     fn forward(&self, x: &Tensor, lora: Option<&LoraCtx>) -> Result<Tensor> {
-        let linears = [&self.gate_proj, &self.up_proj, &self.down_proj];
-        let adapted = lora.is_some_and(|l| linears.iter().any(|m| l.adapts(&m.name)));
-        if !adapted && linears.iter().all(|m| m.bias.is_none()) {
-            return Ok(mlp::swiglu_mlp(x, self.gate_proj.weight(), self.up_proj.weight(), self.down_proj.weight())?);
+        if let Some(weights) = self.fusable(lora) {
+            return Ok(mlp::swiglu_mlp(x, weights[0], weights[1], weights[2])?);
         }
         let gate = self.gate_proj.forward(x, lora)?;
         let up = self.up_proj.forward(x, lora)?;
         self.down_proj.forward(&ops::swiglu(&gate, &up)?, lora)
     }
+
+    /// The backward root of `x + self(h) * gate` from `grad_out` (see
+    /// `mlp::gated_residual_root`), where the MLP runs as one node.
+    fn gated_residual_root(&self, x: &Tensor, h: &Tensor, gate: &Tensor, grad_out: &Tensor, lora: Option<&LoraCtx>) -> Result<Option<Tensor>> {
+        match self.fusable(lora) {
+            Some(weights) => Ok(mlp::gated_residual_root(x, h, gate, weights, grad_out)?),
+            None => Ok(None),
+        }
+    }
+
+    /// The weights gate, up, down, when no LoRA adapts them and none has a bias.
+    fn fusable(&self, lora: Option<&LoraCtx>) -> Option<[&Tensor; 3]> {
+        let linears = [&self.gate_proj, &self.up_proj, &self.down_proj];
+        let adapted = lora.is_some_and(|l| linears.iter().any(|m| l.adapts(&m.name)));
+        let biased = linears.iter().any(|m| m.bias.is_some());
+        (!adapted && !biased).then(|| linears.map(Linear::weight))
+    }
+}
+
+/// A layer's state before its MLP: the residual stream `x`, the MLP's input `normed`,
+/// and the MLP's residual gate.
+struct BeforeMlp {
+    x: Tensor,
+    normed: Tensor,
+    gate: Tensor,
 }
 
 /// What every layer reads besides its input: per-batch conditioning, built once per forward.
@@ -223,6 +247,27 @@ impl DitLayer {
 
     /// `x [B, P, H] -> [B, P, H]`.
     pub fn forward(&self, x: &Tensor, ctx: &LayerContext, lora: Option<&LoraCtx>) -> Result<Tensor> {
+        let mid = self.until_mlp(x, ctx, lora)?;
+        let ff = self.mlp.forward(&mid.normed, lora)?;
+        Ok(ops::gated_add(&mid.x, &ff, &mid.gate)?)
+    }
+
+    /// Gradient checkpointing's recompute: the layer from `x` as a backward root that
+    /// hands its output the gradient `grad_out` (see `roots`). Where the MLP runs as one
+    /// node, the root is the gated residual's own and the down projection never runs
+    /// forward.
+    pub fn backward_root(&self, x: &Tensor, ctx: &LayerContext, lora: Option<&LoraCtx>, grad_out: &Tensor) -> Result<Tensor> {
+        let mid = self.until_mlp(x, ctx, lora)?;
+        if let Some(root) = self.mlp.gated_residual_root(&mid.x, &mid.normed, &mid.gate, grad_out, lora)? {
+            return Ok(root);
+        }
+        let ff = self.mlp.forward(&mid.normed, lora)?;
+        Ok(roots::seeded(&ops::gated_add(&mid.x, &ff, &mid.gate)?, grad_out)?)
+    }
+
+    /// Everything before the MLP: AdaLN, both attentions with their residuals, the MLP's
+    /// modulated norm.
+    fn until_mlp(&self, x: &Tensor, ctx: &LayerContext, lora: Option<&LoraCtx>) -> Result<BeforeMlp> {
         // 1. AdaLN parameters: shift, scale, gate for attention, then for the MLP.
         let m = ops::add(&self.scale_shift_table, &ctx.timestep_proj)?; // (B, 6, H)
         let chunk = |i: usize| m.narrow(1, i, 1); // (B, 1, H)
@@ -240,10 +285,9 @@ impl DitLayer {
         let cross = self.cross_attn.forward(&h, &ctx.encoder_states, None, None, lora)?;
         let x = ops::add(&x, &cross)?;
 
-        // 4. Modulated SwiGLU MLP, gated residual.
-        let h = ops::modulated_rms_norm(&x, &self.mlp_norm, &c_scale, &c_shift, self.eps)?;
-        let ff = self.mlp.forward(&h, lora)?;
-        Ok(ops::gated_add(&x, &ff, &c_gate)?)
+        // 4. The MLP's modulated norm; the MLP and its gated residual follow.
+        let normed = ops::modulated_rms_norm(&x, &self.mlp_norm, &c_scale, &c_shift, self.eps)?;
+        Ok(BeforeMlp { x, normed, gate: c_gate })
     }
 
     /// The layer's linear modules, named as in the checkpoint.

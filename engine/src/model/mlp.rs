@@ -9,10 +9,13 @@
 //! layer's attention backwards, which run after the MLP's. Same GEMMs as the composed
 //! form, no recompute. With a LoRA on an MLP projection, or on other devices, the
 //! composed form runs.
+//!
+//! Gradient checkpointing's recompute ends each layer with `gated_residual_root`: the
+//! same node's backward, without the down projection's forward.
 
 use std::sync::Mutex;
 
-use candle_core::{CpuStorage, CustomOp1, DType, Error, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Error, Layout, Result, Shape, Tensor};
 
 use super::cpu_gemm::{host_f32, matmul_into, Mat, Threads};
 use super::handover::{on_cpu, Handover};
@@ -23,56 +26,68 @@ use super::ops;
 const BACKWARD_ROWS: usize = 256;
 
 pub fn swiglu_mlp(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Tensor> {
-    let frozen = [gate, up, down].iter().all(|w| w.dtype() == DType::F32 && !w.track_op());
     let composed = |x: &Tensor| -> Result<Tensor> {
         let h = ops::swiglu(&ops::linear(x, gate, None)?, &ops::linear(x, up, None)?)?;
         ops::linear(&h, down, None)
     };
-    if !(ops::fused_cpu_f32(x) && frozen) {
+    if !fusable(x, [gate, up, down]) {
         return composed(x);
     }
-    let xd = x.detach();
-    let g = ops::linear(&xd, gate, None)?;
-    let u = ops::linear(&xd, up, None)?;
-    let out = ops::linear(&ops::swiglu(&g, &u)?, down, None)?;
+    let (kept, h) = Kept::forward(x, [gate, up, down])?;
+    let out = ops::linear(&h, down, None)?;
     if !x.track_op() {
         return Ok(out);
     }
-    let node = MlpNode {
-        out: Handover::new(out, "swiglu-mlp"),
-        saved: Mutex::new(Some((g, u))),
-        weights: [gate.clone(), up.clone(), down.clone()],
-    };
-    x.apply_op1(node)
+    x.apply_op1(MlpNode { out: Handover::new(out, "swiglu-mlp"), kept })
 }
 
-/// Attaches the MLP's backward to `x`; the forward was computed without a graph.
-struct MlpNode {
-    /// The forward's result, computed without a graph.
-    out: Handover,
-    /// `gate(x)` and `up(x)`, taken by the backward (which runs once per graph).
-    saved: Mutex<Option<(Tensor, Tensor)>>,
-    /// gate `[I, H]`, up `[I, H]`, down `[H, I]`.
+/// The backward of the gated residual `x + mlp(h) * gate` from its output's gradient
+/// `grad_out`, as a root (see `roots`): its backward hands `x` the gradient `grad_out`
+/// and `h` the MLP's input gradient for `grad_out * gate`. For gradient checkpointing's
+/// recompute: the down projection, the residual's last op, never runs forward, as the
+/// backward needs its input but not its output. `None` where the MLP runs composed or
+/// the gate is tracked (its gradient would need that output).
+pub fn gated_residual_root(x: &Tensor, h: &Tensor, gate: &Tensor, weights: [&Tensor; 3], grad_out: &Tensor) -> Result<Option<Tensor>> {
+    if !fusable(h, weights) || gate.track_op() || gate.dtype() != DType::F32 {
+        return Ok(None);
+    }
+    let (kept, _) = Kept::forward(h, weights)?;
+    let root = ResidualRoot { kept, gate: gate.clone(), grad_out: grad_out.clone() };
+    Ok(Some(x.apply_op2(h, root)?))
+}
+
+/// Whether the MLP over `x` runs as one node: f32 on the CPU, weights frozen.
+fn fusable(x: &Tensor, weights: [&Tensor; 3]) -> bool {
+    ops::fused_cpu_f32(x) && weights.iter().all(|w| w.dtype() == DType::F32 && !w.track_op())
+}
+
+/// What the MLP's backward needs: `gate(x)` and `up(x)`, taken by the backward (which
+/// runs once per graph), and the weights gate `[I, H]`, up `[I, H]`, down `[H, I]`.
+struct Kept {
+    gate_up: Mutex<Option<(Tensor, Tensor)>>,
     weights: [Tensor; 3],
 }
 
-impl CustomOp1 for MlpNode {
-    fn name(&self) -> &'static str {
-        "swiglu-mlp"
+impl Kept {
+    /// Runs the MLP up to the down projection's input, without a graph.
+    fn forward(x: &Tensor, weights: [&Tensor; 3]) -> Result<(Self, Tensor)> {
+        let xd = x.detach();
+        let g = ops::linear(&xd, weights[0], None)?;
+        let u = ops::linear(&xd, weights[1], None)?;
+        let h = ops::swiglu(&g, &u)?;
+        let kept = Self { gate_up: Mutex::new(Some((g, u))), weights: weights.map(Tensor::clone) };
+        Ok((kept, h))
     }
 
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.out.take(on_cpu)
-    }
-
-    fn bwd(&self, x: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+    /// The gradient for the MLP's input `x` from its output's gradient `grad`.
+    fn input_grad(&self, x: &Tensor, grad: &Tensor) -> Result<Tensor> {
         let [w_gate, w_up, w_down] = &self.weights;
         let hidden = x.dim(candle_core::D::Minus1)?;
         let rows = x.elem_count() / hidden;
         let inter = w_gate.dim(0)?;
         let grad = grad.reshape((rows, hidden))?;
-        let saved = self.saved.lock().expect("mlp lock").take();
-        let (g, u) = saved.ok_or_else(|| Error::Msg("swiglu-mlp: backward ran twice over one graph".into()))?;
+        let kept = self.gate_up.lock().expect("mlp lock").take();
+        let (g, u) = kept.ok_or_else(|| Error::Msg("swiglu-mlp: backward ran twice over one graph".into()))?;
         let (g, u) = (g.reshape((rows, inter))?, u.reshape((rows, inter))?);
         // dx = d_gate w_gate + d_up w_up, both GEMMs writing the block's rows in place.
         let mut dx = vec![0f32; rows * hidden];
@@ -92,13 +107,62 @@ impl CustomOp1 for MlpNode {
             matmul_into(&mut dx, start * hidden, hidden, dg, wg, false, Threads::Pool);
             matmul_into(&mut dx, start * hidden, hidden, du, wu, true, Threads::Pool);
         }
-        Ok(Some(Tensor::from_vec(dx, x.shape(), x.device())?))
+        Tensor::from_vec(dx, x.shape(), x.device())
+    }
+}
+
+/// Attaches the MLP's backward to `x`; the forward was computed without a graph.
+struct MlpNode {
+    /// The forward's result, computed without a graph.
+    out: Handover,
+    kept: Kept,
+}
+
+impl CustomOp1 for MlpNode {
+    fn name(&self) -> &'static str {
+        "swiglu-mlp"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.out.take(on_cpu)
+    }
+
+    fn bwd(&self, x: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(self.kept.input_grad(x, grad)?))
+    }
+}
+
+/// The root of `gated_residual_root` over `(x, h)`.
+struct ResidualRoot {
+    kept: Kept,
+    gate: Tensor,
+    grad_out: Tensor,
+}
+
+impl CustomOp2 for ResidualRoot {
+    fn name(&self) -> &'static str {
+        "gated-residual-root"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        Ok((CpuStorage::F32(Vec::new()), Shape::from(0)))
+    }
+
+    fn bwd(&self, x: &Tensor, h: &Tensor, _y: &Tensor, _grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dx = x.track_op().then(|| self.grad_out.clone());
+        let dh = match h.track_op() {
+            // The same multiply as the fused gated add's backward: bit-identical gradients.
+            true => Some(self.kept.input_grad(h, &self.grad_out.broadcast_mul(&self.gate)?)?),
+            false => None,
+        };
+        Ok((dx, dh))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::roots;
     use candle_core::{Device, Var};
 
     #[test]
@@ -119,6 +183,25 @@ mod tests {
         println!("swiglu_mlp: output rel err {out_err:.2e}, dx rel err {grad_err:.2e}");
         assert!(out_err == 0.0, "same GEMMs and kernels as the composed forward");
         assert!(grad_err < 1e-5);
+        Ok(())
+    }
+
+    #[test]
+    fn the_residual_root_gives_the_forward_graphs_gradients() -> Result<()> {
+        let dev = Device::Cpu;
+        let (x, h) = (Var::randn(0f32, 1., (2, 300, 24), &dev)?, Var::randn(0f32, 1., (2, 300, 24), &dev)?);
+        let w = |shape: &[usize]| Tensor::randn(0f32, 0.3, shape, &dev);
+        let (wg, wu, wd) = (w(&[40, 24])?, w(&[40, 24])?, w(&[24, 40])?);
+        let (gate, grad_out) = (w(&[2, 1, 24])?, w(&[2, 300, 24])?);
+        let mlp = swiglu_mlp(h.as_tensor(), &wg, &wu, &wd)?;
+        let full = roots::seeded(&ops::gated_add(x.as_tensor(), &mlp, &gate)?, &grad_out)?.backward()?;
+        let root = gated_residual_root(x.as_tensor(), h.as_tensor(), &gate, [&wg, &wu, &wd], &grad_out)?;
+        let root = root.expect("f32 on the CPU with frozen weights: the fused root").backward()?;
+        for (name, v) in [("x", &x), ("h", &h)] {
+            let err = ops::max_abs(&(full.get(v).unwrap() - root.get(v).unwrap())?);
+            println!("gated residual root: {name} gradient difference {err:.1e}");
+            assert_eq!(err, 0.0, "{name}: same kernels as the forward graph's backward");
+        }
         Ok(())
     }
 

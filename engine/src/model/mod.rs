@@ -19,6 +19,7 @@ pub mod lora_linear;
 pub mod mlp;
 pub mod ops;
 pub mod qwen3;
+pub mod roots;
 pub mod simd;
 pub mod source;
 pub mod tensors;

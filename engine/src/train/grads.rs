@@ -4,11 +4,10 @@
 
 use std::collections::HashMap;
 
-use candle_core::{CpuStorage, CudaStorage, CustomOp1, Layout, MetalStorage, Shape, Tensor, TensorId, Var};
+use candle_core::{Tensor, TensorId, Var};
 
 use super::flow::FlowBatch;
 use crate::lora::{LoraAdapter, LoraMode};
-use crate::model::handover::{on_cpu, on_cuda, on_metal, Handover};
 use crate::model::DitModel;
 use crate::Result;
 
@@ -49,8 +48,9 @@ pub fn compute(
 /// Block recompute: forward every block without a graph, keeping each one's input;
 /// head and loss run on a copy of the last block's output, for the gradient that output
 /// receives. Then, from the last block down: recompute the block from its input made a
-/// tracked leaf and backpropagate that gradient through it, which yields the block's
-/// LoRA gradients and the gradient for its input.
+/// tracked leaf, as far as its backward needs (`DitLayer::backward_root`), and
+/// backpropagate that gradient through it, which yields the block's LoRA gradients and
+/// the gradient for its input.
 ///
 /// Keeping the last block's graph from the forward would save its recompute (1/8 of
 /// checkpointing's extra time at 8 layers) but raise the peak: the head's backward
@@ -89,8 +89,7 @@ fn checkpointed(
     let mut acc = Accumulator::new(vars);
     for (i, layer) in model.layers().iter().enumerate().rev() {
         let (x_in, leaf) = tracked_input(inputs.pop().expect("one saved input per block"), i)?;
-        let out = layer.forward(&x_in, &prep.layer_ctx, Some(&tracked))?;
-        let store = seeded(&out, &grad_out)?.backward()?;
+        let store = layer.backward_root(&x_in, &prep.layer_ctx, Some(&tracked), &grad_out)?.backward()?;
         acc.add(vars, &store)?;
         if let Some(leaf) = leaf {
             grad_out = store.get(&leaf).expect("block input is on the graph").clone();
@@ -109,42 +108,6 @@ fn tracked_input(input: Tensor, index: usize) -> Result<(Tensor, Option<Var>)> {
     let leaf = Var::from_tensor(&input)?;
     drop(input);
     Ok((leaf.as_tensor().clone(), Some(leaf)))
-}
-
-/// The surrogate `sum(out * grad_out)`, whose backward hands `out` the gradient
-/// `grad_out`. As one node it keeps only `grad_out`; `mul` + `sum_all` would also keep
-/// the product and leave a gradient for `grad_out` in the store for the whole
-/// backward.
-fn seeded(out: &Tensor, grad_out: &Tensor) -> Result<Tensor> {
-    let value = (out.detach() * grad_out)?.sum_all()?;
-    Ok(out.apply_op1(Seed { value: Handover::new(value, "seeded-backward"), grad_out: grad_out.clone() })?)
-}
-
-struct Seed {
-    value: Handover,
-    grad_out: Tensor,
-}
-
-impl CustomOp1 for Seed {
-    fn name(&self) -> &'static str {
-        "seeded-backward"
-    }
-
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.value.take(on_cpu)
-    }
-
-    fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
-        self.value.take(on_cuda)
-    }
-
-    fn metal_fwd(&self, _: &MetalStorage, _: &Layout) -> candle_core::Result<(MetalStorage, Shape)> {
-        self.value.take(on_metal)
-    }
-
-    fn bwd(&self, _: &Tensor, _: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        Ok(Some(self.grad_out.broadcast_mul(grad)?))
-    }
 }
 
 /// Sums gradients per variable across backward passes.

@@ -1,0 +1,64 @@
+//! Backward roots, for gradient checkpointing's recompute: empty tensors whose
+//! backward hands chosen tensors given gradients. A root has no value, so nothing can
+//! read a stand-in for one; and, unlike the surrogate `sum(out * grad_out)`, it keeps
+//! no product and leaves no gradient for `grad_out` in candle's store.
+
+use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, MetalStorage, Result, Shape, Tensor};
+
+use super::handover::{on_cpu, on_cuda, on_metal, Handover};
+
+/// A root whose backward hands `out` the gradient `grad_out` (same shape).
+pub fn seeded(out: &Tensor, grad_out: &Tensor) -> Result<Tensor> {
+    let empty = Tensor::zeros(0, DType::F32, out.device())?;
+    out.apply_op1(Seed { empty: Handover::new(empty, "seeded-backward"), grad_out: grad_out.clone() })
+}
+
+struct Seed {
+    empty: Handover,
+    grad_out: Tensor,
+}
+
+impl CustomOp1 for Seed {
+    fn name(&self) -> &'static str {
+        "seeded-backward"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.empty.take(on_cpu)
+    }
+
+    fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.empty.take(on_cuda)
+    }
+
+    fn metal_fwd(&self, _: &MetalStorage, _: &Layout) -> Result<(MetalStorage, Shape)> {
+        self.empty.take(on_metal)
+    }
+
+    fn bwd(&self, _: &Tensor, _: &Tensor, _: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(self.grad_out.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ops::max_abs;
+    use candle_core::{Device, Var};
+
+    #[test]
+    fn hands_the_seed_to_its_tensor() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Var::randn(0f32, 1., (3, 4), &dev)?;
+        let y = (x.as_tensor().sqr()? * 0.5)?; // dy/dx = x
+        let seed = Tensor::randn(0f32, 1., (3, 4), &dev)?;
+        let root = seeded(&y, &seed)?;
+        assert_eq!(root.elem_count(), 0, "a root has no value");
+        let store = root.backward()?;
+        let want = (x.as_tensor() * &seed)?;
+        let err = max_abs(&(store.get(&x).expect("x is on the graph") - want)?);
+        println!("seeded root: gradient error {err:.1e}");
+        assert_eq!(err, 0.0);
+        Ok(())
+    }
+}
