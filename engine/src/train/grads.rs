@@ -29,20 +29,34 @@ pub fn compute(
     checkpointing: bool,
     loss_scale: f64,
 ) -> Result<Gradients> {
-    let vars = adapter.vars();
-    if checkpointing {
-        checkpointed(model, adapter, batch, mode, loss_scale, &vars)
-    } else {
-        let ctx = adapter.ctx(mode, true);
-        let loss = batch.loss(&model.forward(&batch.inputs, Some(&ctx))?)?;
-        let store = (&loss * loss_scale)?.backward()?;
-        let mut acc = Accumulator::new(&vars);
-        acc.add(&vars, &store)?;
-        Ok(Gradients {
-            loss: loss.to_scalar::<f32>()?,
-            grads: acc.finish(&vars)?,
-        })
+    let run = || {
+        let vars = adapter.vars();
+        if checkpointing {
+            checkpointed(model, adapter, batch, mode, loss_scale, &vars)
+        } else {
+            plain(model, adapter, batch, mode, loss_scale, &vars)
+        }
+    };
+    // On the CPU the step runs on one of rayon's threads, which then takes a share of
+    // every parallel GEMM and row op: otherwise the calling thread sleeps through each
+    // one and is woken after it, two thread switches per op.
+    match model.device().is_cpu() && rayon::current_thread_index().is_none() {
+        true => rayon::scope(|_| run()),
+        false => run(),
     }
+}
+
+/// One graph over the whole forward.
+fn plain(model: &DitModel, adapter: &LoraAdapter, batch: &FlowBatch, mode: LoraMode, loss_scale: f64, vars: &[Var]) -> Result<Gradients> {
+    let ctx = adapter.ctx(mode, true);
+    let loss = batch.loss(&model.forward(&batch.inputs, Some(&ctx))?)?;
+    let store = (&loss * loss_scale)?.backward()?;
+    let mut acc = Accumulator::new(vars);
+    acc.add(vars, &store)?;
+    Ok(Gradients {
+        loss: loss.to_scalar::<f32>()?,
+        grads: acc.finish(vars)?,
+    })
 }
 
 /// Block recompute: forward every block without a graph, keeping each one's input;
