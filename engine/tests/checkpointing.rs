@@ -52,15 +52,23 @@ fn fixture_models_same_gradients_with_and_without_checkpointing() {
 
 #[test]
 fn random_eight_layer_model_same_gradients_with_dropout_and_padding() {
-    random_eight_layer_model("random-8-layer", &["q_proj", "k_proj", "v_proj", "o_proj"]);
+    random_eight_layer_model("random-8-layer", &["q_proj", "k_proj", "v_proj", "o_proj"], (2, 23));
+}
+
+/// 800 positions: full attention runs through the recompute path (2.6M scores), so the
+/// recompute takes the output the first pass kept.
+#[test]
+fn long_random_model_same_gradients() {
+    random_eight_layer_model("random-8-layer, 800 positions", &["q_proj", "k_proj", "v_proj", "o_proj"], (1, 1600));
 }
 
 #[test]
 fn random_eight_layer_model_with_an_adapted_mlp_same_gradients() {
-    random_eight_layer_model("random-8-layer, LoRA on down_proj", &["q_proj", "down_proj"]);
+    random_eight_layer_model("random-8-layer, LoRA on down_proj", &["q_proj", "down_proj"], (2, 23));
 }
 
-fn random_eight_layer_model(name: &str, targets: &[&str]) {
+/// `(batch, frames)`: the last item's last 6 frames are padding.
+fn random_eight_layer_model(name: &str, targets: &[&str], (b, t): (usize, usize)) {
     let cfg = DitConfig::from_value(&serde_json::json!({
         "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 8,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
@@ -81,14 +89,13 @@ fn random_eight_layer_model(name: &str, targets: &[&str]) {
         .map(|(k, t)| (k, t.randn_like(0.0, 0.05).unwrap()))
         .collect();
     adapter = LoraAdapter::from_tensors(adapter.config.clone(), &model, &filled, std::path::Path::new("test")).unwrap();
-    let (b, t) = (2, 23);
-    let mask: Vec<f32> = (0..b * t).map(|i| if i >= t + 17 { 0.0 } else { 1.0 }).collect();
+    let mask: Vec<f32> = (0..b * t).map(|i| if i >= b * t - 6 { 0.0 } else { 1.0 }).collect();
     let batch = Batch {
         target_latents: Tensor::randn(0f32, 1., (b, t, 64), &dev).unwrap(),
         frame_mask: Tensor::from_vec(mask, (b, t), &dev).unwrap(),
         encoder_hidden_states: Tensor::randn(0f32, 1., (b, 7, 64), &dev).unwrap(),
         context_latents: Tensor::randn(0f32, 1., (b, t, 128), &dev).unwrap(),
     };
-    let flow = FlowBatch::new(&batch, &[0.75, 0.5], &mut ChaCha8Rng::seed_from_u64(9)).unwrap();
+    let flow = FlowBatch::new(&batch, &[0.75, 0.5][..b], &mut ChaCha8Rng::seed_from_u64(9)).unwrap();
     assert_same_gradients(name, &model, &adapter, &flow, LoraMode::Train { dropout_seed: 77 });
 }

@@ -137,8 +137,9 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor>)
 
 /// Attention over all keys with an optional `(P, 1, S)` additive mask. Past
 /// [`RECOMPUTE_ELEMENTS`] scores (and without a mask) it runs in query blocks through
-/// [`Recompute`], which keeps no scores for the backward.
-pub fn full(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor>) -> Result<Tensor> {
+/// [`Recompute`], which keeps no scores for the backward; there `kept` carries its
+/// output from checkpointing's first forward to the layer's recompute.
+pub fn full(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor>, kept: Option<&KeptOutput>) -> Result<Tensor> {
     let (b, kv, rows, _) = q.dims4()?;
     let s = k.dim(2)?;
     if mask.is_none() && b * kv * rows * s > RECOMPUTE_ELEMENTS && !ops::bench_switch("OSTINATO_KEEP_SCORES") {
@@ -152,9 +153,28 @@ pub fn full(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor
             .step_by(block)
             .map(|q_start| BandBlock { q_start, q_len: block.min(p - q_start), k_start: 0, k_len: s, mask: None })
             .collect::<Vec<_>>();
-        return recompute(q, k, v, rep, &blocks);
+        return recompute(q, k, v, rep, &blocks, kept);
     }
     attend(q, k, v, rep, mask)
+}
+
+/// A layer's full self-attention output, kept by gradient checkpointing's first
+/// forward (without a graph) and taken by the layer's recompute, which then attaches
+/// the backward to it instead of computing it again: the most expensive part of a long
+/// layer's forward, for `P * heads * D` values per full-attention layer (6 MiB at
+/// small-240s). The value is the one the recompute would compute: same inputs, same
+/// kernels.
+#[derive(Default)]
+pub struct KeptOutput(std::sync::Mutex<Option<Tensor>>);
+
+impl KeptOutput {
+    fn keep(&self, out: &Tensor) {
+        *self.0.lock().expect("kept output lock") = Some(out.clone());
+    }
+
+    fn take(&self) -> Option<Tensor> {
+        self.0.lock().expect("kept output lock").take()
+    }
 }
 
 /// Score count above which attention no longer keeps its scores (and probabilities)
@@ -176,12 +196,21 @@ const HOST_BLOCK_ELEMENTS: usize = 1 << 23;
 /// keeping them: memory O(block) rather than O(P * S) per layer, for one more
 /// `q k^T` + softmax per block in the backward. The forward runs without a graph; the
 /// op only attaches the backward to q, k and v.
-fn recompute(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<Tensor> {
-    let out = match attention_host::applies(q, None) {
-        true => attention_host::forward(q, k, v, rep, blocks)?,
-        false => blocked_forward(&q.detach(), &k.detach(), &v.detach(), rep, blocks)?,
+/// With `kept`, a forward without a graph keeps its output there and a tracked one
+/// takes it from there.
+fn recompute(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock], kept: Option<&KeptOutput>) -> Result<Tensor> {
+    let tracked = q.track_op() || k.track_op() || v.track_op();
+    let out = match kept.filter(|_| tracked).and_then(KeptOutput::take) {
+        Some(out) => out,
+        None => match attention_host::applies(q, None) {
+            true => attention_host::forward(q, k, v, rep, blocks)?,
+            false => blocked_forward(&q.detach(), &k.detach(), &v.detach(), rep, blocks)?,
+        },
     };
-    if !(q.track_op() || k.track_op() || v.track_op()) {
+    if !tracked {
+        if let Some(slot) = kept {
+            slot.keep(&out);
+        }
         return Ok(out);
     }
     Ok(q.apply_op3(k, v, Recompute { out: Handover::new(out, "recompute-attention"), rep, blocks: blocks.to_vec() })?)
@@ -296,7 +325,7 @@ pub fn sliding(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, plan: &SlidingPla
         SlidingPlan::Banded(blocks) if ops::bench_switch("OSTINATO_KEEP_SCORES") => {
             blocked_forward(q, k, v, rep, blocks)
         }
-        SlidingPlan::Banded(blocks) => recompute(q, k, v, rep, blocks),
+        SlidingPlan::Banded(blocks) => recompute(q, k, v, rep, blocks, None),
     }
 }
 
@@ -345,7 +374,7 @@ mod tests {
             let v = Var::randn(0f32, 1.0, (b, kv, p, d), &dev)?;
             let g = Tensor::randn(0f32, 1.0, (b, kv, p * rep, d), &dev)?;
             let mask = band_mask(0, p, 0, p, window, &dev)?;
-            let square = full(&q, &k, &v, rep, mask.as_ref())?;
+            let square = full(&q, &k, &v, rep, mask.as_ref(), None)?;
             let plan = SlidingPlan::banded(p, window, block, &dev)?;
             let banded = sliding(&q, &k, &v, rep, &plan)?;
             let err = max_abs(&square, &banded);
@@ -353,14 +382,40 @@ mod tests {
             check_grads(&square, &banded, &g, [&q, &k, &v], &format!("banded P {p} W {window} block {block}"))?;
 
             // Unmasked: query blocks through the recompute op against plain attention.
-            let plain = full(&q, &k, &v, rep, None)?;
+            let plain = full(&q, &k, &v, rep, None, None)?;
             let blocks: Vec<BandBlock> = (0..p)
                 .step_by(block)
                 .map(|q_start| BandBlock { q_start, q_len: block.min(p - q_start), k_start: 0, k_len: p, mask: None })
                 .collect();
-            let blocked = recompute(&q, &k, &v, rep, &blocks)?;
+            let blocked = recompute(&q, &k, &v, rep, &blocks, None)?;
             assert!(max_abs(&plain, &blocked) <= 1e-5, "P {p} block {block}: blocked full attention");
             check_grads(&plain, &blocked, &g, [&q, &k, &v], &format!("blocked P {p} block {block}"))?;
+        }
+        Ok(())
+    }
+
+    /// A forward without a graph keeps its output; the tracked pass takes it (and
+    /// computes nothing) with the same output and the same gradients as computing it.
+    #[test]
+    fn the_tracked_pass_takes_the_kept_output() -> Result<()> {
+        let dev = Device::Cpu;
+        let (b, kv, rep, p, d) = (1, 2, 2, 40, 8);
+        let q = Var::randn(0f32, 1.0, (b, kv, p * rep, d), &dev)?;
+        let k = Var::randn(0f32, 1.0, (b, kv, p, d), &dev)?;
+        let v = Var::randn(0f32, 1.0, (b, kv, p, d), &dev)?;
+        let g = Tensor::randn(0f32, 1.0, (b, kv, p * rep, d), &dev)?;
+        let blocks: Vec<BandBlock> = (0..p).step_by(16).map(|q_start| BandBlock { q_start, q_len: 16.min(p - q_start), k_start: 0, k_len: p, mask: None }).collect();
+        let kept = KeptOutput::default();
+        let first = recompute(&q.detach(), &k.detach(), &v.detach(), rep, &blocks, Some(&kept))?;
+        assert!(kept.0.lock().unwrap().is_some(), "the pass without a graph keeps its output");
+        let reused = recompute(&q, &k, &v, rep, &blocks, Some(&kept))?;
+        assert!(kept.0.lock().unwrap().is_none(), "the tracked pass takes it");
+        let computed = recompute(&q, &k, &v, rep, &blocks, None)?;
+        assert_eq!(max_abs(&reused, &first), 0.0);
+        assert_eq!(max_abs(&reused, &computed), 0.0);
+        let (gr, gc) = (ops::mul(&reused, &g)?.sum_all()?.backward()?, ops::mul(&computed, &g)?.sum_all()?.backward()?);
+        for var in [&q, &k, &v] {
+            assert_eq!(max_abs(gr.get(var).unwrap(), gc.get(var).unwrap()), 0.0);
         }
         Ok(())
     }

@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Device, Tensor, D};
 
-use super::attention::{self, SlidingPlan};
+use super::attention::{self, KeptOutput, SlidingPlan};
 use super::heads;
 use super::mlp;
 use super::ops;
@@ -118,7 +118,8 @@ impl Attention {
     }
 
     /// `x [B, P, H]` attends to `kv_input [B, S, H]` (itself for self-attention), with
-    /// RoPE and the sliding-window plan for self-attention.
+    /// RoPE and the sliding-window plan for self-attention; `kept` is full attention's
+    /// (see `attention::KeptOutput`).
     fn forward(
         &self,
         x: &Tensor,
@@ -126,6 +127,7 @@ impl Attention {
         rope: Option<&Rope>,
         sliding: Option<&SlidingPlan>,
         lora: Option<&LoraCtx>,
+        kept: Option<&KeptOutput>,
     ) -> Result<Tensor> {
         let (b, p, _) = x.dims3()?;
         let s = kv_input.dim(1)?;
@@ -147,7 +149,7 @@ impl Attention {
         //    (B, KV, P * rep, D).
         let out = match sliding {
             Some(plan) => attention::sliding(&q, &k, &v, rep, plan)?,
-            None => attention::full(&q, &k, &v, rep, None)?,
+            None => attention::full(&q, &k, &v, rep, None, kept)?,
         };
 
         // 3. Merge heads, output projection.
@@ -247,17 +249,24 @@ impl DitLayer {
 
     /// `x [B, P, H] -> [B, P, H]`.
     pub fn forward(&self, x: &Tensor, ctx: &LayerContext, lora: Option<&LoraCtx>) -> Result<Tensor> {
-        let mid = self.until_mlp(x, ctx, lora)?;
+        self.forward_keeping(x, ctx, lora, None)
+    }
+
+    /// [`Self::forward`] for gradient checkpointing's first pass (without a graph):
+    /// full self-attention keeps its output in `kept` for [`Self::backward_root`].
+    pub fn forward_keeping(&self, x: &Tensor, ctx: &LayerContext, lora: Option<&LoraCtx>, kept: Option<&KeptOutput>) -> Result<Tensor> {
+        let mid = self.until_mlp(x, ctx, lora, kept)?;
         let ff = self.mlp.forward(&mid.normed, lora)?;
         Ok(ops::gated_add(&mid.x, &ff, &mid.gate)?)
     }
 
     /// Gradient checkpointing's recompute: the layer from `x` as a backward root that
-    /// hands its output the gradient `grad_out` (see `roots`). Where the MLP runs as one
-    /// node, the root is the gated residual's own and the down projection never runs
-    /// forward.
-    pub fn backward_root(&self, x: &Tensor, ctx: &LayerContext, lora: Option<&LoraCtx>, grad_out: &Tensor) -> Result<Tensor> {
-        let mid = self.until_mlp(x, ctx, lora)?;
+    /// hands its output the gradient `grad_out` (see `roots`), taking full
+    /// self-attention's output from `kept` where the first pass left it. Where the MLP
+    /// runs as one node, the root is the gated residual's own and the down projection
+    /// never runs forward.
+    pub fn backward_root(&self, x: &Tensor, ctx: &LayerContext, lora: Option<&LoraCtx>, grad_out: &Tensor, kept: &KeptOutput) -> Result<Tensor> {
+        let mid = self.until_mlp(x, ctx, lora, Some(kept))?;
         if let Some(root) = self.mlp.gated_residual_root(&mid.x, &mid.normed, &mid.gate, grad_out, lora)? {
             return Ok(root);
         }
@@ -267,7 +276,7 @@ impl DitLayer {
 
     /// Everything before the MLP: AdaLN, both attentions with their residuals, the MLP's
     /// modulated norm.
-    fn until_mlp(&self, x: &Tensor, ctx: &LayerContext, lora: Option<&LoraCtx>) -> Result<BeforeMlp> {
+    fn until_mlp(&self, x: &Tensor, ctx: &LayerContext, lora: Option<&LoraCtx>, kept: Option<&KeptOutput>) -> Result<BeforeMlp> {
         // 1. AdaLN parameters: shift, scale, gate for attention, then for the MLP.
         let m = ops::add(&self.scale_shift_table, &ctx.timestep_proj)?; // (B, 6, H)
         let chunk = |i: usize| m.narrow(1, i, 1); // (B, 1, H)
@@ -277,12 +286,12 @@ impl DitLayer {
         // 2. Modulated self-attention, gated residual.
         let h = ops::modulated_rms_norm(x, &self.self_attn_norm, &scale, &shift, self.eps)?;
         let plan = if self.sliding { Some(&ctx.sliding) } else { None };
-        let attn = self.self_attn.forward(&h, &h, Some(&ctx.rope), plan, lora)?;
+        let attn = self.self_attn.forward(&h, &h, Some(&ctx.rope), plan, lora, kept)?;
         let x = ops::gated_add(x, &attn, &gate)?;
 
         // 3. Cross-attention to the condition, plain residual.
         let h = ops::rms_norm(&x, &self.cross_attn_norm, self.eps)?;
-        let cross = self.cross_attn.forward(&h, &ctx.encoder_states, None, None, lora)?;
+        let cross = self.cross_attn.forward(&h, &ctx.encoder_states, None, None, lora, None)?;
         let x = ops::add(&x, &cross)?;
 
         // 4. The MLP's modulated norm; the MLP and its gated residual follow.

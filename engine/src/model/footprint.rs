@@ -30,8 +30,9 @@ impl Footprint {
 ///
 /// Per layer and patch the backward keeps about 16 hidden-sized and 3 MLP-sized
 /// vectors (norms, modulations, projections, residuals) plus the attention scores
-/// and probabilities; checkpointing keeps one hidden vector per layer plus one
-/// layer's activations during its recompute.
+/// and probabilities; checkpointing keeps one hidden vector per layer, full
+/// self-attention's output on its layers, and one layer's activations during its
+/// recompute.
 pub fn estimate(cfg: &DitConfig, frames: usize, rank: usize, weight_bytes: u64, act_bytes: u64) -> Footprint {
     let dit_parameters: u64 = expected_shapes(cfg).values().map(|s| s.iter().product::<usize>() as u64).sum();
     let (h, q, kv) = (
@@ -53,12 +54,14 @@ pub fn estimate(cfg: &DitConfig, frames: usize, rank: usize, weight_bytes: u64, 
     let layers = cfg.num_hidden_layers;
     let activations_bytes: u64 = (0..layers).map(layer).sum();
     let largest = (0..layers).map(layer).max().unwrap_or(0);
+    let full_layers = (0..layers).filter(|&i| !cfg.is_sliding(i)).count() as u64;
+    let kept = layers as u64 * p * h * act_bytes + full_layers * p * q * act_bytes;
     Footprint {
         dit_parameters,
         lora_parameters,
         weights_bytes: dit_parameters * weight_bytes,
         trainable_state_bytes: lora_parameters * 4 * 4,
         activations_bytes,
-        activations_checkpointed_bytes: layers as u64 * p * h * act_bytes + largest,
+        activations_checkpointed_bytes: kept + largest,
     }
 }

@@ -8,6 +8,7 @@ use candle_core::{Tensor, TensorId, Var};
 
 use super::flow::FlowBatch;
 use crate::lora::{LoraAdapter, LoraMode};
+use crate::model::attention::KeptOutput;
 use crate::model::DitModel;
 use crate::Result;
 
@@ -59,7 +60,9 @@ fn plain(model: &DitModel, adapter: &LoraAdapter, batch: &FlowBatch, mode: LoraM
     })
 }
 
-/// Block recompute: forward every block without a graph, keeping each one's input;
+/// Block recompute: forward every block without a graph, keeping each one's input
+/// and its full self-attention's output (the costliest part to recompute at long
+/// lengths, `attention::KeptOutput`);
 /// head and loss run on a copy of the last block's output, for the gradient that output
 /// receives. Then, from the last block down: recompute the block from its input made a
 /// tracked leaf, as far as its backward needs (`DitLayer::backward_root`), and
@@ -81,11 +84,13 @@ fn checkpointed(
     let untracked = adapter.ctx(mode, false);
     let tracked = adapter.ctx(mode, true);
 
-    // 1. Forward without a graph; keep each block's input.
+    // 1. Forward without a graph; keep each block's input (and its full attention's
+    //    output).
+    let kept: Vec<KeptOutput> = model.layers().iter().map(|_| KeptOutput::default()).collect();
     let mut inputs = Vec::with_capacity(model.layers().len());
     let mut x = prep.hidden.clone();
-    for layer in model.layers() {
-        let next = layer.forward(&x, &prep.layer_ctx, Some(&untracked))?;
+    for (layer, kept) in model.layers().iter().zip(&kept) {
+        let next = layer.forward_keeping(&x, &prep.layer_ctx, Some(&untracked), Some(kept))?;
         inputs.push(std::mem::replace(&mut x, next));
     }
 
@@ -103,7 +108,7 @@ fn checkpointed(
     let mut acc = Accumulator::new(vars);
     for (i, layer) in model.layers().iter().enumerate().rev() {
         let (x_in, leaf) = tracked_input(inputs.pop().expect("one saved input per block"), i)?;
-        let store = layer.backward_root(&x_in, &prep.layer_ctx, Some(&tracked), &grad_out)?.backward()?;
+        let store = layer.backward_root(&x_in, &prep.layer_ctx, Some(&tracked), &grad_out, &kept[i])?.backward()?;
         acc.add(vars, &store)?;
         if let Some(leaf) = leaf {
             grad_out = store.get(&leaf).expect("block input is on the graph").clone();
