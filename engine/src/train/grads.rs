@@ -1,6 +1,7 @@
 //! Loss and LoRA gradients for one batch, by the plain path (one graph over the whole
 //! forward) or by gradient checkpointing (block recompute). Both give the same
-//! gradients; checkpointing keeps only each block's input alive.
+//! gradients; between its passes checkpointing keeps only each block's input and, on
+//! full-attention layers, the attention's output.
 
 use std::collections::HashMap;
 
