@@ -61,14 +61,13 @@ fn plain(model: &DitModel, adapter: &LoraAdapter, batch: &FlowBatch, mode: LoraM
     })
 }
 
-/// Block recompute: forward every block without a graph, keeping each one's input
-/// and its full self-attention's output (the costliest part to recompute at long
-/// lengths, `attention::KeptOutput`);
-/// head and loss run on a copy of the last block's output, for the gradient that output
-/// receives. Then, from the last block down: recompute the block from its input made a
-/// tracked leaf, as far as its backward needs (`DitLayer::backward_root`), and
-/// backpropagate that gradient through it, which yields the block's LoRA gradients and
-/// the gradient for its input.
+/// Block recompute: forward every block without a graph, keeping each one's input and
+/// its full self-attention's output (the costliest part to recompute at long lengths,
+/// `attention::KeptOutput`); head and loss run on a copy of the last block's output,
+/// for the gradient that output receives. Then, from the last block down: recompute
+/// the block from its input made a tracked leaf, as far as its backward needs
+/// (`DitLayer::backward_root`), and backpropagate that gradient through it, which
+/// yields the block's LoRA gradients and the gradient for its input.
 ///
 /// Keeping the last block's graph from the forward would save its recompute (1/8 of
 /// checkpointing's extra time at 8 layers) but raise the peak: the head's backward
