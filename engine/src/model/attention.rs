@@ -196,6 +196,7 @@ const HOST_BLOCK_ELEMENTS: usize = 1 << 23;
 /// keeping them: memory O(block) rather than O(P * S) per layer, for one more
 /// `q k^T` + softmax per block in the backward. The forward runs without a graph; the
 /// op only attaches the backward to q, k and v.
+///
 /// With `kept`, a forward without a graph keeps its output there and a tracked one
 /// takes it from there.
 fn recompute(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock], kept: Option<&KeptOutput>) -> Result<Tensor> {
