@@ -131,8 +131,14 @@ async fn open_app(driver: &Driver) -> Client {
 
 /// How long a wait on the engine's work may take (training steps; Pause and Stop, which
 /// finish the step in flight and write and fsync a checkpoint, Stop also the final
-/// adapter): on a loaded CI machine a pause has taken over 15 s.
-const ENGINE_WAIT: Duration = Duration::from_secs(60);
+/// adapter): on a loaded CI machine a pause has taken over 15 s and a stop over 60 s.
+const ENGINE_WAIT: Duration = Duration::from_secs(180);
+
+/// What the window shows of the run, for a failed wait's message: status, status bar,
+/// the newest activity entries.
+const RUN_SNAPSHOT: &str = "return [document.getElementById('run-status').dataset.status, \
+    document.getElementById('sb-step').textContent, \
+    [...document.querySelectorAll('#activity li')].slice(0, 6).map(e => e.textContent).join(' | ')].join(' ; ')";
 
 /// Polls a JS expression until it returns true (15 s).
 async fn wait_js(c: &Client, script: &str, what: &str) {
@@ -146,7 +152,10 @@ async fn wait_js_for(c: &Client, script: &str, what: &str, limit: Duration) {
         match c.execute(script, vec![]).await {
             Ok(Value::Bool(true)) => return,
             Ok(_) | Err(_) if t.elapsed() < limit => tokio::time::sleep(Duration::from_millis(50)).await,
-            other => panic!("timed out waiting for {what}: {other:?}"),
+            other => {
+                let run = c.execute(RUN_SNAPSHOT, vec![]).await;
+                panic!("timed out waiting for {what}: {other:?}; the run: {run:?}")
+            }
         }
     }
 }
