@@ -33,8 +33,8 @@ pub fn swiglu_mlp(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Resu
     if !fusable(x, [gate, up, down]) {
         return composed(x);
     }
-    let (kept, h) = Kept::forward(x, [gate, up, down])?;
-    let out = ops::linear(&h, down, None)?;
+    let kept = Kept::forward(x, [gate, up, down])?;
+    let out = ops::linear(&kept.swiglu()?, down, None)?;
     if !x.track_op() {
         return Ok(out);
     }
@@ -51,7 +51,7 @@ pub fn gated_residual_root(x: &Tensor, h: &Tensor, gate: &Tensor, weights: [&Ten
     if !fusable(h, weights) || gate.track_op() || gate.dtype() != DType::F32 {
         return Ok(None);
     }
-    let (kept, _) = Kept::forward(h, weights)?;
+    let kept = Kept::forward(h, weights)?;
     let root = ResidualRoot { kept, gate: gate.clone(), grad_out: grad_out.clone() };
     Ok(Some(x.apply_op2(h, root)?))
 }
@@ -69,14 +69,20 @@ struct Kept {
 }
 
 impl Kept {
-    /// Runs the MLP up to the down projection's input, without a graph.
-    fn forward(x: &Tensor, weights: [&Tensor; 3]) -> Result<(Self, Tensor)> {
+    /// `gate(x)` and `up(x)`, without a graph.
+    fn forward(x: &Tensor, weights: [&Tensor; 3]) -> Result<Self> {
         let xd = x.detach();
         let g = ops::linear(&xd, weights[0], None)?;
         let u = ops::linear(&xd, weights[1], None)?;
-        let h = ops::swiglu(&g, &u)?;
-        let kept = Self { gate_up: Mutex::new(Some((g, u))), weights: weights.map(Tensor::clone) };
-        Ok((kept, h))
+        Ok(Self { gate_up: Mutex::new(Some((g, u))), weights: weights.map(Tensor::clone) })
+    }
+
+    /// The down projection's input `silu(gate(x)) * up(x)` (the forward's, before the
+    /// backward takes what is kept).
+    fn swiglu(&self) -> Result<Tensor> {
+        let kept = self.gate_up.lock().expect("mlp lock");
+        let (g, u) = kept.as_ref().ok_or_else(|| Error::Msg("swiglu-mlp: its backward already ran".into()))?;
+        ops::swiglu(g, u)
     }
 
     /// The gradient for the MLP's input `x` from its output's gradient `grad`.
