@@ -144,11 +144,11 @@ pub fn full(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor
     let s = k.dim(2)?;
     if mask.is_none() && b * kv * rows * s > RECOMPUTE_ELEMENTS && !ops::bench_switch("OSTINATO_KEEP_SCORES") {
         let p = rows / rep;
-        let budget = match attention_host::applies(q, None) {
-            true => HOST_BLOCK_ELEMENTS,
-            false => RECOMPUTE_BLOCK_ELEMENTS,
-        };
-        let block = (budget / (b * kv * rep * s)).clamp(16, p);
+        let block = match attention_host::applies(q, None) {
+            true => HOST_HEAD_BLOCK_ELEMENTS / (rep * s),
+            false => RECOMPUTE_BLOCK_ELEMENTS / (b * kv * rep * s),
+        }
+        .clamp(16, p);
         let blocks = (0..p)
             .step_by(block)
             .map(|q_start| BandBlock { q_start, q_len: block.min(p - q_start), k_start: 0, k_len: s, mask: None })
@@ -186,11 +186,11 @@ pub const RECOMPUTE_ELEMENTS: usize = 1 << 21;
 /// scores' gradient) at once: 2M scores = 24 MiB in f32 (96 MiB at 8M, which set the
 /// checkpointed step's peak).
 const RECOMPUTE_BLOCK_ELEMENTS: usize = 1 << 21;
-/// The same for the CPU kernels (`attention_host`), which hold one head's share of a
-/// block at a time: 4x the blocks for that memory at small-240s (B * KV = 4), and
-/// fewer, larger GEMMs, each of which packs its operands anew: 0.86x the step time of
-/// 2M blocks there (bench/NOTES.md, 19). 32M was no faster and held more.
-const HOST_BLOCK_ELEMENTS: usize = 1 << 23;
+/// The same per head for the CPU kernels (`attention_host`), which run a head per
+/// thread: two threads then hold as much scratch as one head's 2M-score blocks did
+/// when heads ran one after another. Twice this was no faster and held 20 MiB more;
+/// an eighth was 1.15x slower, as each GEMM packs its operands anew (bench/NOTES.md, 23).
+const HOST_HEAD_BLOCK_ELEMENTS: usize = 1 << 20;
 
 /// Blockwise attention whose backward recomputes each block's probabilities instead of
 /// keeping them: memory O(block) rather than O(P * S) per layer, for one more

@@ -1,7 +1,9 @@
-//! The CPU f32 kernels of attention's recompute path ([`super::attention`]): block by
-//! block and head by head, the scores, probabilities and their gradients live in three
-//! buffers reused throughout, and every product is written straight into its
-//! destination (`cpu_gemm`). The candle-op form allocates and zeroes each of those per
+//! The CPU f32 kernels of attention's recompute path ([`super::attention`]): head by
+//! head in parallel, each head's blocks in turn on one thread, with its scores,
+//! probabilities and their gradients in buffers reused throughout, and every product
+//! written straight into its destination (`cpu_gemm`). A head's dk and dv sum over its
+//! own blocks only, so no two threads write one value, and nothing waits on another
+//! thread inside a head. The candle-op form allocates and zeroes each of those per
 //! block, concatenates the blocks' outputs and adds each block's dk/dv into copies of
 //! the running sums.
 
@@ -9,7 +11,9 @@ use candle_core::{Result, Tensor};
 
 use super::attention::BandBlock;
 use super::cpu_gemm::{host_f32, matmul_into, Mat, Threads};
-use super::ops::{self, par_rows};
+use rayon::prelude::*;
+
+use super::ops;
 use super::simd;
 
 const OP: &str = "recompute-attention";
@@ -44,15 +48,16 @@ impl<'a> HeadBlock<'a> {
     fn probabilities(&self, scores: &mut [f32], probs: &mut [f32]) {
         let keys = self.k.rows;
         let (scores, probs) = (&mut scores[..self.q.rows * keys], &mut probs[..self.q.rows * keys]);
-        matmul_into(scores, 0, keys, self.q, self.k.t(), false, Threads::Pool);
+        matmul_into(scores, 0, keys, self.q, self.k.t(), false, Threads::Calling);
         if let Some(mask) = self.mask {
             for (r, row) in scores.chunks_mut(keys).enumerate() {
                 let m = &mask[r / self.rep * keys..][..keys];
                 row.iter_mut().zip(m).for_each(|(s, m)| *s += m);
             }
         }
-        let scores = &*scores;
-        par_rows(probs, keys, |r, y| simd::softmax_row(&scores[r * keys..(r + 1) * keys], y));
+        for (x, y) in scores.chunks(keys).zip(probs.chunks_mut(keys)) {
+            simd::softmax_row(x, y);
+        }
     }
 }
 
@@ -89,19 +94,19 @@ fn masks(blocks: &[BandBlock]) -> Result<Vec<Option<Vec<f32>>>> {
 /// `softmax(q k^T + mask) v` over the blocks: q `(B, KV, rows, D)` already scaled,
 /// k, v `(B, KV, S, D)`.
 pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<Tensor> {
-    let (b, kv, rows, d) = q.dims4()?;
+    let (_, _, rows, d) = q.dims4()?;
     let masks = masks(blocks)?;
     let mut out = vec![0f32; q.elem_count()];
-    let (mut scores, mut probs) = (scratch(blocks, rep), scratch(blocks, rep));
     with_host([q, k, v], |x| {
-        for (blk, mask) in blocks.iter().zip(&masks) {
-            for head in 0..b * kv {
+        out.par_chunks_mut(rows * d).enumerate().for_each(|(head, out)| {
+            let (mut scores, mut probs) = (scratch(blocks, rep), scratch(blocks, rep));
+            for (blk, mask) in blocks.iter().zip(&masks) {
                 let hb = x.head(head, blk, mask.as_deref(), rep);
                 hb.probabilities(&mut scores, &mut probs);
                 let p = Mat::rows(&probs, 0, hb.q.rows, hb.k.rows, hb.k.rows);
-                matmul_into(&mut out, (head * rows + blk.q_start * rep) * d, d, p, hb.v, false, Threads::Pool);
+                matmul_into(out, blk.q_start * rep * d, d, p, hb.v, false, Threads::Calling);
             }
-        }
+        });
         Ok(())
     })?;
     Ok(Tensor::from_vec(out, q.shape(), q.device())?)
@@ -111,35 +116,35 @@ pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlo
 /// block and head: p recomputed; dp = g v^T; ds = p (dp - rowsum(dp p)); dq = ds k
 /// (the block's rows, written once); dv += p^T g and dk += ds^T q (its key range).
 pub fn backward(q: &Tensor, k: &Tensor, v: &Tensor, grad: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<(Tensor, Tensor, Tensor)> {
-    let (b, kv, rows, d) = q.dims4()?;
+    let (_, _, rows, d) = q.dims4()?;
     let s = k.dim(2)?;
     let masks = masks(blocks)?;
     let (mut dq, mut dk, mut dv) = (vec![0f32; q.elem_count()], vec![0f32; k.elem_count()], vec![0f32; k.elem_count()]);
-    let (mut scores, mut probs, mut dp) = (scratch(blocks, rep), scratch(blocks, rep), scratch(blocks, rep));
     let (g, g_layout) = grad.storage_and_layout();
     let g = host_f32(&g, OP)?;
     with_host([q, k, v], |x| {
-        for (blk, mask) in blocks.iter().zip(&masks) {
-            for head in 0..b * kv {
+        let heads = dq.par_chunks_mut(rows * d).zip(dk.par_chunks_mut(s * d)).zip(dv.par_chunks_mut(s * d));
+        heads.enumerate().for_each(|(head, ((dq, dk), dv))| {
+            let (mut scores, mut probs, mut dp) = (scratch(blocks, rep), scratch(blocks, rep), scratch(blocks, rep));
+            for (blk, mask) in blocks.iter().zip(&masks) {
                 let hb = x.head(head, blk, mask.as_deref(), rep);
                 let (n, keys) = (hb.q.rows, hb.k.rows);
                 let gh = Mat::of(g, g_layout, head).row_range(blk.q_start * rep, n);
                 hb.probabilities(&mut scores, &mut probs);
-                matmul_into(&mut dp, 0, keys, gh, hb.v.t(), false, Threads::Pool);
+                matmul_into(&mut dp, 0, keys, gh, hb.v.t(), false, Threads::Calling);
                 // ds goes where the scores were.
-                let (p, dpv) = (&probs[..n * keys], &dp[..n * keys]);
-                par_rows(&mut scores[..n * keys], keys, |r, ds| {
-                    let row = r * keys..(r + 1) * keys;
-                    simd::softmax_bwd_row(&p[row.clone()], &dpv[row], ds)
-                });
+                let (p, dpv) = (probs[..n * keys].chunks(keys), dp[..n * keys].chunks(keys));
+                for ((p, dp), ds) in p.zip(dpv).zip(scores[..n * keys].chunks_mut(keys)) {
+                    simd::softmax_bwd_row(p, dp, ds);
+                }
                 let ds = Mat::rows(&scores, 0, n, keys, keys);
                 let p = Mat::rows(&probs, 0, n, keys, keys);
-                matmul_into(&mut dq, (head * rows + blk.q_start * rep) * d, d, ds, hb.k, false, Threads::Pool);
-                let at = (head * s + blk.k_start) * d;
-                matmul_into(&mut dv, at, d, p.t(), gh, true, Threads::Pool);
-                matmul_into(&mut dk, at, d, ds.t(), hb.q, true, Threads::Pool);
+                matmul_into(dq, blk.q_start * rep * d, d, ds, hb.k, false, Threads::Calling);
+                let at = blk.k_start * d;
+                matmul_into(dv, at, d, p.t(), gh, true, Threads::Calling);
+                matmul_into(dk, at, d, ds.t(), hb.q, true, Threads::Calling);
             }
-        }
+        });
         Ok(())
     })?;
     let dev = q.device();
