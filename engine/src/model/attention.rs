@@ -31,9 +31,11 @@ pub fn block_size(window: usize) -> usize {
 }
 
 /// Whether the banded form pays off at `positions`: it scores about
-/// `P * (block + 2W)` pairs instead of `P * P`.
-pub fn use_banded(positions: usize, window: usize) -> bool {
-    positions > 4 * window
+/// `P * (block + 2W)` pairs instead of `P * P`. The CPU kernels (`host`) run it as fast
+/// as the square wherever its blocks skip any keys (P > 2W); elsewhere it runs as many
+/// small candle ops, worth it only at longer P.
+pub fn use_banded(positions: usize, window: usize, host: bool) -> bool {
+    positions > if host { 2 } else { 4 } * window
 }
 
 /// The additive mask for query rows `[q_start, q_start + q_len)` against keys
@@ -71,7 +73,8 @@ pub struct BandBlock {
 }
 
 /// The sliding-window attention plan for `positions` query and key positions: the
-/// whole-square mask at short lengths, blocks at long ones. Built once per forward.
+/// whole-square mask at short lengths, blocks at long ones. Built once per forward, for
+/// tensors of `dtype` on `device`.
 #[derive(Clone)]
 pub enum SlidingPlan {
     /// Every pair is inside the band: plain attention.
@@ -82,11 +85,11 @@ pub enum SlidingPlan {
 }
 
 impl SlidingPlan {
-    pub fn new(positions: usize, window: usize, device: &Device) -> Result<Self> {
+    pub fn new(positions: usize, window: usize, dtype: DType, device: &Device) -> Result<Self> {
         if positions <= window + 1 {
             return Ok(Self::Unmasked);
         }
-        if !use_banded(positions, window) || ops::bench_switch("OSTINATO_SQUARE_ATTENTION") {
+        if !use_banded(positions, window, ops::fused_cpu(device, dtype)) || ops::bench_switch("OSTINATO_SQUARE_ATTENTION") {
             let mask = band_mask(0, positions, 0, positions, window, device)?;
             return Ok(mask.map_or(Self::Unmasked, Self::Masked));
         }
@@ -135,20 +138,22 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor>)
     Ok(ops::matmul(&probs, v)?)
 }
 
-/// Attention over all keys with an optional `(P, 1, S)` additive mask. Past
-/// [`RECOMPUTE_ELEMENTS`] scores (and without a mask) it runs in query blocks through
-/// [`Recompute`], which keeps no scores for the backward; there `kept` carries its
-/// output from checkpointing's first forward to the layer's recompute.
+/// Attention over all keys with an optional `(P, 1, S)` additive mask. Without a mask,
+/// on the CPU kernels or past [`RECOMPUTE_ELEMENTS`] scores, it runs in query blocks
+/// through [`Recompute`], which keeps no scores for the backward; there `kept` carries
+/// its output from checkpointing's first forward to the layer's recompute.
 pub fn full(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor>, kept: Option<&KeptOutput>) -> Result<Tensor> {
     let (b, kv, rows, _) = q.dims4()?;
     let s = k.dim(2)?;
-    if mask.is_none() && b * kv * rows * s > RECOMPUTE_ELEMENTS && !ops::bench_switch("OSTINATO_KEEP_SCORES") {
+    let host = attention_host::applies(q, None);
+    if mask.is_none() && (host || b * kv * rows * s > RECOMPUTE_ELEMENTS) && !ops::bench_switch("OSTINATO_KEEP_SCORES") {
         let p = rows / rep;
-        let block = match attention_host::applies(q, None) {
+        let block = match host {
             true => HOST_HEAD_BLOCK_ELEMENTS / (rep * s),
             false => RECOMPUTE_BLOCK_ELEMENTS / (b * kv * rep * s),
         }
-        .clamp(16, p);
+        .max(16)
+        .min(p);
         let blocks = (0..p)
             .step_by(block)
             .map(|q_start| BandBlock { q_start, q_len: block.min(p - q_start), k_start: 0, k_len: s, mask: None })
@@ -177,9 +182,11 @@ impl KeptOutput {
     }
 }
 
-/// Score count above which attention no longer keeps its scores (and probabilities)
-/// for the backward. 2M: small-240s's cross-attention (3M scores) then keeps neither,
-/// 24 MiB of a checkpointed layer's graph; small-30s's attention (1.1M) stays as is.
+/// Score count above which attention off the CPU kernels no longer keeps its scores
+/// (and probabilities) for the backward. 2M: small-240s's cross-attention (3M scores)
+/// then keeps neither, 24 MiB of a checkpointed layer's graph. The CPU kernels
+/// recompute at every size: at small-30s that is 0.87x the step time of keeping
+/// the scores, and less memory (bench/NOTES.md, 24).
 pub const RECOMPUTE_ELEMENTS: usize = 1 << 21;
 /// About how many scores one query block of the recompute path holds at a time. Its
 /// candle-op backward keeps three such buffers (probabilities, their gradient, the
@@ -441,9 +448,13 @@ mod tests {
     #[test]
     fn plan_picks_square_at_short_lengths() -> Result<()> {
         let dev = Device::Cpu;
-        assert!(matches!(SlidingPlan::new(100, 128, &dev)?, SlidingPlan::Unmasked));
-        assert!(matches!(SlidingPlan::new(375, 128, &dev)?, SlidingPlan::Masked(_)));
-        match SlidingPlan::new(3000, 128, &dev)? {
+        let plan = |p: usize, dtype: DType| SlidingPlan::new(p, 128, dtype, &dev);
+        assert!(matches!(plan(100, DType::F32)?, SlidingPlan::Unmasked));
+        assert!(matches!(plan(250, DType::F32)?, SlidingPlan::Masked(_)));
+        // The CPU kernels take the band once it skips keys; candle ops only later.
+        assert!(matches!(plan(375, DType::F32)?, SlidingPlan::Banded(_)));
+        assert!(matches!(plan(375, DType::BF16)?, SlidingPlan::Masked(_)));
+        match plan(3000, DType::BF16)? {
             SlidingPlan::Banded(blocks) => {
                 assert_eq!(blocks.iter().map(|b| b.q_len).sum::<usize>(), 3000);
                 assert_eq!(blocks[0].k_start, 0);

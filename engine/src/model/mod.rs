@@ -217,7 +217,7 @@ impl DitModel {
             .condition_embedder
             .forward(&inputs.encoder_hidden_states.to_dtype(self.dtype)?, None)?;
         let sliding = if (0..cfg.num_hidden_layers).any(|i| cfg.is_sliding(i)) {
-            attention::SlidingPlan::new(patches, cfg.sliding_window, &self.device)?
+            attention::SlidingPlan::new(patches, cfg.sliding_window, self.dtype, &self.device)?
         } else {
             attention::SlidingPlan::Unmasked
         };

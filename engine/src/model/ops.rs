@@ -233,7 +233,13 @@ fn softmax_composed(x: &Tensor) -> Result<Tensor> {
 }
 
 pub(super) fn fused_cpu_f32(x: &Tensor) -> bool {
-    x.device().is_cpu() && x.dtype() == DType::F32 && !bench_switch("OSTINATO_NO_FUSED")
+    fused_cpu(x.device(), x.dtype())
+}
+
+/// Whether the fused CPU ops run tensors of `dtype` on `device`: f32 on the CPU, not
+/// switched off.
+pub(super) fn fused_cpu(device: &candle_core::Device, dtype: DType) -> bool {
+    device.is_cpu() && dtype == DType::F32 && !bench_switch("OSTINATO_NO_FUSED")
 }
 
 /// A benchmarking switch read once from the environment (for A/B runs of one binary):
