@@ -77,23 +77,28 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
 
-/// Sum of `f(i)` over `0..n`, in 16 interleaved partial sums.
+/// Sum of `f([a[i], b[i], ..])` over the rows `[a, b, ..]` (up to the shortest one's
+/// length), in 16 interleaved partial sums. Whole 16-lane chunks are cut out before the
+/// lanes are read, so the loop has no bounds checks and vectorises.
 #[inline(always)]
-fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
+fn lane_sum<const K: usize>(rows: [&[f32]; K], f: impl Fn([f32; K]) -> f32) -> f32 {
+    let n = rows.iter().map(|r| r.len()).min().unwrap_or(0);
+    let full = n - n % LANES;
     let mut acc = [0f32; LANES];
-    for chunk in 0..n / LANES {
+    for start in (0..full).step_by(LANES) {
+        let chunks = rows.map(|r| <&[f32; LANES]>::try_from(&r[start..start + LANES]).expect("a whole chunk"));
         for (l, a) in acc.iter_mut().enumerate() {
-            *a += f(chunk * LANES + l);
+            *a += f(chunks.map(|c| c[l]));
         }
     }
-    let tail: f32 = (n - n % LANES..n).map(&f).sum();
+    let tail: f32 = (full..n).map(|i| f(rows.map(|r| r[i]))).sum();
     acc.iter().sum::<f32>() + tail
 }
 
 kernel! {
     /// RMSNorm over one row: `y = x * inv * w` with `inv = 1 / sqrt(mean(x^2) + eps)`.
     pub fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
-        let inv = 1.0 / (lane_sum(x.len(), |i| x[i] * x[i]) / x.len() as f32 + eps).sqrt();
+        let inv = 1.0 / (lane_sum([x], |[x]| x * x) / x.len() as f32 + eps).sqrt();
         for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
             *y = x * inv * w;
         }
@@ -105,8 +110,8 @@ kernel! {
     /// and becomes `inv * g * w - x * inv^3 * mean(g * w * x)`.
     pub fn rms_norm_bwd_row(x: &[f32], w: &[f32], eps: f32, g: &mut [f32]) {
         let n = x.len().min(w.len()).min(g.len());
-        let inv = 1.0 / (lane_sum(n, |i| x[i] * x[i]) / n as f32 + eps).sqrt();
-        let c = inv * inv * inv * lane_sum(n, |i| g[i] * w[i] * x[i]) / n as f32;
+        let inv = 1.0 / (lane_sum([&x[..n]], |[x]| x * x) / n as f32 + eps).sqrt();
+        let c = inv * inv * inv * lane_sum([g, w, x], |[g, w, x]| g * w * x) / n as f32;
         for ((g, &x), &w) in g.iter_mut().zip(x).zip(w) {
             *g = inv * *g * w - x * c;
         }
@@ -124,10 +129,18 @@ kernel! {
             }
         }
         let max = x[full..].iter().chain(&m).copied().fold(f32::NEG_INFINITY, f32::max);
-        for (y, &x) in y.iter_mut().zip(x) {
+        // The exponentials and their 16 partial sums in one pass (the sum as `lane_sum`'s).
+        let mut acc = [0f32; LANES];
+        for (yc, xc) in y[..full].chunks_exact_mut(LANES).zip(x[..full].chunks_exact(LANES)) {
+            for ((y, &x), a) in yc.iter_mut().zip(xc).zip(&mut acc) {
+                *y = exp(x - max);
+                *a += *y;
+            }
+        }
+        for (y, &x) in y[full..].iter_mut().zip(&x[full..]) {
             *y = exp(x - max);
         }
-        let inv = 1.0 / lane_sum(y.len(), |i| y[i]);
+        let inv = 1.0 / (acc.iter().sum::<f32>() + y[full..].iter().sum::<f32>());
         y.iter_mut().for_each(|y| *y *= inv);
     }
 }
@@ -135,7 +148,7 @@ kernel! {
 kernel! {
     /// The softmax input gradient over one row: `dx = y * (g - sum(g * y))`.
     pub fn softmax_bwd_row(y: &[f32], g: &[f32], dx: &mut [f32]) {
-        let dot = lane_sum(y.len(), |i| y[i] * g[i]);
+        let dot = lane_sum([y, g], |[y, g]| y * g);
         for ((dx, &y), &g) in dx.iter_mut().zip(y).zip(g) {
             *dx = y * (g - dot);
         }
