@@ -36,4 +36,11 @@ pub fn configure() {
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
+    // Without it candle counts the physical cores anew for every GEMM, parsing
+    // /proc/cpuinfo on Linux: ~1300 times a step at small-30s (bench/NOTES.md, 26).
+    // Counted once here, the same count also sizes rayon's pool, which would otherwise
+    // take every logical CPU while candle splits each GEMM by physical cores.
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        std::env::set_var("RAYON_NUM_THREADS", candle_core::utils::get_num_threads().to_string());
+    }
 }
