@@ -145,6 +145,11 @@ pub struct RunView {
     pub error: Option<String>,
     /// The last [`RECENT_EVENTS`] events, oldest first.
     pub recent_events: Vec<Value>,
+    /// Numbers views in the order they were made (under the state's lock), so a higher
+    /// number never shows older state. The web view drops a view older than the one it
+    /// shows: a command's reply ("pausing") can reach it after the `run-state` event of
+    /// what followed ("paused").
+    pub revision: u64,
 }
 
 /// One run in the History panel: the engine's summary of it (name, dir, status, steps,
@@ -262,6 +267,7 @@ impl CurrentRun {
             last_step: self.last_step.clone(),
             error: self.error.clone(),
             recent_events: self.recent.iter().cloned().collect(),
+            revision: 0,
         }
     }
 
@@ -310,8 +316,18 @@ struct Inner {
     run: CurrentRun,
     notice: Option<String>,
     next_generation: u64,
+    /// The last [`RunView::revision`] handed out.
+    views: u64,
     /// The web view's appearance: charts are rendered to match it.
     dark: bool,
+}
+
+impl Inner {
+    /// The current run's view, with the next revision number.
+    fn run_view(&mut self) -> RunView {
+        self.views += 1;
+        RunView { revision: self.views, ..self.run.view() }
+    }
 }
 
 struct Shared {
@@ -330,7 +346,7 @@ impl AppState {
     pub fn new(config_dir: PathBuf, runs_dir: PathBuf) -> Self {
         let (settings, notice) = settings::load(&config_dir);
         AppState(Arc::new(Shared {
-            inner: Mutex::new(Inner { settings, dataset: None, run: CurrentRun::idle(), notice, next_generation: 1, dark: false }),
+            inner: Mutex::new(Inner { settings, dataset: None, run: CurrentRun::idle(), notice, next_generation: 1, views: 0, dark: false }),
             config_dir,
             runs_dir,
         }))
@@ -351,11 +367,11 @@ impl AppState {
     }
 
     pub fn state(&self) -> StateView {
-        let g = self.lock();
+        let mut g = self.lock();
         StateView {
             settings: g.settings.clone(),
             dataset: g.dataset.clone(),
-            run: g.run.view(),
+            run: g.run_view(),
             charts: g.run.charts.clone(),
             runs_dir: self.0.runs_dir.clone(),
             config_dir: self.0.config_dir.clone(),
@@ -444,7 +460,7 @@ impl AppState {
             g.run.run_dir = Some(control.run_dir());
             g.run.status = RunStatus::Running;
             g.run.control = Some(control);
-            (generation, g.run.view())
+            (generation, g.run_view())
         };
         sink.send(RUN_EVENT, serde_json::to_value(&view).unwrap_or(Value::Null));
         let state = self.clone();
@@ -477,7 +493,7 @@ impl AppState {
                 };
                 sink.send(ENGINE_EVENT, ev);
                 if changed {
-                    let view = self.lock().run.view();
+                    let view = self.lock().run_view();
                     sink.send(RUN_EVENT, serde_json::to_value(view).unwrap_or(Value::Null));
                 }
                 dirty = true;
@@ -494,7 +510,7 @@ impl AppState {
                         g.run.status = RunStatus::Failed;
                         g.run.error.get_or_insert_with(|| "the engine stopped sending events without finishing the run".into());
                     }
-                    g.run.view()
+                    g.run_view()
                 };
                 sink.send(RUN_EVENT, serde_json::to_value(view).unwrap_or(Value::Null));
             }
@@ -535,7 +551,7 @@ impl AppState {
         if let Some(next) = next {
             g.run.status = next;
         }
-        Ok(g.run.view())
+        Ok(g.run_view())
     }
 
     /// Asks the run to pause; the status is "pausing" until the engine's `paused` event.
@@ -874,6 +890,27 @@ mod tests {
             assert!(t.elapsed() < Duration::from_secs(5), "timed out");
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// The race the window met on CI: the engine paused before Pause's reply reached
+    /// the web view, which then showed the reply's "pausing" for good. The `run-state`
+    /// view sent for `paused` must outrank that reply, as the web view keeps the higher.
+    #[test]
+    fn a_commands_reply_is_outranked_by_the_views_that_follow_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = AppState::new(tmp.path().join("cfg"), tmp.path().join("runs"));
+        let (tx, rx) = mpsc::channel();
+        let rec = Recorder::default();
+        let started = state.adopt_run(Box::new(Scripted(tmp.path().join("runs/r1"), Arc::default())), rx, rec.clone());
+        let reply = state.pause().unwrap();
+        assert_eq!(reply.status, RunStatus::Pausing);
+        assert!(reply.revision > started.revision, "{} after {}", reply.revision, started.revision);
+        tx.send(json!({"type": "paused", "step": 1})).unwrap();
+        wait_for(|| state.state().run.status == RunStatus::Paused);
+        let paused = rec.0.lock().unwrap().iter().rev().find(|(e, v)| e == RUN_EVENT && v["status"] == "paused").map(|(_, v)| v.clone());
+        let paused = paused.expect("a run-state view for paused");
+        assert!(paused["revision"].as_u64().unwrap() > reply.revision, "paused {paused} vs reply {}", reply.revision);
+        assert!(state.state().run.revision > paused["revision"].as_u64().unwrap());
     }
 
     #[test]

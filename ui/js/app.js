@@ -210,7 +210,9 @@ function markFileProblem(file, reason) {
 // ---- runs -------------------------------------------------------------------------
 
 function setRun(run) {
-  if (!run) return;
+  // Views are numbered as the backend made them; a command's reply can arrive after a
+  // later run-state event (Pause's "pausing" after "paused"), and must not undo it.
+  if (!run || run.revision < ui.run?.revision) return;
   const prev = ui.run?.status;
   ui.run = run;
   if (run.last_step && !ui.stepAt) ui.stepAt = performance.now();
