@@ -259,7 +259,7 @@ impl CurrentRun {
         }
     }
 
-    fn view(&self) -> RunView {
+    fn view(&self, revision: u64) -> RunView {
         RunView {
             status: self.status,
             run_dir: self.run_dir.clone(),
@@ -267,7 +267,7 @@ impl CurrentRun {
             last_step: self.last_step.clone(),
             error: self.error.clone(),
             recent_events: self.recent.iter().cloned().collect(),
-            revision: 0,
+            revision,
         }
     }
 
@@ -326,7 +326,7 @@ impl Inner {
     /// The current run's view, with the next revision number.
     fn run_view(&mut self) -> RunView {
         self.views += 1;
-        RunView { revision: self.views, ..self.run.view() }
+        self.run.view(self.views)
     }
 }
 

@@ -8,11 +8,10 @@
 //! the running sums.
 
 use candle_core::{Result, Tensor};
+use rayon::prelude::*;
 
 use super::attention::BandBlock;
 use super::cpu_gemm::{host_f32, matmul_into, Mat, Threads};
-use rayon::prelude::*;
-
 use super::ops;
 use super::simd;
 
