@@ -131,10 +131,8 @@ async fn open_app(driver: &Driver) -> Client {
 
 /// How long a wait on the engine's work may take (training steps; Pause and Stop, which
 /// finish the step in flight and write and fsync a checkpoint, Stop also the final
-/// adapter), with room for a loaded CI machine. (Two waits that timed out on CI were not
-/// slowness: the window kept a command's late reply over the newer state, fixed by
-/// numbering the run's views, `RunView::revision`.)
-const ENGINE_WAIT: Duration = Duration::from_secs(180);
+/// adapter), with room for a loaded CI machine.
+const ENGINE_WAIT: Duration = Duration::from_secs(60);
 
 /// What the window shows of the run, for a failed wait's message: status, status bar,
 /// the newest activity entries.
