@@ -166,20 +166,27 @@ pub fn full(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor
 /// A layer's full self-attention output, kept by gradient checkpointing's first
 /// forward (without a graph) and taken by the layer's recompute, which then attaches
 /// the backward to it instead of computing it again: the most expensive part of a long
-/// layer's forward, for `P * heads * D` values per full-attention layer (6 MiB at
-/// small-240s). The value is the one the recompute would compute: same inputs, same
-/// kernels.
+/// layer's forward, for `P * heads * (D + 1)` values per full-attention layer (6 MiB at
+/// small-240s: the output and each row's log-sum-exp). The values are the ones the
+/// recompute would compute: same inputs, same kernels.
 #[derive(Default)]
-pub struct KeptOutput(std::cell::Cell<Option<Tensor>>);
+pub struct KeptOutput(std::cell::Cell<Option<Attended>>);
 
 impl KeptOutput {
-    fn keep(&self, out: &Tensor) {
-        self.0.set(Some(out.clone()));
+    fn keep(&self, attended: Attended) {
+        self.0.set(Some(attended));
     }
 
-    fn take(&self) -> Option<Tensor> {
+    fn take(&self) -> Option<Attended> {
         self.0.take()
     }
+}
+
+/// The recompute path's forward result: the output and, from the CPU kernels, each
+/// query row's log-sum-exp, which their backward needs.
+struct Attended {
+    out: Tensor,
+    lse: Option<std::sync::Arc<Vec<f32>>>,
 }
 
 /// Score count above which attention off the CPU kernels no longer keeps its scores
@@ -208,20 +215,25 @@ const HOST_HEAD_BLOCK_ELEMENTS: usize = 1 << 20;
 /// takes it from there.
 fn recompute(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock], kept: Option<&KeptOutput>) -> Result<Tensor> {
     let tracked = q.track_op() || k.track_op() || v.track_op();
-    let out = match kept.filter(|_| tracked).and_then(KeptOutput::take) {
-        Some(out) => out,
+    let attended = match kept.filter(|_| tracked).and_then(KeptOutput::take) {
+        Some(attended) => attended,
         None => match attention_host::applies(q, None) {
-            true => attention_host::forward(q, k, v, rep, blocks)?,
-            false => blocked_forward(&q.detach(), &k.detach(), &v.detach(), rep, blocks)?,
+            true => {
+                let (out, lse) = attention_host::forward(q, k, v, rep, blocks)?;
+                Attended { out, lse: Some(std::sync::Arc::new(lse)) }
+            }
+            false => Attended { out: blocked_forward(&q.detach(), &k.detach(), &v.detach(), rep, blocks)?, lse: None },
         },
     };
     if !tracked {
+        let out = attended.out.clone();
         if let Some(slot) = kept {
-            slot.keep(&out);
+            slot.keep(attended);
         }
         return Ok(out);
     }
-    Ok(q.apply_op3(k, v, Recompute { out: Handover::new(out, "recompute-attention"), rep, blocks: blocks.to_vec() })?)
+    let op = Recompute { out: Handover::new(attended.out, "recompute-attention"), lse: attended.lse, rep, blocks: blocks.to_vec() };
+    Ok(q.apply_op3(k, v, op)?)
 }
 
 /// Attention block by block, concatenated; with tracked inputs the graph keeps every
@@ -242,6 +254,8 @@ fn blocked_forward(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[Ban
 struct Recompute {
     /// The forward's result, computed without a graph.
     out: Handover,
+    /// The CPU kernels' log-sum-exps, for their backward.
+    lse: Option<std::sync::Arc<Vec<f32>>>,
     rep: usize,
     blocks: Vec<BandBlock>,
 }
@@ -268,13 +282,15 @@ impl candle_core::CustomOp3 for Recompute {
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
-        _out: &Tensor,
+        out: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (q, k, v) = (q.detach(), k.detach(), v.detach());
-        let (dq, dk, dv) = match attention_host::applies(&q, Some(grad)) {
-            true => attention_host::backward(&q, &k, &v, grad, self.rep, &self.blocks)?,
-            false => composed_backward(&q, &k, &v, grad, self.rep, &self.blocks)?,
+        let (dq, dk, dv) = match &self.lse {
+            Some(lse) if attention_host::applies(&q, Some(grad)) => {
+                attention_host::backward(&q, &k, &v, out, lse, grad, self.rep, &self.blocks)?
+            }
+            _ => composed_backward(&q, &k, &v, grad, self.rep, &self.blocks)?,
         };
         Ok((Some(dq), Some(dk), Some(dv)))
     }
@@ -358,10 +374,10 @@ mod tests {
         let SlidingPlan::Banded(banded) = SlidingPlan::banded(p, 9, 7, &dev)? else { panic!("a banded plan") };
         let full = (0..p).step_by(16).map(|q_start| BandBlock { q_start, q_len: 16.min(p - q_start), k_start: 0, k_len: p, mask: None });
         for (what, blocks) in [("banded", banded), ("full", full.collect())] {
-            let host = attention_host::forward(&q, &k, &v, rep, &blocks)?;
+            let (out, lse) = attention_host::forward(&q, &k, &v, rep, &blocks)?;
             let composed = blocked_forward(&q, &k, &v, rep, &blocks)?;
-            let out_err = max_abs(&host, &composed);
-            let host = attention_host::backward(&q, &k, &v, &g, rep, &blocks)?;
+            let out_err = max_abs(&out, &composed);
+            let host = attention_host::backward(&q, &k, &v, &out, &lse, &g, rep, &blocks)?;
             let composed = composed_backward(&q, &k, &v, &g, rep, &blocks)?;
             let grad_err = max_abs(&host.0, &composed.0).max(max_abs(&host.1, &composed.1)).max(max_abs(&host.2, &composed.2));
             println!("{what} blocks: host vs candle ops, output {out_err:e}, gradients {grad_err:e} (max abs)");

@@ -43,23 +43,20 @@ impl<'a> HeadBlock<'a> {
         }
     }
 
-    /// `probs = softmax(q k^T + mask)`, through `scores`.
-    fn probabilities(&self, scores: &mut [f32], probs: &mut [f32]) {
+    /// `scores = q k^T` for the block's rows, `rows x keys` at the front of `buf`.
+    fn scores<'b>(&self, buf: &'b mut [f32]) -> &'b mut [f32] {
         let keys = self.k.rows;
-        let (scores, probs) = (&mut scores[..self.q.rows * keys], &mut probs[..self.q.rows * keys]);
+        let scores = &mut buf[..self.q.rows * keys];
         matmul_into(scores, 0, keys, self.q, self.k.t(), false, Threads::Calling);
-        if let Some(mask) = self.mask {
-            for (r, row) in scores.chunks_mut(keys).enumerate() {
-                let m = &mask[r / self.rep * keys..][..keys];
-                row.iter_mut().zip(m).for_each(|(s, m)| *s += m);
-            }
-        }
-        for (x, y) in scores.chunks(keys).zip(probs.chunks_mut(keys)) {
-            simd::softmax_row(x, y);
-        }
+        scores
+    }
+
+    /// Mask row `r` of the block, if it has a mask.
+    fn mask_row(&self, r: usize) -> Option<&'a [f32]> {
+        let keys = self.k.rows;
+        self.mask.map(|m| &m[r / self.rep * keys..][..keys])
     }
 }
-
 /// The tensors' values and a block's per-head views of them.
 struct Inputs<'a> {
     q: (&'a [f32], &'a candle_core::Layout),
@@ -91,56 +88,81 @@ fn masks(blocks: &[BandBlock]) -> Result<Vec<Option<Vec<f32>>>> {
 }
 
 /// `softmax(q k^T + mask) v` over the blocks: q `(B, KV, rows, D)` already scaled,
-/// k, v `(B, KV, S, D)`.
-pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<Tensor> {
+/// k, v `(B, KV, S, D)`. Also returns each query row's log-sum-exp of its masked scores
+/// (`(B, KV, rows)` flattened), from which [`backward`] recomputes a row's
+/// probabilities in one pass. The exponentials stay unnormalised through `e v`; the
+/// output rows are divided by their sums after it, D values a row instead of S.
+pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<(Tensor, Vec<f32>)> {
     let (_, _, rows, d) = q.dims4()?;
     let masks = masks(blocks)?;
     let mut out = vec![0f32; q.elem_count()];
+    let mut lse = vec![0f32; q.elem_count() / d];
     with_host([q, k, v], |x| {
-        out.par_chunks_mut(rows * d).enumerate().for_each(|(head, out)| {
-            let (mut scores, mut probs) = (scratch(blocks, rep), scratch(blocks, rep));
+        let heads = out.par_chunks_mut(rows * d).zip(lse.par_chunks_mut(rows));
+        heads.enumerate().for_each(|(head, (out, lse))| {
+            let mut buf = scratch(blocks, rep);
             for (blk, mask) in blocks.iter().zip(&masks) {
                 let hb = x.head(head, blk, mask.as_deref(), rep);
-                hb.probabilities(&mut scores, &mut probs);
-                let p = Mat::rows(&probs, 0, hb.q.rows, hb.k.rows, hb.k.rows);
-                matmul_into(out, blk.q_start * rep * d, d, p, hb.v, false, Threads::Calling);
+                let (r0, n, keys) = (blk.q_start * rep, hb.q.rows, hb.k.rows);
+                let scores = hb.scores(&mut buf);
+                let mut sums = Vec::with_capacity(n);
+                for (r, (row, lse)) in scores.chunks_mut(keys).zip(&mut lse[r0..r0 + n]).enumerate() {
+                    let (max, sum) = simd::exp_row(row, hb.mask_row(r));
+                    *lse = max + sum.ln();
+                    sums.push(sum);
+                }
+                let e = Mat::rows(&buf, 0, n, keys, keys);
+                matmul_into(out, r0 * d, d, e, hb.v, false, Threads::Calling);
+                for (row, sum) in out[r0 * d..(r0 + n) * d].chunks_mut(d).zip(sums) {
+                    let inv = 1.0 / sum;
+                    row.iter_mut().for_each(|o| *o *= inv);
+                }
             }
         });
         Ok(())
     })?;
-    Ok(Tensor::from_vec(out, q.shape(), q.device())?)
+    Ok((Tensor::from_vec(out, q.shape(), q.device())?, lse))
 }
 
-/// dq, dk, dv of [`forward`] for the output gradient `grad` `(B, KV, rows, D)`. Per
-/// block and head: p recomputed; dp = g v^T; ds = p (dp - rowsum(dp p)); dq = ds k
-/// (the block's rows, written once); dv += p^T g and dk += ds^T q (its key range).
-pub fn backward(q: &Tensor, k: &Tensor, v: &Tensor, grad: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<(Tensor, Tensor, Tensor)> {
+/// dq, dk, dv of [`forward`] for the output gradient `grad` `(B, KV, rows, D)`, from
+/// the forward's output `out` and log-sum-exps `lse`. Per block and head: p = exp(s -
+/// lse) from the recomputed scores s; dp = g v^T; ds = p (dp - delta) with delta =
+/// rowsum(g out) (= rowsum(dp p)), one pass over the row for both; dq = ds k (the
+/// block's rows, written once); dv += p^T g and dk += ds^T q (its key range).
+#[allow(clippy::too_many_arguments)]
+pub fn backward(q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor, lse: &[f32], grad: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<(Tensor, Tensor, Tensor)> {
     let (_, _, rows, d) = q.dims4()?;
     let s = k.dim(2)?;
+    if lse.len() * d != q.elem_count() || out.shape() != q.shape() || grad.shape() != q.shape() {
+        candle_core::bail!("{OP}: the forward's output, log-sum-exps or gradient do not match q {:?}", q.shape());
+    }
     let masks = masks(blocks)?;
     let (mut dq, mut dk, mut dv) = (vec![0f32; q.elem_count()], vec![0f32; k.elem_count()], vec![0f32; k.elem_count()]);
     let (g, g_layout) = grad.storage_and_layout();
-    let g = host_f32(&g, OP)?;
+    let (o, o_layout) = out.storage_and_layout();
+    let (g, o) = (host_f32(&g, OP)?, host_f32(&o, OP)?);
     with_host([q, k, v], |x| {
         let heads = dq.par_chunks_mut(rows * d).zip(dk.par_chunks_mut(s * d)).zip(dv.par_chunks_mut(s * d));
         heads.enumerate().for_each(|(head, ((dq, dk), dv))| {
-            let (mut scores, mut probs, mut dp) = (scratch(blocks, rep), scratch(blocks, rep), scratch(blocks, rep));
+            let (gh, oh) = (Mat::of(g, g_layout, head), Mat::of(o, o_layout, head));
+            let delta: Vec<f32> = (0..rows).map(|r| gh.row_dot(oh, r)).collect();
+            let lse = &lse[head * rows..][..rows];
+            let (mut probs, mut grads) = (scratch(blocks, rep), scratch(blocks, rep));
             for (blk, mask) in blocks.iter().zip(&masks) {
                 let hb = x.head(head, blk, mask.as_deref(), rep);
-                let (n, keys) = (hb.q.rows, hb.k.rows);
-                let gh = Mat::of(g, g_layout, head).row_range(blk.q_start * rep, n);
-                hb.probabilities(&mut scores, &mut probs);
-                matmul_into(&mut dp, 0, keys, gh, hb.v.t(), false, Threads::Calling);
-                // ds goes where the scores were.
-                let (p, dpv) = (probs[..n * keys].chunks(keys), dp[..n * keys].chunks(keys));
-                for ((p, dp), ds) in p.zip(dpv).zip(scores[..n * keys].chunks_mut(keys)) {
-                    simd::softmax_bwd_row(p, dp, ds);
+                let (r0, n, keys) = (blk.q_start * rep, hb.q.rows, hb.k.rows);
+                let gb = gh.row_range(r0, n);
+                let scores = hb.scores(&mut probs);
+                matmul_into(&mut grads, 0, keys, gb, hb.v.t(), false, Threads::Calling);
+                // p goes where the scores were, ds where dp was.
+                for (r, (s, dp)) in scores.chunks_mut(keys).zip(grads.chunks_mut(keys)).enumerate() {
+                    simd::attention_grad_row(s, dp, hb.mask_row(r), lse[r0 + r], delta[r0 + r]);
                 }
-                let ds = Mat::rows(&scores, 0, n, keys, keys);
+                let ds = Mat::rows(&grads, 0, n, keys, keys);
                 let p = Mat::rows(&probs, 0, n, keys, keys);
-                matmul_into(dq, blk.q_start * rep * d, d, ds, hb.k, false, Threads::Calling);
+                matmul_into(dq, r0 * d, d, ds, hb.k, false, Threads::Calling);
                 let at = blk.k_start * d;
-                matmul_into(dv, at, d, p.t(), gh, true, Threads::Calling);
+                matmul_into(dv, at, d, p.t(), gb, true, Threads::Calling);
                 matmul_into(dk, at, d, ds.t(), hb.q, true, Threads::Calling);
             }
         });

@@ -45,6 +45,12 @@ impl<'a> Mat<'a> {
         Self { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs, ..self }
     }
 
+    /// The dot product of row `r` here with row `r` of `other` (same width).
+    pub fn row_dot(&self, other: Mat, r: usize) -> f32 {
+        let at = |m: &Mat, j: usize| m.data[m.offset + r * m.rs + j * m.cs];
+        (0..self.cols.min(other.cols)).map(|j| at(self, j) * at(&other, j)).sum()
+    }
+
     /// Panics unless every element lies inside `data`.
     fn check(&self, what: &str) {
         let last = self.offset + self.rows.saturating_sub(1) * self.rs + self.cols.saturating_sub(1) * self.cs;

@@ -156,6 +156,55 @@ kernel! {
 }
 
 kernel! {
+    /// Attention scores to unnormalised probabilities, in place: `x = exp(x + mask -
+    /// max)` with `max` the row's largest `x + mask`. Returns `(max, sum of the new x)`,
+    /// the sum in `lane_sum`'s order.
+    pub fn exp_row(x: &mut [f32], mask: Option<&[f32]>) -> (f32, f32) {
+        if let Some(mask) = mask {
+            x.iter_mut().zip(mask).for_each(|(x, m)| *x += m);
+        }
+        let mut m = [f32::NEG_INFINITY; LANES];
+        let full = x.len() - x.len() % LANES;
+        for c in x[..full].chunks_exact(LANES) {
+            for (m, &v) in m.iter_mut().zip(c) {
+                *m = m.max(v);
+            }
+        }
+        let max = x[full..].iter().chain(&m).copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut acc = [0f32; LANES];
+        for c in x[..full].chunks_exact_mut(LANES) {
+            for (x, a) in c.iter_mut().zip(&mut acc) {
+                *x = exp(*x - max);
+                *a += *x;
+            }
+        }
+        x[full..].iter_mut().for_each(|x| *x = exp(*x - max));
+        (max, acc.iter().sum::<f32>() + x[full..].iter().sum::<f32>())
+    }
+}
+
+kernel! {
+    /// One row of attention's backward from the row's log-sum-exp `lse` and `delta`
+    /// (the row's `sum(dp * p)`): the probabilities `p = exp(s + mask - lse)` replace
+    /// the scores `s`, and the scores' gradient `p (dp - delta)` replaces `dp`.
+    pub fn attention_grad_row(s: &mut [f32], dp: &mut [f32], mask: Option<&[f32]>, lse: f32, delta: f32) {
+        let rows = s.iter_mut().zip(dp.iter_mut());
+        match mask {
+            Some(mask) => rows.zip(mask).for_each(|((s, dp), m)| {
+                let p = exp(*s + m - lse);
+                *s = p;
+                *dp = p * (*dp - delta);
+            }),
+            None => rows.for_each(|(s, dp)| {
+                let p = exp(*s - lse);
+                *s = p;
+                *dp = p * (*dp - delta);
+            }),
+        }
+    }
+}
+
+kernel! {
     /// `y = silu(gate) * up`.
     pub fn swiglu_row(gate: &[f32], up: &[f32], y: &mut [f32]) {
         for ((y, &g), &u) in y.iter_mut().zip(gate).zip(up) {
@@ -261,5 +310,40 @@ mod tests {
         softmax_row(&x, &mut y);
         assert_eq!((y[1], y[3]), (0.0, 0.0));
         assert!((y[0] + y[2] - 1.0).abs() < 1e-7);
+    }
+
+    /// The attention kernels against plain loops on a masked row: `exp_row`'s
+    /// exponentials, maximum and sum, and `attention_grad_row`'s probabilities and
+    /// score gradient from the log-sum-exp. Masked entries come out exactly 0.
+    #[test]
+    fn attention_row_kernels_match_plain_loops() {
+        let x: Vec<f32> = (0..37).map(|i| ((i * 7919) % 113) as f32 / 10.0 - 5.0).collect();
+        let dp: Vec<f32> = (0..37).map(|i| ((i * 104_729) % 97) as f32 / 30.0 - 1.5).collect();
+        let mask: Vec<f32> = (0..37).map(|i| if i % 5 == 3 { f32::MIN } else { 0.0 }).collect();
+        let rel = |a: f32, b: f32| (a - b).abs() / b.abs().max(1.0);
+        let masked: Vec<f32> = x.iter().zip(&mask).map(|(x, m)| x + m).collect();
+        let max = masked.iter().copied().fold(f32::MIN, f32::max);
+        let sum: f32 = masked.iter().map(|v| (v - max).exp()).sum();
+
+        let mut e = x.clone();
+        let (m, s) = exp_row(&mut e, Some(&mask));
+        let e_exp = e.iter().zip(&masked).map(|(&e, &x)| rel(e, (x - max).exp())).fold(0f32, f32::max);
+        assert_eq!(m, max);
+        let e_sum = rel(s, sum);
+
+        let lse = max + sum.ln();
+        let p: Vec<f32> = masked.iter().map(|v| (v - max).exp() / sum).collect();
+        let delta: f32 = p.iter().zip(&dp).map(|(p, g)| p * g).sum();
+        let (mut probs, mut ds) = (x.clone(), dp.clone());
+        attention_grad_row(&mut probs, &mut ds, Some(&mask), lse, delta);
+        let e_p = probs.iter().zip(&p).map(|(&a, &b)| rel(a, b)).fold(0f32, f32::max);
+        let e_ds = ds.iter().zip(&p).zip(&dp).map(|((&d, &p), &g)| rel(d, p * (g - delta))).fold(0f32, f32::max);
+        println!("relative errors: exp_row {e_exp:.1e} (sum {e_sum:.1e}), probabilities {e_p:.1e}, score gradient {e_ds:.1e}");
+        for err in [e_exp, e_sum, e_p, e_ds] {
+            assert!(err < 2e-6, "{err}");
+        }
+        for i in (3..37).step_by(5) {
+            assert_eq!((e[i], probs[i], ds[i]), (0.0, 0.0, 0.0), "masked entry {i}");
+        }
     }
 }
