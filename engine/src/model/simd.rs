@@ -95,6 +95,19 @@ fn lane_sum<const K: usize>(rows: [&[f32]; K], f: impl Fn([f32; K]) -> f32) -> f
     acc.iter().sum::<f32>() + tail
 }
 
+/// The largest element, in 16 interleaved partial maxima (see [`lane_sum`]).
+#[inline(always)]
+fn lane_max(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; LANES];
+    let full = x.len() - x.len() % LANES;
+    for c in x[..full].chunks_exact(LANES) {
+        for (m, &v) in m.iter_mut().zip(c) {
+            *m = m.max(v);
+        }
+    }
+    x[full..].iter().chain(&m).copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
 kernel! {
     /// RMSNorm over one row: `y = x * inv * w` with `inv = 1 / sqrt(mean(x^2) + eps)`.
     pub fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
@@ -121,14 +134,8 @@ kernel! {
 kernel! {
     /// `y = softmax(x)` over one row.
     pub fn softmax_row(x: &[f32], y: &mut [f32]) {
-        let mut m = [f32::NEG_INFINITY; LANES];
+        let max = lane_max(x);
         let full = x.len() - x.len() % LANES;
-        for c in x[..full].chunks_exact(LANES) {
-            for (m, &v) in m.iter_mut().zip(c) {
-                *m = m.max(v);
-            }
-        }
-        let max = x[full..].iter().chain(&m).copied().fold(f32::NEG_INFINITY, f32::max);
         // The exponentials and their 16 partial sums in one pass (the sum as `lane_sum`'s).
         let mut acc = [0f32; LANES];
         for (yc, xc) in y[..full].chunks_exact_mut(LANES).zip(x[..full].chunks_exact(LANES)) {
@@ -163,14 +170,8 @@ kernel! {
         if let Some(mask) = mask {
             x.iter_mut().zip(mask).for_each(|(x, m)| *x += m);
         }
-        let mut m = [f32::NEG_INFINITY; LANES];
+        let max = lane_max(x);
         let full = x.len() - x.len() % LANES;
-        for c in x[..full].chunks_exact(LANES) {
-            for (m, &v) in m.iter_mut().zip(c) {
-                *m = m.max(v);
-            }
-        }
-        let max = x[full..].iter().chain(&m).copied().fold(f32::NEG_INFINITY, f32::max);
         let mut acc = [0f32; LANES];
         for c in x[..full].chunks_exact_mut(LANES) {
             for (x, a) in c.iter_mut().zip(&mut acc) {
