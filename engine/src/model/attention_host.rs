@@ -57,6 +57,7 @@ impl<'a> HeadBlock<'a> {
         self.mask.map(|m| &m[r / self.rep * keys..][..keys])
     }
 }
+
 /// The tensors' values and a block's per-head views of them.
 struct Inputs<'a> {
     q: (&'a [f32], &'a candle_core::Layout),
