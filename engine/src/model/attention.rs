@@ -186,7 +186,7 @@ impl KeptOutput {
 /// query row's log-sum-exp, which their backward needs.
 struct Attended {
     out: Tensor,
-    lse: Option<std::sync::Arc<Vec<f32>>>,
+    lse: Option<Vec<f32>>,
 }
 
 /// Score count above which attention off the CPU kernels no longer keeps its scores
@@ -220,7 +220,7 @@ fn recompute(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock
         None => match attention_host::applies(q, None) {
             true => {
                 let (out, lse) = attention_host::forward(q, k, v, rep, blocks)?;
-                Attended { out, lse: Some(std::sync::Arc::new(lse)) }
+                Attended { out, lse: Some(lse) }
             }
             false => Attended { out: blocked_forward(&q.detach(), &k.detach(), &v.detach(), rep, blocks)?, lse: None },
         },
@@ -255,7 +255,7 @@ struct Recompute {
     /// The forward's result, computed without a graph.
     out: Handover,
     /// The CPU kernels' log-sum-exps, for their backward.
-    lse: Option<std::sync::Arc<Vec<f32>>>,
+    lse: Option<Vec<f32>>,
     rep: usize,
     blocks: Vec<BandBlock>,
 }

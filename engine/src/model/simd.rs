@@ -134,20 +134,9 @@ kernel! {
 kernel! {
     /// `y = softmax(x)` over one row.
     pub fn softmax_row(x: &[f32], y: &mut [f32]) {
-        let max = lane_max(x);
-        let full = x.len() - x.len() % LANES;
-        // The exponentials and their 16 partial sums in one pass (the sum as `lane_sum`'s).
-        let mut acc = [0f32; LANES];
-        for (yc, xc) in y[..full].chunks_exact_mut(LANES).zip(x[..full].chunks_exact(LANES)) {
-            for ((y, &x), a) in yc.iter_mut().zip(xc).zip(&mut acc) {
-                *y = exp(x - max);
-                *a += *y;
-            }
-        }
-        for (y, &x) in y[full..].iter_mut().zip(&x[full..]) {
-            *y = exp(x - max);
-        }
-        let inv = 1.0 / (acc.iter().sum::<f32>() + y[full..].iter().sum::<f32>());
+        y.copy_from_slice(x);
+        let (_, sum) = exp_row(y, None);
+        let inv = 1.0 / sum;
         y.iter_mut().for_each(|y| *y *= inv);
     }
 }
