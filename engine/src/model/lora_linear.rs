@@ -88,7 +88,7 @@ impl CustomOp3 for LoraLinear {
     }
 
     fn cpu_fwd(&self, x: &CpuStorage, xl: &Layout, a: &CpuStorage, al: &Layout, b: &CpuStorage, bl: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.fwd(on_cpu, single_thread_matmul, x, xl, a, al, b, bl)
+        self.fwd(on_cpu, thin_product, x, xl, a, al, b, bl)
     }
 
     fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, a: &CudaStorage, al: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
@@ -138,10 +138,13 @@ impl CustomOp3 for LoraLinear {
 /// A storage-level matmul `(a, b, (batch, m, n, k), a_layout, b_layout)`.
 type Thin<S> = fn(&S, &S, (usize, usize, usize, usize), &Layout, &Layout) -> Result<S>;
 
-/// The rank-r GEMMs of a LoRA delta (one dimension is r) on the calling thread: a
-/// few microseconds of work each, less than waking a second thread costs. f32 2-D on
-/// the CPU; anything else takes candle's matmul.
-fn single_thread_matmul(a: &CpuStorage, b: &CpuStorage, bmnk: (usize, usize, usize, usize), al: &Layout, bl: &Layout) -> Result<CpuStorage> {
+/// The rank-r GEMMs of a LoRA delta (one dimension is r). A short song's are a few
+/// microseconds of work each, less than waking a second thread costs, so they stay on
+/// the calling thread; from [`SPLIT_FLOPS`] up (a long song's rows) the output is cut in
+/// two along its longer side and each half runs on its own thread. Every output value
+/// is the same dot product in the same order either way. f32 2-D on the CPU; anything
+/// else takes candle's matmul.
+fn thin_product(a: &CpuStorage, b: &CpuStorage, bmnk: (usize, usize, usize, usize), al: &Layout, bl: &Layout) -> Result<CpuStorage> {
     let (batch, m, n, k) = bmnk;
     let (CpuStorage::F32(av), CpuStorage::F32(bv)) = (a, b) else {
         return a.matmul(b, bmnk, al, bl);
@@ -152,12 +155,44 @@ fn single_thread_matmul(a: &CpuStorage, b: &CpuStorage, bmnk: (usize, usize, usi
     let (sa, sb) = (al.stride(), bl.stride());
     let a = Mat { data: av, offset: al.start_offset(), rows: m, cols: k, rs: sa[0], cs: sa[1] };
     let b = Mat { data: bv, offset: bl.start_offset(), rows: k, cols: n, rs: sb[0], cs: sb[1] };
-    let mut out = vec![0f32; m * n];
-    matmul_into(&mut out, 0, n, a, b, false, Threads::Calling);
-    Ok(CpuStorage::F32(out))
+    let in_halves = 2 * m * n * k >= SPLIT_FLOPS && candle_core::utils::get_num_threads() > 1;
+    Ok(CpuStorage::F32(rank_r_product(a, b, in_halves)))
 }
 
-/// [`single_thread_matmul`] on tensors, without a graph.
+/// `a b`, row-major, on the calling thread or `in_halves` on two.
+fn rank_r_product(a: Mat, b: Mat, in_halves: bool) -> Vec<f32> {
+    let (m, n) = (a.rows, b.cols);
+    let mut out = vec![0f32; m * n];
+    if !in_halves {
+        matmul_into(&mut out, 0, n, a, b, false, Threads::Calling);
+    } else if m >= n {
+        let (top, bottom) = out.split_at_mut(m / 2 * n);
+        rayon::join(
+            || matmul_into(top, 0, n, a.row_range(0, m / 2), b, false, Threads::Calling),
+            || matmul_into(bottom, 0, n, a.row_range(m / 2, m - m / 2), b, false, Threads::Calling),
+        );
+    } else {
+        // Column halves interleave in each output row: each is written apart, then the
+        // rows are stitched (the output is r values wide or r rows high: small).
+        let (left, right) = (b.t().row_range(0, n / 2).t(), b.t().row_range(n / 2, n - n / 2).t());
+        let (mut l, mut r) = (vec![0f32; m * left.cols], vec![0f32; m * right.cols]);
+        rayon::join(
+            || matmul_into(&mut l, 0, left.cols, a, left, false, Threads::Calling),
+            || matmul_into(&mut r, 0, right.cols, a, right, false, Threads::Calling),
+        );
+        for ((row, lr), rr) in out.chunks_mut(n).zip(l.chunks(left.cols)).zip(r.chunks(right.cols)) {
+            row[..left.cols].copy_from_slice(lr);
+            row[left.cols..].copy_from_slice(rr);
+        }
+    }
+    out
+}
+
+/// Multiply-adds (x2) from which a rank-r product is worth both threads: a 30-second
+/// song's (375 rows, ~6M) stay on one, a 4-minute song's (3000 rows, ~49M) split.
+const SPLIT_FLOPS: usize = 16 << 20;
+
+/// [`thin_product`] on tensors, without a graph.
 fn thin_matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if !a.device().is_cpu() {
         return a.matmul(b);
@@ -174,7 +209,7 @@ impl candle_core::CustomOp2 for ThinMatmul {
 
     fn cpu_fwd(&self, a: &CpuStorage, al: &Layout, b: &CpuStorage, bl: &Layout) -> Result<(CpuStorage, Shape)> {
         let ((m, k), (_, n)) = (al.shape().dims2()?, bl.shape().dims2()?);
-        Ok((single_thread_matmul(a, b, (1, m, n, k), al, bl)?, Shape::from((m, n))))
+        Ok((thin_product(a, b, (1, m, n, k), al, bl)?, Shape::from((m, n))))
     }
 }
 
@@ -210,6 +245,26 @@ mod tests {
             println!("mask {}: output rel err {out_err:.2e}, d x/a/b rel err {errs:?}", mask.is_some());
             assert!(out_err < 1e-6);
             assert!(errs.iter().all(|&e| e < 1e-6));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_long_songs_rank_r_products_split_over_threads_exactly() -> Result<()> {
+        // A 4-minute song's shapes: 3000 rows, 512 features, rank 16 (row halves), and
+        // the adapter gradient's 16 x 512 over 3000 rows (column halves).
+        let data: Vec<f32> = (0..3000 * 512).map(|i| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5).collect();
+        let small: Vec<f32> = (0..3000 * 16).map(|i| ((i * 104729) % 997) as f32 / 997.0 - 0.5).collect();
+        let x = Mat::rows(&data, 0, 3000, 512, 512);
+        let a = Mat::rows(&small, 0, 16, 512, 512);
+        let g = Mat::rows(&small, 0, 3000, 16, 16);
+        for (lhs, rhs) in [(x, a.t()), (g.t(), x)] {
+            let (m, n, k) = (lhs.rows, rhs.cols, lhs.cols);
+            assert!(2 * m * n * k >= SPLIT_FLOPS, "a long song's product must take the split path");
+            let (split, whole) = (rank_r_product(lhs, rhs, true), rank_r_product(lhs, rhs, false));
+            let differing = split.iter().zip(&whole).filter(|(s, w)| s.to_bits() != w.to_bits()).count();
+            println!("{m} x {n} x {k}: {differing} of {} values differ from one thread's product", m * n);
+            assert_eq!(differing, 0);
         }
         Ok(())
     }
