@@ -6,8 +6,9 @@
 //! input gradient with a zeros tensor and adds to it: full-size passes the fused op
 //! does not need. The forward runs the same operations in the same order with or
 //! without a graph (so a recomputed block is bit-identical); on the CPU its rank-r
-//! GEMMs run on the calling thread. The backward recomputes the rank-r projection
-//! instead of keeping it.
+//! GEMMs run on the calling thread, or in halves on two for a long song's rows
+//! ([`thin_product`]). The backward recomputes the rank-r projection instead of
+//! keeping it.
 
 use candle_core::backend::BackendStorage;
 use candle_core::op::{Add, Mul};
