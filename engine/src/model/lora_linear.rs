@@ -254,8 +254,8 @@ mod tests {
     fn a_long_songs_rank_r_products_split_over_threads_exactly() -> Result<()> {
         // A 4-minute song's shapes: 3000 rows, 512 features, rank 16 (row halves), and
         // the adapter gradient's 16 x 512 over 3000 rows (column halves).
-        let data: Vec<f32> = (0..3000 * 512).map(|i| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5).collect();
-        let small: Vec<f32> = (0..3000 * 16).map(|i| ((i * 104729) % 997) as f32 / 997.0 - 0.5).collect();
+        let data: Vec<f32> = (0..3000 * 512usize).map(|i| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5).collect();
+        let small: Vec<f32> = (0..3000 * 16usize).map(|i| ((i * 104729) % 997) as f32 / 997.0 - 0.5).collect();
         let x = Mat::rows(&data, 0, 3000, 512, 512);
         let a = Mat::rows(&small, 0, 16, 512, 512);
         let g = Mat::rows(&small, 0, 3000, 16, 16);
