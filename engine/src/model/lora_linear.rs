@@ -156,7 +156,7 @@ fn thin_product(a: &CpuStorage, b: &CpuStorage, bmnk: (usize, usize, usize, usiz
     let (sa, sb) = (al.stride(), bl.stride());
     let a = Mat { data: av, offset: al.start_offset(), rows: m, cols: k, rs: sa[0], cs: sa[1] };
     let b = Mat { data: bv, offset: bl.start_offset(), rows: k, cols: n, rs: sb[0], cs: sb[1] };
-    let in_halves = 2 * m * n * k >= SPLIT_FLOPS && candle_core::utils::get_num_threads() > 1;
+    let in_halves = 2 * m * n * k >= SPLIT_FLOPS && rayon::current_num_threads() > 1;
     Ok(CpuStorage::F32(rank_r_product(a, b, in_halves)))
 }
 
@@ -189,7 +189,7 @@ fn rank_r_product(a: Mat, b: Mat, in_halves: bool) -> Vec<f32> {
     out
 }
 
-/// Multiply-adds (x2) from which a rank-r product is worth both threads: a 30-second
+/// FLOPs (`2 m n k`) from which a rank-r product is worth both threads: a 30-second
 /// song's (375 rows, ~6M) stay on one, a 4-minute song's (3000 rows, ~49M) split.
 const SPLIT_FLOPS: usize = 16 << 20;
 
