@@ -21,6 +21,24 @@ import sys
 import time
 
 
+def host():
+    """The CPU the ratios were measured on: they depend on it (which vector width each
+    side's GEMMs run, bench/NOTES.md run 15)."""
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = (x.strip() for x in line.partition(":"))
+                if key in ("vendor_id", "model name", "cpu family", "model") and key not in info:
+                    info[key] = value
+                if key == "flags":
+                    info["avx512f"] = "avx512f" in value.split()
+                    break
+    except OSError:
+        pass
+    return info
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--run", action="append", required=True, help="LABEL=COMMAND")
@@ -39,6 +57,8 @@ def main():
         extra.setdefault(label, {})[k] = v
 
     import os
+    machine = host()
+    print("host: " + ", ".join(f"{k} {v}" for k, v in machine.items()), flush=True)
     results = {label: [] for label, _ in runs}
     for rnd in range(args.rounds):
         order = runs if rnd % 2 == 0 else list(reversed(runs))
@@ -78,7 +98,7 @@ def main():
               f"{s['peak_rss_bytes'] / 2**20:9.0f} {s['activation_bytes'] / 2**20:9.0f} {act_ratio:7.3f}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"summary": summary, "runs": results}, f, indent=1)
+            json.dump({"host": machine, "summary": summary, "runs": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,13 @@ def peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def blas():
+    """The BLAS torch was built with, as its build report names it. MKL takes its
+    AVX-512 kernels only on Intel CPUs; on AMD it runs 256-bit ones (NOTES run 15)."""
+    lines = [l.strip(" -") for l in torch.__config__.show().splitlines()]
+    return next((l for l in lines if "Math Kernel Library" in l or "OpenBLAS" in l), "unknown")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", required=True, choices=sorted(PRESETS))
@@ -120,6 +127,8 @@ def main():
         "preset": args.preset,
         "gradient_checkpointing": args.gradient_checkpointing == "on",
         "torch": torch.__version__,
+        "blas": blas(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
         "frames": frames,
         "patches": (frames + 1) // 2,
