@@ -10,7 +10,8 @@ must print one JSON object as its last stdout line with at least `median_s_per_s
 and `peak_rss_bytes` (`activation_bytes` optional). Round order alternates direction
 (A B, B A, ...) so neither side always runs first. Prints per-round numbers, the median
 of each label's per-step times over all rounds, and ratios against the first label.
-With --out FILE the raw JSON of every run is saved.
+Prints the host's CPU first (the ratios depend on it); with --out FILE the raw JSON of
+every run is saved with it.
 """
 import argparse
 import json
@@ -34,8 +35,8 @@ def host():
                 if key == "flags":
                     info["avx512f"] = "avx512f" in value.split()
                     break
-    except OSError:
-        pass
+    except OSError as e:
+        info["cpu"] = f"unknown ({e})"
     return info
 
 
