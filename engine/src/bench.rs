@@ -204,7 +204,7 @@ pub fn run_spec(
     dtype: DType,
 ) -> Result<BenchReport> {
     if steps == 0 {
-        return Err(Error::BadConfig("bench: at least one timed step is needed".into()));
+        return Err(Error::setting("steps", "bench needs at least one timed step"));
     }
     let cfg = &spec.config;
 

@@ -1,28 +1,36 @@
 //! The engine's typed errors. Each carries the file, key or shape at fault.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    // The cause is part of the message and deliberately not a `source`: a front end
+    // printing the error chain would otherwise say it twice.
+    #[error("{path}: {cause}")]
+    Io { path: PathBuf, cause: std::io::Error },
 
-    #[error("{path}: invalid JSON: {source}")]
-    Json {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error("{path}: invalid JSON: {cause}")]
+    Json { path: PathBuf, cause: serde_json::Error },
 
-    #[error("model config: missing required field `{0}`")]
+    #[error("missing required field `{0}`")]
     MissingConfigField(String),
 
+    /// A model config that is not a model the engine can build.
     #[error("model config: {0}")]
     BadConfig(String),
+
+    /// A training or generation setting out of its range, named as in run.toml.
+    #[error("setting `{field}`: {reason}")]
+    Setting { field: String, reason: String },
+
+    /// Weights that do not fit the model their config describes: every problem found,
+    /// and the config the expected shapes come from.
+    #[error("{}", weights_message(path, config.as_deref(), problems))]
+    Weights {
+        path: PathBuf,
+        config: Option<PathBuf>,
+        problems: Vec<String>,
+    },
 
     #[error("weights: missing tensor `{key}` (expected shape {expected:?})")]
     MissingTensor { key: String, expected: Vec<usize> },
@@ -87,19 +95,38 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
-    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(path: impl Into<PathBuf>, cause: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
-            source,
+            cause,
         }
     }
+
+    pub fn setting(field: &str, reason: impl Into<String>) -> Self {
+        Error::Setting {
+            field: field.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// At most this many of a weights file's problems are spelled out.
+const SHOWN_PROBLEMS: usize = 8;
+
+fn weights_message(path: &Path, config: Option<&Path>, problems: &[String]) -> String {
+    let against = config.map(|c| format!(" (shapes as {} gives them)", c.display())).unwrap_or_default();
+    let mut shown = problems.iter().take(SHOWN_PROBLEMS).cloned().collect::<Vec<_>>().join("; ");
+    if problems.len() > SHOWN_PROBLEMS {
+        shown.push_str(&format!("; and {} more", problems.len() - SHOWN_PROBLEMS));
+    }
+    format!("{}: {shown}{against}", path.display())
 }
 
 /// Reads and parses a JSON file; errors name the file.
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text).map_err(|source| Error::Json {
+    serde_json::from_str(&text).map_err(|cause| Error::Json {
         path: path.to_path_buf(),
-        source,
+        cause,
     })
 }

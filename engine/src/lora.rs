@@ -14,6 +14,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::model::lora_linear::lora_linear;
+use crate::model::tensors::save_tensors;
 use crate::model::DitModel;
 use crate::{Error, Result};
 
@@ -196,8 +197,7 @@ impl LoraAdapter {
             .map(|(k, t)| (format!("{PEFT_PREFIX}{k}"), t))
             .collect();
         let weights_path = dir.join("adapter_model.safetensors");
-        candle_core::safetensors::save(&tensors, &weights_path)?;
-        Ok(())
+        save_tensors(&tensors, &weights_path)
     }
 
     fn peft_config_json(&self) -> serde_json::Value {
@@ -269,25 +269,34 @@ impl LoraAdapter {
     }
 
     fn matched_modules(config: &LoraConfig, model: &DitModel) -> Result<BTreeMap<String, (usize, usize)>> {
-        if config.r == 0 {
-            return Err(Error::BadConfig("LoRA rank r must be at least 1".into()));
-        }
-        if !(0.0..1.0).contains(&config.dropout) {
-            return Err(Error::BadConfig(format!("LoRA dropout {} must be in [0, 1)", config.dropout)));
-        }
+        validate_config(config)?;
         let matched: BTreeMap<_, _> = model
             .adaptable_linears()
             .into_iter()
             .filter(|(name, _)| config.targets(name))
             .collect();
         if matched.is_empty() {
-            return Err(Error::BadConfig(format!(
-                "LoRA target_modules {:?} match no module of the DiT's layers",
-                config.target_modules
-            )));
+            return Err(Error::setting(
+                "lora.target_modules",
+                format!("{:?} match no module of the DiT's layers", config.target_modules),
+            ));
         }
         Ok(matched)
     }
+}
+
+/// The LoRA settings' ranges, named as in run.toml.
+pub fn validate_config(config: &LoraConfig) -> Result<()> {
+    if config.r == 0 {
+        return Err(Error::setting("lora.r", "the rank must be at least 1"));
+    }
+    if !(config.alpha.is_finite() && config.alpha > 0.0) {
+        return Err(Error::setting("lora.alpha", format!("{} must be a positive number", config.alpha)));
+    }
+    if !(0.0..1.0).contains(&config.dropout) {
+        return Err(Error::setting("lora.dropout", format!("{} must be in [0, 1)", config.dropout)));
+    }
+    Ok(())
 }
 
 fn peft_config_from_file(path: &Path) -> Result<LoraConfig> {

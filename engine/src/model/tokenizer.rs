@@ -41,9 +41,9 @@ impl PaddedTokenizer {
         let bad = |path: &Path, reason: String| Error::BadFile { path: path.to_path_buf(), reason };
         let mut tok = Tokenizer::from_file(&json).map_err(|e| bad(&json, format!("cannot load tokenizer: {e}")))?;
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
-        let config: Value = serde_json::from_str(&text).map_err(|source| Error::Json {
+        let config: Value = serde_json::from_str(&text).map_err(|cause| Error::Json {
             path: cfg_path.clone(),
-            source,
+            cause,
         })?;
         let pad_token = match config.get("pad_token") {
             Some(Value::String(s)) => s.clone(),

@@ -118,27 +118,26 @@ impl RunConfig {
         toml::to_string_pretty(self).expect("RunConfig serialises to TOML")
     }
 
-    /// Settings that make no sense, before anything is loaded.
+    /// Settings that make no sense, before anything is loaded; the error names the
+    /// field as run.toml spells it.
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::BadConfig(m));
         if self.name.is_empty() || self.name.contains(['/', '\\']) || self.name.starts_with('.') {
-            return bad(format!("run name `{}` must be a plain, non-empty folder name", self.name));
+            return Err(Error::setting("name", format!("`{}` must be a plain, non-empty folder name", self.name)));
         }
-        if self.batch_size == 0 || self.grad_accum == 0 {
-            return bad("batch_size and grad_accum must be at least 1".into());
+        for (field, value) in [("batch_size", self.batch_size), ("grad_accum", self.grad_accum), ("keep_checkpoints", self.keep_checkpoints)] {
+            if value == 0 {
+                return Err(Error::setting(field, "must be at least 1"));
+            }
         }
         if self.epochs == 0 {
-            return bad("epochs must be at least 1".into());
+            return Err(Error::setting("epochs", "must be at least 1"));
         }
-        if !(self.lr.is_finite() && self.lr > 0.0) {
-            return bad(format!("learning rate {} must be positive", self.lr));
+        for (field, value) in [("lr", self.lr), ("max_grad_norm", self.max_grad_norm)] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(Error::setting(field, format!("{value} must be a positive number")));
+            }
         }
-        if !(self.max_grad_norm > 0.0) {
-            return bad(format!("max_grad_norm {} must be positive", self.max_grad_norm));
-        }
-        if self.keep_checkpoints == 0 {
-            return bad("keep_checkpoints must be at least 1".into());
-        }
+        crate::lora::validate_config(&self.lora)?;
         self.data.validate()
     }
 
