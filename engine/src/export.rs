@@ -8,6 +8,7 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::lora::LoraAdapter;
+use crate::model::tensors::save_tensors;
 use crate::model::{DecoderWeights, DitModel};
 use crate::train::{state, RunConfig};
 use crate::{Error, Result};
@@ -94,8 +95,5 @@ fn save(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
     }
-    candle_core::safetensors::save(tensors, path).map_err(|e| Error::BadFile {
-        path: path.to_path_buf(),
-        reason: format!("cannot write: {e}"),
-    })
+    save_tensors(tensors, path)
 }

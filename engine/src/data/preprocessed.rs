@@ -9,6 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::TrainingSample;
+use crate::model::tensors::save_tensors;
 use crate::model::torch_pt::read_pt;
 use crate::{Error, Result};
 
@@ -91,7 +92,7 @@ pub fn write_preprocessed(dir: &Path, samples: &[TrainingSample], manifest: &Man
         .collect::<Result<_>>()?;
         let path = dir.join(&file);
         let tmp = dir.join(format!(".{file}.tmp"));
-        candle_core::safetensors::save(&tensors, &tmp)?;
+        save_tensors(&tensors, &tmp)?;
         std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
         manifest.samples.push(ManifestEntry {
             file,

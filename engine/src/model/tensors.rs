@@ -1,7 +1,13 @@
 //! Named tensors from memory-mapped safetensors files, for the inference-only parts
 //! of the real model (VAE encoder, Qwen3, condition encoder). Every lookup checks the
 //! shape and names the file and key at fault; tensors come back as f32.
+//!
+//! A file opened for checking reads headers only: each lookup records what is missing
+//! or mis-shaped and hands back a stand-in without storage, so a module's own loader
+//! lists every problem of its file at no memory cost.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::safetensors::MmapedSafetensors;
@@ -13,6 +19,14 @@ pub struct TensorFile {
     st: MmapedSafetensors,
     path: PathBuf,
     device: Device,
+    /// `Some` when opened for checking: the lookups made and the problems found.
+    check: Option<RefCell<ShapeCheck>>,
+}
+
+#[derive(Default)]
+struct ShapeCheck {
+    lookups: usize,
+    problems: Vec<String>,
 }
 
 impl TensorFile {
@@ -32,6 +46,23 @@ impl TensorFile {
             st,
             path: path.to_path_buf(),
             device: device.clone(),
+            check: None,
+        })
+    }
+
+    /// Opens `path` for checking only (see the module doc): lookups never fail on a
+    /// missing or mis-shaped tensor and load nothing; `checked` tells what they found.
+    pub fn open_for_check(path: &Path) -> Result<Self> {
+        let mut file = Self::open(path, &Device::Cpu)?;
+        file.check = Some(RefCell::default());
+        Ok(file)
+    }
+
+    /// For a file opened for checking: the tensors looked up, and every problem found.
+    pub fn checked(&self) -> (usize, Vec<String>) {
+        self.check.as_ref().map_or((0, Vec::new()), |c| {
+            let c = c.borrow();
+            (c.lookups, c.problems.clone())
         })
     }
 
@@ -61,6 +92,19 @@ impl TensorFile {
 
     /// The first of `keys` present, as f32, checked against `shape`.
     pub fn get_any(&self, keys: &[&str], shape: &[usize]) -> Result<Tensor> {
+        if let Some(check) = &self.check {
+            let mut check = check.borrow_mut();
+            check.lookups += 1;
+            match keys.iter().find_map(|k| Some((k, self.shape(k)?))) {
+                None => check.problems.push(format!("missing tensor `{}` (expected shape {shape:?})", keys[0])),
+                Some((key, found)) if found != shape => {
+                    check.problems.push(format!("tensor `{key}` has shape {found:?}, expected {shape:?}"))
+                }
+                Some(_) => {}
+            }
+            // A stand-in of the right shape over a single element.
+            return Ok(Tensor::zeros((), DType::F32, &Device::Cpu)?.broadcast_as(shape)?);
+        }
         let key = keys
             .iter()
             .find(|k| self.contains(k))
@@ -85,6 +129,20 @@ impl TensorFile {
     }
 }
 
+/// Writes `tensors` as a safetensors file; a failure (a full disk) names the file
+/// with the system's cause.
+pub fn save_tensors(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
+    candle_core::safetensors::save(tensors, path).map_err(|e| match e {
+        candle_core::Error::SafeTensor(safetensors::SafeTensorError::IoError(cause)) | candle_core::Error::Io(cause) => {
+            Error::io(path, cause)
+        }
+        e => Error::BadFile {
+            path: path.to_path_buf(),
+            reason: format!("cannot write: {e}"),
+        },
+    })
+}
+
 /// Whether `keys` use diffusers' attention names (`to_q`, `norm_q`, `to_out.0`).
 pub fn uses_diffusers_names(keys: &[String]) -> bool {
     keys.iter()
@@ -99,4 +157,34 @@ pub fn diffusers_name(key: &str) -> String {
         .replace(".o_proj.", ".to_out.0.")
         .replace(".q_norm.", ".norm_q.")
         .replace(".k_norm.", ".norm_k.")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_write_is_named_with_its_cause_once() {
+        let t = HashMap::from([("x".to_string(), Tensor::zeros(1024, DType::F32, &Device::Cpu).unwrap())]);
+        // A folder that does not exist fails the write as a full disk does: an OS error.
+        // (The real full disk, a small tmpfs, is the CLI's test.)
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gone/x.safetensors");
+        let err = save_tensors(&t, &path).unwrap_err();
+        let text = anyhow_like(&err);
+        println!("{text}");
+        assert!(text.starts_with(&format!("{}: ", path.display())), "{text}");
+        assert_eq!(text.matches("os error").count(), 1, "{text}");
+    }
+
+    /// The error and its sources, joined as `anyhow`'s `{:#}` prints them.
+    fn anyhow_like(e: &(dyn std::error::Error + 'static)) -> String {
+        let mut parts = vec![e.to_string()];
+        let mut source = e.source();
+        while let Some(s) = source {
+            parts.push(s.to_string());
+            source = s.source();
+        }
+        parts.join(": ")
+    }
 }

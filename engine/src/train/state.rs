@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::loss_scale::{LossScaler, SkipCounter};
 use crate::lora::LoraAdapter;
+use crate::model::tensors::save_tensors;
 use crate::{Error, Result};
 
 pub const ENGINE_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -86,10 +87,7 @@ pub fn save_checkpoint(
         adapter.save_peft(&tmp.join("adapter"))?;
         let tensors: HashMap<String, candle_core::Tensor> = optimizer_tensors.into_iter().collect();
         let path = tmp.join(STATE_TENSORS);
-        candle_core::safetensors::save(&tensors, &path).map_err(|e| Error::BadFile {
-            path: path.clone(),
-            reason: format!("cannot write: {e}"),
-        })?;
+        save_tensors(&tensors, &path)?;
         let json = serde_json::to_vec_pretty(state).expect("state serialises");
         let path = tmp.join(STATE_JSON);
         std::fs::write(&path, json).map_err(|e| Error::io(&path, e))
