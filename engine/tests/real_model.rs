@@ -290,3 +290,88 @@ fn reads_acestep_preprocessed_pt() {
     assert_eq!(max_diff(&s.encoder_attention_mask, &e["encoder_attention_mask"]), 0.0);
     assert_eq!(s.attention_mask.sum_all().unwrap().to_scalar::<f32>().unwrap(), 50.0);
 }
+
+/// A copy of the tiny model folder the test may break.
+fn model_copy(dir: &Path) -> PathBuf {
+    let root = dir.join("model");
+    for sub in ["acestep-v15-turbo", "vae", "Qwen3-Embedding-0.6B"] {
+        std::fs::create_dir_all(root.join(sub)).unwrap();
+        for f in std::fs::read_dir(model_dir().join(sub)).unwrap().flatten() {
+            std::fs::copy(f.path(), root.join(sub).join(f.file_name())).unwrap();
+        }
+    }
+    root
+}
+
+#[test]
+fn weight_check_reads_headers_and_names_every_misfit_with_its_config() {
+    let folder = ModelFolder::open(&model_dir(), None).unwrap();
+    let checked = folder.check_weights().unwrap();
+    println!("tiny model folder: {checked} tensors checked");
+    let dit = ostinato_engine::model::weights::expected_shapes(&folder.dit).len();
+    assert!(checked > dit, "the encoders' tensors are checked too: {checked} vs the DiT's {dit}");
+
+    // A config whose MLP width disagrees with the weights: every MLP tensor of both
+    // layers is named, with config.json, and training's load names config.json too.
+    let tmp = tempfile::tempdir().unwrap();
+    let root = model_copy(tmp.path());
+    let cfg_path = root.join("acestep-v15-turbo/config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["intermediate_size"] = 48.into();
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let folder = ModelFolder::open(&root, None).unwrap();
+    let err = folder.check_weights().unwrap_err().to_string();
+    println!("{err}");
+    for layer in 0..2 {
+        for proj in ["gate_proj", "up_proj", "down_proj"] {
+            assert!(err.contains(&format!("decoder.layers.{layer}.mlp.{proj}.weight")), "{proj} of layer {layer}: {err}");
+        }
+    }
+    assert!(err.contains("model.safetensors") && err.contains(&cfg_path.display().to_string()), "{err}");
+    let load = folder.load_decoder(DType::F32, &Device::Cpu).err().expect("shapes differ").to_string();
+    assert!(load.contains(&cfg_path.display().to_string()) && load.contains("up_proj"), "{load}");
+
+    // A mis-shaped tensor in the VAE and a missing one in Qwen3 are named by file.
+    let tmp = tempfile::tempdir().unwrap();
+    let root = model_copy(tmp.path());
+    let edit = |path: PathBuf, f: &dyn Fn(&mut HashMap<String, Tensor>)| {
+        let mut t = candle_core::safetensors::load(&path, &Device::Cpu).unwrap();
+        f(&mut t);
+        candle_core::safetensors::save(&t, &path).unwrap();
+    };
+    edit(root.join("vae/diffusion_pytorch_model.safetensors"), &|t| {
+        t.insert("encoder.conv1.bias".into(), Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap());
+    });
+    edit(root.join("Qwen3-Embedding-0.6B/model.safetensors"), &|t| {
+        let key = t.keys().find(|k| k.ends_with("layers.1.mlp.up_proj.weight")).unwrap().clone();
+        t.remove(&key);
+    });
+    let err = ModelFolder::open(&root, None).unwrap().check_weights().unwrap_err().to_string();
+    println!("{err}");
+    assert!(err.contains("diffusion_pytorch_model.safetensors: tensor `encoder.conv1.bias` has shape [3]"), "{err}");
+    assert!(err.contains("Qwen3-Embedding-0.6B/model.safetensors: missing tensor") && err.contains("layers.1.mlp.up_proj.weight"), "{err}");
+}
+
+#[test]
+fn a_truncated_weights_file_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = model_copy(tmp.path());
+    let weights = root.join("acestep-v15-turbo/model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..bytes.len() - 1000]).unwrap();
+    let err = ModelFolder::open(&root, None).err().expect("truncated").to_string();
+    println!("{err}");
+    assert!(err.contains(&weights.display().to_string()), "{err}");
+}
+
+#[test]
+fn a_component_folder_or_a_file_is_no_model_and_says_so() {
+    let vae = ModelFolder::open(&model_dir().join("vae"), None).err().unwrap().to_string();
+    assert!(vae.contains("vae/ part"), "{vae}");
+    let file = model_dir().join("vae/config.json");
+    let err = ModelFolder::open(&file, None).err().unwrap().to_string();
+    assert!(err.contains("is a file, not a model folder"), "{err}");
+    // A VAE config read as the DiT's names the file and what it is.
+    let err = ostinato_engine::model::DitConfig::from_file(&file).unwrap_err().to_string();
+    assert!(err.contains(&file.display().to_string()) && err.contains("AutoencoderOobleck"), "{err}");
+}

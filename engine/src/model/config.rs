@@ -65,10 +65,19 @@ fn required<T>(value: Option<T>, name: &str) -> Result<T> {
 }
 
 impl DitConfig {
-    /// Reads ACE-Step's `config.json`, or a fixture json whose `config` object holds it.
+    /// Reads ACE-Step's `config.json`, or a fixture json whose `config` object holds it;
+    /// an error names the file (and what it holds instead, when it is another model's).
     pub fn from_file(path: &Path) -> Result<Self> {
         let value: Value = crate::error::read_json(path)?;
-        Self::from_value(&value)
+        Self::from_value(&value).map_err(|e| {
+            let other = ["_class_name", "model_type"]
+                .iter()
+                .find_map(|k| value.get(k).and_then(Value::as_str))
+                .filter(|name| !name.to_lowercase().replace('_', "").contains("acestep"))
+                .map(|name| format!(" (this is a `{name}` config, not an ACE-Step DiT's)"))
+                .unwrap_or_default();
+            Error::BadFile { path: path.to_path_buf(), reason: format!("{e}{other}") }
+        })
     }
 
     /// Accepts the config object itself or a document with it under `config`.

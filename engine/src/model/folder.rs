@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
 
 use super::condition_encoder::{ConditionEncoder, ConditionEncoderConfig};
@@ -21,7 +21,8 @@ use super::qwen3::{Qwen3Config, Qwen3Encoder};
 use super::tensors::TensorFile;
 use super::tokenizer::PaddedTokenizer;
 use super::torch_pt::read_pt;
-use super::vae::{file_identity, VaeConfig, VaeLatentEncoder};
+use super::vae::{file_identity, OobleckEncoder, VaeConfig, VaeLatentEncoder, VAE_WEIGHTS};
+use super::weights::{expected_shapes, match_header, DecoderWeights};
 use super::DitConfig;
 use crate::data::condition::{context_latents, text_prompt, Conditioner, Conditioning};
 use crate::data::{SongMeta, INSTRUMENTAL};
@@ -188,7 +189,7 @@ impl ModelFolder {
     pub fn open(path: &Path, dit: Option<&str>) -> Result<Self> {
         let fail = |problems: Vec<String>| Error::ModelFolder { path: path.to_path_buf(), problems };
         let (root, given_dit) = resolve_root(path)
-            .ok_or_else(|| fail(vec!["no ACE-Step model here (expected acestep-v15-*/, vae/, Qwen3-Embedding-0.6B/)".into()]))?;
+            .ok_or_else(|| fail(vec![not_a_model_reason(path)]))?;
         let dit_dir = match (dit, given_dit) {
             (Some(name), _) => root.join(name),
             (None, Some(d)) => d,
@@ -239,7 +240,7 @@ impl ModelFolder {
         // VAE.
         let vae_cfg = VaeConfig::from_file(&vae_dir.join("config.json")).map_err(|e| problems.push(e.to_string())).ok();
         check_safetensors(
-            &vae_dir.join("diffusion_pytorch_model.safetensors"),
+            &vae_dir.join(VAE_WEIGHTS),
             &["encoder.conv1.bias"],
             &mut problems,
         );
@@ -300,6 +301,56 @@ impl ModelFolder {
         self.dit_dir.join("model.safetensors")
     }
 
+    pub fn dit_config_path(&self) -> PathBuf {
+        self.dit_dir.join("config.json")
+    }
+
+    /// The DiT's weights in `dtype`; a tensor that does not fit names config.json too.
+    pub fn load_decoder(&self, dtype: DType, device: &Device) -> Result<DecoderWeights> {
+        DecoderWeights::load(&[&self.dit_weights()], &self.dit, dtype, device).map_err(|e| match e {
+            Error::Weights { path, problems, .. } => Error::Weights {
+                path,
+                config: Some(self.dit_config_path()),
+                problems,
+            },
+            e => e,
+        })
+    }
+
+    /// Reads every weight file's header and checks each tensor the DiT, the condition
+    /// encoder, the VAE encoder and Qwen3 use against their config.json, loading none:
+    /// the number of tensors checked, or every problem found, by file.
+    pub fn check_weights(&self) -> Result<usize> {
+        let mut checked = 0;
+        let mut problems = Vec::new();
+        let mut report = |path: &Path, config: &Path, found: Vec<String>| {
+            problems.extend(found.into_iter().map(|p| format!("{}: {p} (per {})", path.display(), config.display())));
+        };
+        // DiT: the header against the shapes its config implies.
+        let dit = TensorFile::open_for_check(&self.dit_weights())?;
+        let header: Vec<(String, Vec<usize>)> =
+            dit.keys().into_iter().filter_map(|k| Some((k.clone(), dit.shape(&k)?))).collect();
+        report(&self.dit_weights(), &self.dit_config_path(), match_header(&header, &self.dit).1);
+        checked += expected_shapes(&self.dit).len();
+        // The other modules: their own loaders over header-only files.
+        ConditionEncoder::load(&self.encoder, &dit, "encoder")?;
+        let vae = TensorFile::open_for_check(&self.vae_dir().join(VAE_WEIGHTS))?;
+        OobleckEncoder::load(&self.vae, &vae)?;
+        let text = TensorFile::open_for_check(&self.text_dir().join("model.safetensors"))?;
+        Qwen3Encoder::load(&self.text, &text)?;
+        let configs = [self.dit_config_path(), self.vae_dir().join("config.json"), self.text_dir().join("config.json")];
+        for (file, config) in [(&dit, &configs[0]), (&vae, &configs[1]), (&text, &configs[2])] {
+            let (lookups, found) = file.checked();
+            checked += lookups;
+            report(file.path(), config, found);
+        }
+        if problems.is_empty() {
+            Ok(checked)
+        } else {
+            Err(Error::ModelFolder { path: self.root.clone(), problems })
+        }
+    }
+
     pub fn vae_dir(&self) -> PathBuf {
         self.root.join(VAE_DIR)
     }
@@ -323,6 +374,21 @@ impl ModelFolder {
 
     pub fn conditioner(&self, device: &Device) -> Result<RealConditioner> {
         RealConditioner::load(self, device)
+    }
+}
+
+/// Why `path` is no model folder, pointing at what a user most likely meant.
+fn not_a_model_reason(path: &Path) -> String {
+    let expected = "expected acestep-v15-*/config.json, vae/ and Qwen3-Embedding-0.6B/";
+    if !path.exists() {
+        return "does not exist".into();
+    }
+    if path.is_file() {
+        return format!("is a file, not a model folder ({expected})");
+    }
+    match path.file_name().and_then(|n| n.to_str()) {
+        Some(part @ (VAE_DIR | TEXT_DIR)) => format!("is the model's {part}/ part: give the folder that holds it ({expected})"),
+        _ => format!("no ACE-Step model here ({expected})"),
     }
 }
 

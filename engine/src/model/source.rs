@@ -44,7 +44,7 @@ impl ModelSource {
             ModelSource::Demo => Ok((demo::demo_config(), demo::demo_weights(dtype, device)?)),
             ModelSource::Folder { path } => {
                 let folder = ModelFolder::open(path, None)?;
-                let weights = DecoderWeights::load(&[&folder.dit_weights()], &folder.dit, dtype, device)?;
+                let weights = folder.load_decoder(dtype, device)?;
                 Ok((folder.dit, weights))
             }
         }

@@ -333,6 +333,9 @@ pub struct VaeLatentEncoder {
     weights_id: String,
 }
 
+/// The VAE's weights file in its folder (diffusers' name).
+pub const VAE_WEIGHTS: &str = "diffusion_pytorch_model.safetensors";
+
 /// 30 s of latent frames at 25 Hz.
 pub const DEFAULT_CHUNK_FRAMES: usize = 750;
 
@@ -340,7 +343,7 @@ impl VaeLatentEncoder {
     /// Loads `dir/config.json` and `dir/diffusion_pytorch_model.safetensors`.
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
         let cfg_path = dir.join("config.json");
-        let weights = dir.join("diffusion_pytorch_model.safetensors");
+        let weights = dir.join(VAE_WEIGHTS);
         let cfg = VaeConfig::from_file(&cfg_path)?;
         let f = TensorFile::open(&weights, device)?;
         let encoder = OobleckEncoder::load(&cfg, &f)?;

@@ -64,6 +64,47 @@ pub fn expected_shapes(cfg: &DitConfig) -> BTreeMap<String, Vec<usize>> {
     s
 }
 
+/// Matches a weights file's header (key, shape) to the DiT `cfg` describes: original
+/// name -> the key in the file, and every tensor missing, mis-shaped or unexpected.
+/// When any key carries the `decoder.` prefix (ACE-Step's full `model.safetensors`,
+/// which also holds the condition encoder and tokenizer parts), only those keys are
+/// the DiT's; otherwise every key must be one.
+pub fn match_header(header: &[(String, Vec<usize>)], cfg: &DitConfig) -> (HashMap<String, String>, Vec<String>) {
+    let prefixed = header.iter().any(|(k, _)| k.starts_with("decoder."));
+    let own: Vec<(&str, &str, &[usize])> = header
+        .iter()
+        .filter_map(|(k, shape)| {
+            let own = if prefixed { k.strip_prefix("decoder.")? } else { k.as_str() };
+            Some((k.as_str(), own, shape.as_slice()))
+        })
+        .collect();
+    let diffusers = is_diffusers_naming(&own.iter().map(|(_, o, _)| *o).collect::<Vec<_>>());
+    let expected = expected_shapes(cfg);
+    let (mut names, mut problems, mut unexpected) = (HashMap::new(), Vec::new(), Vec::new());
+    for (file_key, own_key, shape) in own {
+        let name = if diffusers { from_diffusers_name(own_key) } else { own_key.to_string() };
+        match expected.get(&name) {
+            None => unexpected.push(file_key.to_string()),
+            Some(want) if want.as_slice() != shape => {
+                problems.push(format!("tensor `{file_key}` has shape {shape:?}, expected {want:?}"))
+            }
+            Some(_) => {}
+        }
+        names.insert(name, file_key.to_string());
+    }
+    let prefix = if prefixed { "decoder." } else { "" };
+    for (name, shape) in &expected {
+        if !names.contains_key(name) {
+            problems.push(format!("missing tensor `{prefix}{name}` (expected shape {shape:?})"));
+        }
+    }
+    if !unexpected.is_empty() {
+        unexpected.sort();
+        problems.push(format!("tensors not used by the DiT: {}", unexpected.join(", ")));
+    }
+    (names, problems)
+}
+
 /// diffusers' `AceStepTransformer1DModel` names -> the original checkpoint's.
 fn from_diffusers_name(key: &str) -> String {
     let key = if let Some(rest) = key.strip_prefix("proj_in_conv.") {
@@ -87,11 +128,8 @@ fn is_diffusers_naming(keys: &[&str]) -> bool {
 }
 
 impl DecoderWeights {
-    /// Loads the decoder from one or more safetensors files, memory-mapped.
-    ///
-    /// When any key carries the `decoder.` prefix (ACE-Step's full `model.safetensors`,
-    /// which also holds the condition encoder and tokenizer parts), only those keys are
-    /// the DiT's; otherwise every key must be one. Tensors are converted to `dtype`.
+    /// Loads the decoder from one or more safetensors files, memory-mapped, after
+    /// checking every tensor (`match_header`); tensors are converted to `dtype`.
     pub fn load(paths: &[&Path], cfg: &DitConfig, dtype: DType, device: &Device) -> Result<Self> {
         for p in paths {
             if !p.is_file() {
@@ -107,48 +145,20 @@ impl DecoderWeights {
             path: paths.first().map(|p| p.to_path_buf()).unwrap_or_default(),
             reason: format!("cannot read safetensors: {e}"),
         })?;
-        let views = st.tensors();
-        let all: Vec<&str> = views.iter().map(|(k, _)| k.as_str()).collect();
-        let prefixed = all.iter().any(|k| k.starts_with("decoder."));
-        let own: Vec<&str> = if prefixed {
-            all.iter().filter_map(|k| k.strip_prefix("decoder.")).collect()
-        } else {
-            all.clone()
-        };
-        let diffusers = is_diffusers_naming(&own);
-        let mut found: HashMap<String, (String, Vec<usize>)> = HashMap::new();
-        for (file_key, view) in &views {
-            let Some(own_key) = (if prefixed { file_key.strip_prefix("decoder.") } else { Some(file_key.as_str()) }) else {
-                continue;
-            };
-            let name = if diffusers { from_diffusers_name(own_key) } else { own_key.to_string() };
-            found.insert(name, (file_key.clone(), view.shape().to_vec()));
+        let header: Vec<(String, Vec<usize>)> =
+            st.tensors().into_iter().map(|(k, v)| (k, v.shape().to_vec())).collect();
+        let (names, problems) = match_header(&header, cfg);
+        if !problems.is_empty() {
+            return Err(Error::Weights {
+                path: paths.first().map(|p| p.to_path_buf()).unwrap_or_default(),
+                config: None,
+                problems,
+            });
         }
-
         let expected = expected_shapes(cfg);
-        let unexpected: Vec<String> = found
-            .iter()
-            .filter(|(name, _)| !expected.contains_key(*name))
-            .map(|(_, (file_key, _))| file_key.clone())
-            .collect();
-        if !unexpected.is_empty() {
-            let mut unexpected = unexpected;
-            unexpected.sort();
-            return Err(Error::UnexpectedTensors(unexpected));
-        }
         let mut tensors = HashMap::with_capacity(expected.len());
-        for (name, shape) in &expected {
-            let (file_key, found_shape) = found.get(name).ok_or_else(|| Error::MissingTensor {
-                key: name.clone(),
-                expected: shape.clone(),
-            })?;
-            if found_shape != shape {
-                return Err(Error::ShapeMismatch {
-                    key: file_key.clone(),
-                    expected: shape.clone(),
-                    found: found_shape.clone(),
-                });
-            }
+        for name in expected.keys() {
+            let file_key = &names[name];
             let t = st.load(file_key, device)?.to_dtype(dtype)?;
             // The tensor now owns a copy: drop the mapped pages it was read from, so the
             // peak stays near one copy of the file rather than two.
