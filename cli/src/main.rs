@@ -12,6 +12,7 @@ use ostinato_engine::bench::Preset;
 use ostinato_engine::device::Precision;
 use ostinato_engine::export::ExportFormat;
 use ostinato_engine::runtime;
+use progress::Mode;
 
 #[derive(Parser)]
 #[command(name = "ostinato", version, about = "Train LoRA adapters for ACE-Step 1.5 from a folder of songs")]
@@ -23,6 +24,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Train a new adapter on a folder of audio.
+    // Negative numbers are values (`--lr -1`), for the engine to judge.
+    #[command(allow_negative_numbers = true)]
     Train(TrainArgs),
     /// Continue a paused, stopped or interrupted run.
     Resume {
@@ -30,6 +33,9 @@ enum Command {
         /// Print engine events as JSON lines instead of a progress bar.
         #[arg(long)]
         json: bool,
+        /// Print only the result (no progress bar or log lines).
+        #[arg(long, conflicts_with = "json")]
+        quiet: bool,
         /// Stop (resumably) once this many optimizer steps are applied.
         #[arg(long)]
         stop_at_step: Option<u64>,
@@ -105,8 +111,12 @@ pub struct TrainArgs {
     /// Run name (default: the date and time).
     #[arg(long)]
     pub name: Option<String>,
+    /// Print engine events as JSON lines instead of a progress bar.
     #[arg(long)]
     pub json: bool,
+    /// Print only the result (no progress bar or log lines).
+    #[arg(long, conflicts_with = "json")]
+    pub quiet: bool,
     #[arg(long, overrides_with = "no_gradient_checkpointing")]
     pub gradient_checkpointing: bool,
     #[arg(long)]
@@ -174,7 +184,9 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Train(args) => train::train(args),
-        Command::Resume { run_dir, json, stop_at_step } => train::resume(&run_dir, json, stop_at_step),
+        Command::Resume { run_dir, json, quiet, stop_at_step } => {
+            train::resume(&run_dir, Mode::choose(json, quiet), stop_at_step)
+        }
         Command::Runs { runs_dir, json } => report::runs(runs_dir, json).map(|_| 0),
         Command::Export { run_dir, format, to } => report::export(&run_dir, format, &to).map(|_| 0),
         Command::Bench { preset, gradient_checkpointing, layers, warmup, steps, cpu, json } => {

@@ -1,68 +1,111 @@
-//! What the terminal shows of a run: a progress bar and a closing summary, or the
-//! engine's events as JSON lines (stdout, nothing else there).
+//! What the terminal shows of a run: a progress bar with notes above it on a terminal,
+//! plain timestamped lines where stderr is a log file or a service's journal, only the
+//! result with `--quiet`, or the engine's events as JSON lines (stdout, nothing else).
 
-use std::path::PathBuf;
-use std::time::Duration;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use ostinato_engine::events::{to_json_line, Event};
 use ostinato_engine::metrics::LossSmoother;
 
+/// In `Lines` mode a step gets a line at most this often (epochs, checkpoints and
+/// everything else always get theirs).
+const STEP_LINE_EVERY: Duration = Duration::from_secs(10);
+
+/// How a run's progress is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Every event as a JSON line on stdout.
+    Json,
+    /// A live bar on stderr, notes above it.
+    Bar,
+    /// Plain timestamped lines on stderr.
+    Lines,
+    /// Only the result.
+    Quiet,
+}
+
+impl Mode {
+    /// `--json` and `--quiet` as asked; otherwise a bar where stderr is a terminal and
+    /// lines where it is not (a bar there would print nothing at all).
+    pub fn choose(json: bool, quiet: bool) -> Self {
+        if json {
+            Mode::Json
+        } else if quiet {
+            Mode::Quiet
+        } else if std::io::stderr().is_terminal() {
+            Mode::Bar
+        } else {
+            Mode::Lines
+        }
+    }
+}
+
 pub struct Progress {
-    json: bool,
+    mode: Mode,
     bar: ProgressBar,
     smoother: LossSmoother,
     adapter: Option<PathBuf>,
     steps: u64,
+    total_steps: Option<u64>,
     elapsed_s: f64,
     final_loss: Option<f64>,
+    last_step_line: Option<Instant>,
 }
 
 fn mib(bytes: u64) -> String {
     format!("{:.0} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
+fn file_name(path: &Path) -> String {
+    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
 impl Progress {
-    pub fn new(json: bool) -> Self {
-        let bar = if json { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
+    pub fn new(mode: Mode) -> Self {
+        let bar = if mode == Mode::Bar { ProgressBar::new_spinner() } else { ProgressBar::hidden() };
         bar.enable_steady_tick(Duration::from_millis(200));
         Self {
-            json,
+            mode,
             bar,
             smoother: LossSmoother::new(0.9),
             adapter: None,
             steps: 0,
+            total_steps: None,
             elapsed_s: 0.0,
             final_loss: None,
+            last_step_line: None,
         }
     }
 
     pub fn show(&mut self, event: &Event) {
-        if self.json {
+        if self.mode == Mode::Json {
             println!("{}", to_json_line(event));
+            return;
         }
+        self.track(event);
+        if let Some(line) = note(event) {
+            self.note(line);
+        }
+        if self.mode == Mode::Lines {
+            if let Some(line) = self.log_line(event) {
+                self.note(line);
+            }
+        }
+    }
+
+    /// Keeps the bar and the closing summary up to date.
+    fn track(&mut self, event: &Event) {
         match event {
-            Event::DatasetProgress { done, total, file } => self.bar.set_message(format!(
-                "preparing dataset {done}/{total}: {}",
-                file.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
-            )),
-            Event::DatasetIssue { file, reason } => self.note(format!("skipped {}: {reason}", file.display())),
-            Event::RunStarted { device, precision, memory, dataset, total_steps, trainable_params, .. } => {
-                self.note(format!(
-                    "training on {device}, {precision}; {} songs ({:.0} s, {} cached, {} encoded, {} skipped); \
-                     {trainable_params} trainable parameters; gradient checkpointing {}, latent cache {}",
-                    dataset.usable,
-                    dataset.total_seconds,
-                    dataset.cache_hits,
-                    dataset.cache_misses,
-                    dataset.skipped,
-                    on_off(memory.gradient_checkpointing),
-                    on_off(memory.latent_cache),
-                ));
+            Event::DatasetProgress { done, total, file } => {
+                self.bar.set_message(format!("preparing dataset {done}/{total}: {}", file_name(file)))
+            }
+            Event::RunStarted { total_steps, .. } => {
+                self.total_steps = Some(*total_steps);
                 self.bar.set_length(*total_steps);
-                self.bar.set_style(
-                    ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"),
-                );
+                self.bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"));
             }
             Event::Step { step, epoch, loss, samples_per_sec, memory_now_bytes, elapsed_s, eta_s, .. } => {
                 let smooth = self.smoother.push(*loss);
@@ -77,11 +120,6 @@ impl Progress {
                     mib(*memory_now_bytes)
                 ));
             }
-            Event::StepSkipped { step, reason, consecutive, .. } => {
-                self.note(format!("step {step} skipped: {reason} ({consecutive} in a row)"))
-            }
-            Event::Warning { message } => self.note(format!("warning: {message}")),
-            Event::Paused { step } => self.note(format!("paused at step {step}")),
             Event::Stopped { step, adapter_path } => {
                 self.steps = *step;
                 self.adapter = Some(adapter_path.clone());
@@ -90,21 +128,58 @@ impl Progress {
                 self.steps = *steps;
                 self.adapter = Some(adapter_path.clone());
             }
-            Event::Failed { reason, .. } => self.note(format!("failed: {reason}")),
             _ => {}
         }
     }
 
-    /// A line above the bar (stderr), or nothing in JSON mode.
+    /// What a log shows besides the notes: what the bar shows live on a terminal.
+    fn log_line(&mut self, event: &Event) -> Option<String> {
+        match event {
+            Event::DatasetProgress { done, total, file } => {
+                Some(format!("preparing dataset {done}/{total}: {}", file.display()))
+            }
+            Event::Step { step, epoch, loss, samples_per_sec, memory_now_bytes, eta_s, .. } => {
+                let last = self.total_steps == Some(*step);
+                let due = self.last_step_line.is_none_or(|t| t.elapsed() >= STEP_LINE_EVERY);
+                if !(due || last) {
+                    return None;
+                }
+                self.last_step_line = Some(Instant::now());
+                let of = self.total_steps.map(|t| format!("/{t}")).unwrap_or_default();
+                let eta = eta_s.map(|s| format!(", ETA {s:.0} s")).unwrap_or_default();
+                Some(format!(
+                    "step {step}{of} (epoch {}): loss {loss:.4}, {samples_per_sec:.2} it/s, {}{eta}",
+                    epoch + 1,
+                    mib(*memory_now_bytes)
+                ))
+            }
+            Event::EpochEnd { epoch, step, mean_loss } => {
+                let loss = mean_loss.map(|l| format!(", mean loss {l:.4}")).unwrap_or_default();
+                Some(format!("epoch {} ended at step {step}{loss}", epoch + 1))
+            }
+            Event::CheckpointSaved { step, path } => Some(format!("checkpoint at step {step}: {}", path.display())),
+            Event::Finished { steps, adapter_path, .. } => {
+                Some(format!("finished after {steps} steps: {}", adapter_path.display()))
+            }
+            Event::Stopped { step, adapter_path } => {
+                Some(format!("stopped at step {step} (resumable): {}", adapter_path.display()))
+            }
+            _ => None,
+        }
+    }
+
+    /// A line above the bar on a terminal, a timestamped line in a log; nothing when quiet.
     fn note(&self, line: String) {
-        if !self.json {
-            self.bar.println(line);
+        match self.mode {
+            Mode::Bar => self.bar.println(line),
+            Mode::Lines => eprintln!("{} {line}", timestamp()),
+            Mode::Json | Mode::Quiet => {}
         }
     }
 
     pub fn finish(&self) {
         self.bar.finish_and_clear();
-        if self.json {
+        if self.mode == Mode::Json {
             return;
         }
         if let Some(adapter) = &self.adapter {
@@ -117,6 +192,46 @@ impl Progress {
             );
         }
     }
+}
+
+/// What a user is told of an event on any stream but JSON.
+fn note(event: &Event) -> Option<String> {
+    Some(match event {
+        Event::DatasetIssue { file, reason } => format!("skipped {}: {reason}", file.display()),
+        Event::RunStarted { device, precision, memory, dataset, trainable_params, .. } => format!(
+            "training on {device}, {precision}; {} songs ({:.0} s, {} cached, {} encoded, {} skipped); \
+             {trainable_params} trainable parameters; gradient checkpointing {}, latent cache {}",
+            dataset.usable,
+            dataset.total_seconds,
+            dataset.cache_hits,
+            dataset.cache_misses,
+            dataset.skipped,
+            on_off(memory.gradient_checkpointing),
+            on_off(memory.latent_cache),
+        ),
+        Event::StepSkipped { step, reason, consecutive, .. } => {
+            format!("step {step} skipped: {reason} ({consecutive} in a row)")
+        }
+        Event::Warning { message } => format!("warning: {message}"),
+        Event::Paused { step } => format!("paused at step {step}"),
+        Event::Resumed { step } => format!("resumed at step {step}"),
+        // A failure is the command's error, printed once by `main`.
+        _ => return None,
+    })
+}
+
+/// UTC, to the second, as logs write it: `2026-12-02T03:50:12Z`.
+fn timestamp() -> String {
+    let t = time::OffsetDateTime::now_utc();
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
 }
 
 fn on_off(on: bool) -> &'static str {

@@ -2,14 +2,15 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use ostinato_engine::bench::{run_spec, Preset};
 use ostinato_engine::data::preprocessed::preprocess as preprocess_folder;
 use ostinato_engine::data::{DataEvent, DataSpec};
 use ostinato_engine::device::{self, Precision};
 use ostinato_engine::export::{export_run, ExportFormat};
 use ostinato_engine::model::source::ModelSource;
-use ostinato_engine::model::{footprint, DitConfig};
+use ostinato_engine::model::folder::ModelFolder;
+use ostinato_engine::model::footprint;
 use ostinato_engine::train::config::default_runs_dir;
 use ostinato_engine::train::history::list_runs;
 
@@ -47,23 +48,16 @@ pub fn export(run_dir: &Path, format: ExportFormat, to: &Path) -> anyhow::Result
     Ok(())
 }
 
-/// The DiT config in a model folder: `config.json` there or in `acestep-v15-turbo/`.
-fn find_config(dir: &Path) -> anyhow::Result<PathBuf> {
-    if !dir.is_dir() {
-        bail!("model folder {} does not exist", dir.display());
-    }
-    [dir.join("config.json"), dir.join("acestep-v15-turbo/config.json")]
-        .into_iter()
-        .find(|p| p.is_file())
-        .with_context(|| format!("{}: no config.json (nor acestep-v15-turbo/config.json)", dir.display()))
-}
-
+/// Opens a model folder, checks every weight file's tensors against its config.json
+/// (headers only), and prints what it holds and what training it would need.
 pub fn inspect(model_dir: &Path) -> anyhow::Result<()> {
-    let path = find_config(model_dir)?;
-    let cfg = DitConfig::from_file(&path)?;
-    println!("{}", path.display());
+    let folder = ModelFolder::open(model_dir, None)?;
+    let tensors = folder.check_weights()?;
+    let cfg = &folder.dit;
+    println!("{}", folder.dit_config_path().display());
     println!(
-        "DiT: {} layers, hidden {}, MLP {}, {} heads / {} KV heads of {}, patch {}, sliding window {}",
+        "DiT ({:?}): {} layers, hidden {}, MLP {}, {} heads / {} KV heads of {}, patch {}, sliding window {}",
+        folder.variant,
         cfg.num_hidden_layers,
         cfg.hidden_size,
         cfg.intermediate_size,
@@ -73,9 +67,17 @@ pub fn inspect(model_dir: &Path) -> anyhow::Result<()> {
         cfg.patch_size,
         cfg.sliding_window
     );
+    println!(
+        "VAE: {} latent channels, {} samples a frame; text encoder: {} layers, hidden {}",
+        folder.vae.latent_channels(),
+        folder.vae.hop(),
+        folder.text.num_hidden_layers,
+        folder.text.hidden_size
+    );
+    println!("weights: all {tensors} tensors present with the shapes their config.json gives");
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     // A 4-minute song (25 latent frames a second), bf16 weights and activations, rank 64.
-    let f = footprint::estimate(&cfg, 240 * 25, 64, 2, 2);
+    let f = footprint::estimate(cfg, 240 * 25, 64, 2, 2);
     println!("parameters: {} (DiT), {} trainable at LoRA rank 64 on q/k/v/o", f.dit_parameters, f.lora_parameters);
     println!("estimated training memory for a 4-minute song (bf16 weights, batch 1):");
     println!("  with gradient checkpointing:    {:.1} GiB", gib(f.total(true)));

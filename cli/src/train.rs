@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::train::{Run, RunConfig, RunEnd, RunHandle};
 
-use crate::progress::Progress;
+use crate::progress::{Mode, Progress};
 use crate::TrainArgs;
 
 /// Exit code after a stop by Ctrl-C or SIGTERM (128 + SIGINT).
@@ -18,14 +18,14 @@ const INTERRUPTED: i32 = 130;
 pub fn train(args: TrainArgs) -> anyhow::Result<i32> {
     let config = build_config(&args)?;
     let handle = Run::start(config).context("cannot start the run")?;
-    follow(handle, args.json)
+    follow(handle, Mode::choose(args.json, args.quiet))
 }
 
-pub fn resume(run_dir: &Path, json: bool, stop_at_step: Option<u64>) -> anyhow::Result<i32> {
+pub fn resume(run_dir: &Path, mode: Mode, stop_at_step: Option<u64>) -> anyhow::Result<i32> {
     if !run_dir.join("run.toml").is_file() {
         bail!("{} is not a run directory (no run.toml)", run_dir.display());
     }
-    follow(Run::resume_with(run_dir, stop_at_step)?, json)
+    follow(Run::resume_with(run_dir, stop_at_step)?, mode)
 }
 
 /// Flags override the config file, which overrides the defaults.
@@ -72,7 +72,7 @@ fn build_config(a: &TrainArgs) -> anyhow::Result<RunConfig> {
 }
 
 /// Shows the run's events until it ends; maps how it ended to an exit code.
-fn follow(handle: RunHandle, json: bool) -> anyhow::Result<i32> {
+fn follow(handle: RunHandle, mode: Mode) -> anyhow::Result<i32> {
     let interrupted = Arc::new(AtomicBool::new(false));
     {
         let (control, interrupted) = (handle.control(), interrupted.clone());
@@ -87,7 +87,7 @@ fn follow(handle: RunHandle, json: bool) -> anyhow::Result<i32> {
         })
         .context("cannot install the Ctrl-C handler")?;
     }
-    let mut progress = Progress::new(json);
+    let mut progress = Progress::new(mode);
     for event in handle.events().iter() {
         progress.show(&event);
     }

@@ -252,3 +252,146 @@ fn bench_reports_one_configuration_as_json() {
     let err = ostinato().args(["bench", "--gradient-checkpointing", "maybe"]).output().unwrap();
     assert!(!err.status.success() && String::from_utf8_lossy(&err.stderr).contains("maybe"));
 }
+
+/// `YYYY-MM-DDTHH:MM:SSZ ` at the start of a log line.
+fn timestamped(line: &str) -> bool {
+    let b = line.as_bytes();
+    b.len() > 21
+        && b[..20].iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            10 => *c == b'T',
+            13 | 16 => *c == b':',
+            19 => *c == b'Z',
+            _ => c.is_ascii_digit(),
+        })
+        && b[20] == b' '
+}
+
+#[test]
+fn without_a_terminal_progress_is_plain_timestamped_lines_and_quiet_keeps_only_the_result() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    std::fs::write(songs.join("broken.wav"), "not audio at all").unwrap();
+    // Output captured: stderr is a pipe, not a terminal.
+    let out = ok(train(tmp.path(), &songs, "logged", &["--max-steps", "4"]).output().unwrap());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stderr}");
+    assert!(stderr.lines().all(timestamped), "every line timestamped:\n{stderr}");
+    for needle in ["preparing dataset", "skipped", "broken.wav", "training on", "3 songs", "step 4/4", "checkpoint at step 3", "finished after 4 steps"] {
+        assert!(stderr.contains(needle), "`{needle}` in:\n{stderr}");
+    }
+    assert!(String::from_utf8_lossy(&out.stdout).contains("adapter:"));
+
+    // Resume says as much.
+    let run = tmp.path().join("runs/logged");
+    let out = ok(ostinato().args(["resume", run.to_str().unwrap()]).output().unwrap());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.lines().all(timestamped) && stderr.contains("training on"), "{stderr}");
+
+    let out = ok(train(tmp.path(), &songs, "quiet", &["--max-steps", "2", "--quiet"]).output().unwrap());
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "", "--quiet prints nothing but the result");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("adapter: "));
+}
+
+#[test]
+fn negative_numbers_are_values_and_errors_name_the_setting() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    for lr in [&["--lr", "-1"][..], &["--lr=-1"][..]] {
+        let out = ostinato().args(["train", songs.to_str().unwrap(), "--runs-dir", tmp.path().to_str().unwrap()]).args(lr).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains("setting `lr`: -1 must be a positive number"), "{stderr}");
+        assert!(!stderr.contains("model config") && !stderr.contains("unexpected argument"), "{stderr}");
+    }
+    fails_with(ostinato().args(["train", songs.to_str().unwrap(), "--alpha", "-8"]), "setting `lora.alpha`");
+    fails_with(ostinato().args(["train", songs.to_str().unwrap(), "--dropout", "1.5"]), "setting `lora.dropout`");
+}
+
+fn tiny_model() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/real/model")
+}
+
+#[test]
+fn inspect_checks_every_weight_and_names_what_is_wrong() {
+    let out = ok(ostinato().args(["inspect", tiny_model().to_str().unwrap()]).output().unwrap());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(stdout.contains("weights: all") && stdout.contains("Turbo"), "{stdout}");
+
+    // Truncated weights, and a config that does not fit them.
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    for sub in ["acestep-v15-turbo", "vae", "Qwen3-Embedding-0.6B"] {
+        std::fs::create_dir_all(model.join(sub)).unwrap();
+        for f in std::fs::read_dir(tiny_model().join(sub)).unwrap().flatten() {
+            std::fs::copy(f.path(), model.join(sub).join(f.file_name())).unwrap();
+        }
+    }
+    let vae_weights = model.join("vae/diffusion_pytorch_model.safetensors");
+    let bytes = std::fs::read(&vae_weights).unwrap();
+    std::fs::write(&vae_weights, &bytes[..bytes.len() / 2]).unwrap();
+    fails_with(ostinato().args(["inspect", model.to_str().unwrap()]), &vae_weights.display().to_string());
+    std::fs::write(&vae_weights, &bytes).unwrap();
+
+    let config = model.join("acestep-v15-turbo/config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace("\"hidden_size\": 32", "\"hidden_size\": 48")).unwrap();
+    fails_with(ostinato().args(["inspect", model.to_str().unwrap()]), &config.display().to_string());
+    let songs = audio(tmp.path());
+    let mut c = ostinato();
+    c.args(["train", songs.to_str().unwrap(), "--model", model.to_str().unwrap(), "--runs-dir", tmp.path().join("runs").to_str().unwrap()])
+        .args(["--crop-seconds", "2", "--max-steps", "1"])
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"));
+    fails_with(&mut c, &config.display().to_string());
+
+    // Not a model folder: a file, or one part of a model.
+    let song = std::fs::read_dir(&songs).unwrap().next().unwrap().unwrap().path();
+    fails_with(ostinato().args(["inspect", song.to_str().unwrap()]), "is a file, not a model folder");
+    fails_with(ostinato().args(["inspect", tiny_model().join("vae").to_str().unwrap()]), "vae/ part");
+}
+
+/// A 3 MiB tmpfs at `dir`, unmounted on drop; None (with a loud line) where this
+/// process may not mount one.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path) -> Option<Self> {
+        std::fs::create_dir_all(dir).unwrap();
+        let status = Command::new("mount").args(["-t", "tmpfs", "-o", "size=3m", "tmpfs", dir.to_str().unwrap()]).status();
+        if !status.is_ok_and(|s| s.success()) {
+            eprintln!("SKIPPED: cannot mount a tmpfs here (needs root); the full-disk test did not run");
+            return None;
+        }
+        Some(Self(dir.to_path_buf()))
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_names_the_file_and_says_its_cause_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let Some(disk) = SmallDisk::mount(&tmp.path().join("disk")) else { return };
+    // Leave a few KiB: the run starts, its first checkpoint does not fit.
+    let filler = vec![0u8; 3 * 1024 * 1024 - 24 * 1024];
+    let _ = std::fs::write(disk.0.join("filler"), filler);
+    let out = ostinato()
+        .args(["train", songs.to_str().unwrap(), "--demo", "--name", "full", "--crop-seconds", "3"])
+        .args(["--max-steps", "6", "--save-every-steps", "3", "--rank", "16"])
+        .args(["--runs-dir", disk.0.join("runs").to_str().unwrap()])
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stderr}");
+    assert!(!out.status.success());
+    let error = stderr.lines().find(|l| l.starts_with("error: ")).expect("an error line");
+    assert!(error.contains(&disk.0.display().to_string()), "the path is named: {error}");
+    assert_eq!(error.matches("os error 28").count(), 1, "the cause once: {error}");
+}
