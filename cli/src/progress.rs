@@ -1,11 +1,11 @@
 //! What the terminal shows of a run: a progress bar and a closing summary, or the
 //! engine's events as JSON lines (stdout, nothing else there).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use ostinato_engine::events::{to_json_line, Event};
+use ostinato_engine::events::{to_json_line, DatasetSummary, Event, IssueKind};
 use ostinato_engine::metrics::LossSmoother;
 
 pub struct Progress {
@@ -20,6 +20,29 @@ pub struct Progress {
 
 fn mib(bytes: u64) -> String {
     format!("{:.0} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// A dataset issue as a line: a skipped file, or a warning about a used one.
+pub fn issue_line(file: &Path, reason: &str, kind: IssueKind) -> String {
+    match kind {
+        IssueKind::Skipped => format!("skipped {}: {reason}", file.display()),
+        IssueKind::Warning => format!("warning: {}: {reason}", file.display()),
+    }
+}
+
+/// A used song that is cut or cropped, as a line; None for one used whole.
+pub fn cut_line(file: &Path, note: Option<&str>, seconds_in_file: f64) -> Option<String> {
+    note.map(|note| format!("{}: {note} (the file has {seconds_in_file:.0} s)", file.display()))
+}
+
+/// "250 s", or "240 s of 505 s" when cuts leave some of the files out.
+fn seconds_text(dataset: &DatasetSummary) -> String {
+    match dataset.seconds_in_files {
+        Some(whole) if whole - dataset.total_seconds >= 0.5 => {
+            format!("{:.0} s of {whole:.0} s", dataset.total_seconds)
+        }
+        _ => format!("{:.0} s", dataset.total_seconds),
+    }
 }
 
 impl Progress {
@@ -46,13 +69,18 @@ impl Progress {
                 "preparing dataset {done}/{total}: {}",
                 file.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
             )),
-            Event::DatasetIssue { file, reason } => self.note(format!("skipped {}: {reason}", file.display())),
+            Event::DatasetIssue { file, reason, kind } => self.note(issue_line(file, reason, *kind)),
+            Event::DatasetFile { file, note, seconds_in_file, .. } => {
+                if let Some(line) = cut_line(file, note.as_deref(), *seconds_in_file) {
+                    self.note(line);
+                }
+            }
             Event::RunStarted { device, precision, memory, dataset, total_steps, trainable_params, .. } => {
                 self.note(format!(
-                    "training on {device}, {precision}; {} songs ({:.0} s, {} cached, {} encoded, {} skipped); \
+                    "training on {device}, {precision}; {} songs ({} used, {} cached, {} encoded, {} skipped); \
                      {trainable_params} trainable parameters; gradient checkpointing {}, latent cache {}",
                     dataset.usable,
-                    dataset.total_seconds,
+                    seconds_text(dataset),
                     dataset.cache_hits,
                     dataset.cache_misses,
                     dataset.skipped,
