@@ -13,10 +13,9 @@ pub use crate::data::IssueKind;
 use crate::{Error, Result};
 
 /// The schema version written on every line (`"v"`). Bump it when a field changes
-/// meaning or a required field is added. v2: `DatasetSummary::total_seconds` counts
-/// the seconds trained on (after cuts), `dataset_file` and `DatasetIssue::kind` are
-/// new; v1 logs still read (a v1 issue is a skipped file).
-pub const SCHEMA_VERSION: u32 = 2;
+/// meaning or a required field is added. (`dataset_file`, `DatasetIssue::kind` and
+/// `DatasetSummary::seconds_in_files` came later, optional: older logs still read.)
+pub const SCHEMA_VERSION: u32 = 1;
 
 /// Which memory-saving mechanisms a run uses.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -45,9 +44,9 @@ pub struct DatasetSummary {
     /// Samples encoded (and then cached).
     pub cache_misses: u64,
     /// Seconds of audio trained on each epoch: the usable files after cuts and crops
-    /// (v1 logs: the whole files).
+    /// (logs without `seconds_in_files`: the whole files).
     pub total_seconds: f64,
-    /// Seconds the usable files hold, before cuts; absent in v1 logs.
+    /// Seconds the usable files hold, before cuts; absent in older logs.
     #[serde(default)]
     pub seconds_in_files: Option<f64>,
 }
@@ -93,7 +92,7 @@ pub enum Event {
         file: PathBuf,
         /// Why, in words for the user.
         reason: String,
-        /// Skipped (the default, as v1 logs meant) or a warning.
+        /// Skipped (the default: older logs reported only skipped files) or a warning.
         #[serde(default)]
         kind: IssueKind,
     },
@@ -404,7 +403,7 @@ mod tests {
             .unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         let value: serde_json::Value = serde_json::from_str(text.trim_end()).unwrap();
-        assert_eq!(value["v"], SCHEMA_VERSION);
+        assert_eq!(value["v"], 1);
         assert_eq!(value["type"], "step");
         assert_eq!(value["step"], 3);
         assert_eq!(value["loss"], 0.25);
@@ -474,16 +473,15 @@ mod tests {
     fn newer_schema_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.jsonl");
-        let newer = SCHEMA_VERSION + 1;
-        std::fs::write(&path, format!("{{\"v\":{newer},\"type\":\"paused\",\"step\":4}}\n")).unwrap();
+        std::fs::write(&path, "{\"v\":2,\"type\":\"paused\",\"step\":4}\n").unwrap();
         let err = read_events(&path).unwrap_err();
-        assert!(err.to_string().contains(&format!("schema version {newer}")), "{err}");
+        assert!(err.to_string().contains("schema version 2"), "{err}");
     }
 
-    /// v1 logs: issues without a kind were skipped files; the summary had no
+    /// Older logs: issues without a kind were skipped files; the summary had no
     /// `seconds_in_files`.
     #[test]
-    fn version_1_dataset_events_still_read() {
+    fn older_dataset_events_still_read() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.jsonl");
         let issue = r#"{"v":1,"type":"dataset_issue","file":"b.mp3","reason":"cannot decode"}"#;
