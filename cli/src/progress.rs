@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use ostinato_engine::events::{to_json_line, Event};
+use ostinato_engine::events::{to_json_line, DatasetSummary, Event, IssueKind};
 use ostinato_engine::metrics::LossSmoother;
 
 /// In `Lines` mode a step gets a line at most this often (epochs, checkpoints and
@@ -57,6 +57,29 @@ pub struct Progress {
 
 fn mib(bytes: u64) -> String {
     format!("{:.0} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// A dataset issue as a line: a skipped file, or a warning about a used one.
+pub fn issue_line(file: &Path, reason: &str, kind: IssueKind) -> String {
+    match kind {
+        IssueKind::Skipped => format!("skipped {}: {reason}", file.display()),
+        IssueKind::Warning => format!("warning: {}: {reason}", file.display()),
+    }
+}
+
+/// A used song that is cut or cropped, as a line; None for one used whole.
+pub fn cut_line(file: &Path, note: Option<&str>, seconds_in_file: f64) -> Option<String> {
+    note.map(|note| format!("{}: {note} (the file has {seconds_in_file:.0} s)", file.display()))
+}
+
+/// "250 s", or "240 s of 505 s" when cuts leave some of the files out.
+fn seconds_text(dataset: &DatasetSummary) -> String {
+    match dataset.seconds_in_files {
+        Some(whole) if whole - dataset.total_seconds >= 0.5 => {
+            format!("{:.0} s of {whole:.0} s", dataset.total_seconds)
+        }
+        _ => format!("{:.0} s", dataset.total_seconds),
+    }
 }
 
 fn file_name(path: &Path) -> String {
@@ -197,12 +220,13 @@ impl Progress {
 /// What a user is told of an event on any stream but JSON.
 fn note(event: &Event) -> Option<String> {
     Some(match event {
-        Event::DatasetIssue { file, reason } => format!("skipped {}: {reason}", file.display()),
+        Event::DatasetIssue { file, reason, kind } => issue_line(file, reason, *kind),
+        Event::DatasetFile { file, note, seconds_in_file, .. } => cut_line(file, note.as_deref(), *seconds_in_file)?,
         Event::RunStarted { device, precision, memory, dataset, trainable_params, .. } => format!(
-            "training on {device}, {precision}; {} songs ({:.0} s, {} cached, {} encoded, {} skipped); \
+            "training on {device}, {precision}; {} songs ({} used, {} cached, {} encoded, {} skipped); \
              {trainable_params} trainable parameters; gradient checkpointing {}, latent cache {}",
             dataset.usable,
-            dataset.total_seconds,
+            seconds_text(dataset),
             dataset.cache_hits,
             dataset.cache_misses,
             dataset.skipped,

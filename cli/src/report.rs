@@ -14,6 +14,8 @@ use ostinato_engine::model::footprint;
 use ostinato_engine::train::config::default_runs_dir;
 use ostinato_engine::train::history::list_runs;
 
+use crate::progress::{cut_line, issue_line};
+
 pub fn runs(runs_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
     let dir = runs_dir.unwrap_or_else(default_runs_dir);
     let runs = list_runs(&dir)?;
@@ -92,10 +94,14 @@ pub fn preprocess(audio_dir: &Path, model: Option<PathBuf>, out: &Path, crop_sec
     let source = model.map_or(ModelSource::Demo, |path| ModelSource::Folder { path });
     let (encoder, conditioner, _) = source.encoders(&candle_core::Device::Cpu)?;
     let spec = DataSpec { folder: audio_dir.to_path_buf(), crop_seconds, ..DataSpec::default() };
-    let written = preprocess_folder(&spec, encoder.as_ref(), conditioner.as_ref(), out, &mut |e| {
-        if let DataEvent::Issue { file, reason } = e {
-            eprintln!("skipped {}: {reason}", file.display());
+    let written = preprocess_folder(&spec, encoder.as_ref(), conditioner.as_ref(), out, &mut |e| match e {
+        DataEvent::Issue(i) => eprintln!("{}", issue_line(&i.file, &i.reason, i.kind)),
+        DataEvent::Used(u) => {
+            if let Some(line) = cut_line(&u.file, u.note.as_deref(), u.seconds_in_file) {
+                eprintln!("{line}");
+            }
         }
+        DataEvent::Progress { .. } => {}
     })?;
     println!("{} samples written to {}", written.len(), out.display());
     Ok(())

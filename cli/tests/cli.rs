@@ -1,10 +1,12 @@
 //! End-to-end tests of the `ostinato` binary on audio the tests generate.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ostinato_engine::data::synth;
+use ostinato_engine::data::wav::{write_wav, SampleFormat};
 use ostinato_engine::events::{read_events, Event};
 
 fn ostinato() -> Command {
@@ -155,6 +157,54 @@ fn sigint_mid_run_stops_gracefully_and_leaves_a_resumable_run() {
     let out = ok(ostinato().args(["resume", run.to_str().unwrap(), "--stop-at-step", &(stopped_at + 2).to_string()]).output().unwrap());
     assert!(String::from_utf8_lossy(&out.stdout).contains("adapter:"));
     assert_eq!(step_losses(&run).last().unwrap().0, stopped_at + 2);
+}
+
+/// SIGTERM while the songs are being encoded: the run stops before the next song or
+/// encoder chunk, not after the whole folder, and ends as a stopped run.
+#[test]
+fn sigterm_while_the_dataset_is_prepared_stops_promptly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = tmp.path().join("long");
+    std::fs::create_dir(&songs).unwrap();
+    // Eight 30 s songs at the encoder's rate, encoded whole (no crop): seconds each.
+    let tone: Vec<f32> = (0..48_000 * 30).map(|i| 0.5 * (i as f32 * 0.05).sin()).collect();
+    for i in 0..8 {
+        write_wav(&songs.join(format!("song{i}.wav")), 48_000, SampleFormat::Int(16), std::slice::from_ref(&tone)).unwrap();
+    }
+    let runs = tmp.path().join("runs");
+    let mut child = ostinato()
+        .args(["train", songs.to_str().unwrap(), "--demo", "--name", "early", "--json", "--cache"])
+        .args(["--runs-dir", runs.to_str().unwrap()])
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first_song = lines.by_ref().map(|l| l.unwrap()).find(|l| l.contains(r#""type":"dataset_progress""#) && l.contains(".wav"));
+    assert!(first_song.is_some(), "no dataset_progress line for a song");
+    // Keep reading, so the child never blocks on a full pipe.
+    let rest = std::thread::spawn(move || lines.map(|l| l.unwrap()).collect::<Vec<_>>());
+    // SAFETY: sending SIGTERM to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let sent = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        // A correctness bound, not a benchmark: the whole folder takes far longer.
+        assert!(sent.elapsed() < Duration::from_secs(20), "still running 20 s after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(130));
+    let songs_started = rest.join().unwrap().iter().filter(|l| l.contains(r#""type":"dataset_progress""#) && l.contains(".wav")).count();
+    assert!(songs_started <= 1, "{songs_started} more songs were prepared after SIGTERM");
+
+    let out = ok(ostinato().args(["runs", "--runs-dir", runs.to_str().unwrap(), "--json"]).output().unwrap());
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let early = listed.as_array().unwrap().iter().find(|r| r["name"] == "early").expect("the run is listed");
+    assert_eq!(early["status"], "stopped", "{early}");
+    assert_eq!(early["steps"], 0, "{early}");
 }
 
 fn fails_with(cmd: &mut Command, needle: &str) {

@@ -79,6 +79,10 @@ pub enum Error {
     #[error("latent encoder: {0}")]
     Encoder(String),
 
+    /// Work stopped early because its `Cancel` token was set (a stop, not a failure).
+    #[error("cancelled")]
+    Cancelled,
+
     #[error("latent cache {path}: {reason}")]
     Cache { path: PathBuf, reason: String },
 

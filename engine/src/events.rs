@@ -9,10 +9,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::data::IssueKind;
 use crate::{Error, Result};
 
 /// The schema version written on every line (`"v"`). Bump it when a field changes
-/// meaning or a required field is added.
+/// meaning or a required field is added. (`dataset_file`, `DatasetIssue::kind` and
+/// `DatasetSummary::seconds_in_files` came later, optional: older logs still read.)
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// Which memory-saving mechanisms a run uses.
@@ -35,14 +37,18 @@ pub struct DatasetSummary {
     pub files: u64,
     /// Files that became training samples.
     pub usable: u64,
-    /// Files left out (each reported by a `dataset_issue` event).
+    /// Files left out (each reported by a `dataset_issue` event of kind `skipped`).
     pub skipped: u64,
     /// Samples read from the latent cache.
     pub cache_hits: u64,
     /// Samples encoded (and then cached).
     pub cache_misses: u64,
-    /// Total audio duration of the usable files, in seconds.
+    /// Seconds of audio trained on each epoch: the usable files after cuts and crops
+    /// (logs without `seconds_in_files`: the whole files).
     pub total_seconds: f64,
+    /// Seconds the usable files hold, before cuts; absent in older logs.
+    #[serde(default)]
+    pub seconds_in_files: Option<f64>,
 }
 
 /// One thing that happened in a run. Serialized with `"type"` as the tag, in
@@ -79,12 +85,27 @@ pub enum Event {
         /// The file just prepared.
         file: PathBuf,
     },
-    /// A file of the dataset cannot be used.
+    /// A file of the dataset is skipped, or something about a used one is ignored or
+    /// looks wrong (`kind` says which).
     DatasetIssue {
         /// The file at fault.
         file: PathBuf,
         /// Why, in words for the user.
         reason: String,
+        /// Skipped (the default: older logs reported only skipped files) or a warning.
+        #[serde(default)]
+        kind: IssueKind,
+    },
+    /// A song of the dataset is used: how much of it training sees.
+    DatasetFile {
+        /// The song.
+        file: PathBuf,
+        /// Seconds trained on each epoch (after the cut or crop).
+        seconds_used: f64,
+        /// Seconds the file decodes to.
+        seconds_in_file: f64,
+        /// How it is cut, in words ("cut to 240 s ..."); absent when used whole.
+        note: Option<String>,
     },
     /// An optimizer update was applied.
     Step {
@@ -310,6 +331,7 @@ mod tests {
                     cache_hits: 1,
                     cache_misses: 1,
                     total_seconds: 61.5,
+                    seconds_in_files: Some(300.0),
                 },
                 total_steps: 40,
             },
@@ -321,6 +343,18 @@ mod tests {
             Event::DatasetIssue {
                 file: "b.mp3".into(),
                 reason: "cannot decode".into(),
+                kind: IssueKind::Skipped,
+            },
+            Event::DatasetIssue {
+                file: "a.json".into(),
+                reason: "field \"bpm\" = \"fast\" is not a number: ignored; the song is used".into(),
+                kind: IssueKind::Warning,
+            },
+            Event::DatasetFile {
+                file: "a.wav".into(),
+                seconds_used: 240.0,
+                seconds_in_file: 505.0,
+                note: Some("cut to 240 s".into()),
             },
             step(1, 0.9),
             Event::StepSkipped {
@@ -442,5 +476,25 @@ mod tests {
         std::fs::write(&path, "{\"v\":2,\"type\":\"paused\",\"step\":4}\n").unwrap();
         let err = read_events(&path).unwrap_err();
         assert!(err.to_string().contains("schema version 2"), "{err}");
+    }
+
+    /// Older logs: issues without a kind were skipped files; the summary had no
+    /// `seconds_in_files`.
+    #[test]
+    fn older_dataset_events_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let issue = r#"{"v":1,"type":"dataset_issue","file":"b.mp3","reason":"cannot decode"}"#;
+        let summary = r#"{"files":1,"usable":1,"skipped":0,"cache_hits":0,"cache_misses":1,"total_seconds":12.5}"#;
+        let started = format!(
+            r#"{{"v":1,"type":"run_started","config":{{}},"device":"cpu","precision":"f32","memory":{{"gradient_checkpointing":true,"block_input_grad_path":true,"latent_cache":true}},"trainable_params":1,"total_params":2,"dataset":{summary},"total_steps":3}}"#
+        );
+        std::fs::write(&path, format!("{issue}\n{started}\n")).unwrap();
+        let events = read_events(&path).unwrap();
+        assert!(matches!(&events[0], Event::DatasetIssue { kind: IssueKind::Skipped, .. }));
+        assert!(matches!(
+            &events[1],
+            Event::RunStarted { dataset: DatasetSummary { seconds_in_files: None, total_seconds, .. }, .. } if *total_seconds == 12.5
+        ));
     }
 }

@@ -2,6 +2,7 @@
 //! the training step and runs. No UI dependencies; front ends consume `Event`s.
 
 pub mod bench;
+pub mod cancel;
 pub mod charts;
 pub mod data;
 pub mod device;

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
+use ostinato_engine::cancel::Cancel;
 use ostinato_engine::data::condition::{text_prompt, Conditioner};
 use ostinato_engine::data::encode::LatentEncoder;
 use ostinato_engine::data::preprocessed::{read_preprocessed_dir, read_sample, write_preprocessed, Manifest};
@@ -145,11 +146,11 @@ fn vae_encoder_matches_diffusers_whole_and_chunked() {
     let n = audio.left.len();
     let x = Tensor::from_vec(audio.left.iter().chain(&audio.right).copied().collect::<Vec<f32>>(), (2, n), &Device::Cpu).unwrap();
 
-    let whole = vae.encoder().encode(&x, 10_000).unwrap();
+    let whole = vae.encoder().encode(&x, 10_000, &Cancel::never()).unwrap();
     let err_mean = max_diff(&whole.mean, &e["vae_mean"]);
     let err_scale = max_diff(&whole.scale, &e["vae_scale"]);
     let err_std = max_diff(&whole.std().unwrap(), &e["vae_std"]);
-    let chunked = vae.encoder().encode(&x, 7).unwrap();
+    let chunked = vae.encoder().encode(&x, 7, &Cancel::never()).unwrap();
     let err_chunk = max_diff(&chunked.mean, &whole.mean).max(max_diff(&chunked.scale, &whole.scale));
     let scale: f32 = e["vae_mean"].abs().unwrap().max_all().unwrap().to_scalar().unwrap();
     println!(

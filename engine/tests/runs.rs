@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use candle_core::{DType, Device};
 use ostinato_engine::data::synth;
+use ostinato_engine::data::wav::{write_wav, SampleFormat};
 use ostinato_engine::events::{read_events, Event};
 use ostinato_engine::train::{Run, RunConfig, RunEnd, RunHandle};
 
@@ -306,4 +307,42 @@ fn a_diverged_run_fails_after_the_configured_consecutive_skips() {
         _ => None,
     });
     assert!(reason.expect("failed event").contains("3 steps in a row"));
+}
+
+/// A stop while the dataset is prepared ends the run before its first step, and
+/// promptly: preparation gives up before the next file or encoder chunk.
+#[test]
+fn stop_during_dataset_preparation_ends_the_run_stopped_at_step_0() {
+    let tmp = tempfile::tempdir().unwrap();
+    let audio = tmp.path().join("long");
+    std::fs::create_dir_all(&audio).unwrap();
+    // Eight 20 s songs at the encoder's rate, encoded whole: a moment each.
+    let tone: Vec<f32> = (0..48_000 * 20).map(|i| 0.5 * (i as f32 * 0.05).sin()).collect();
+    for i in 0..8 {
+        write_wav(&audio.join(format!("song{i}.wav")), 48_000, SampleFormat::Int(16), std::slice::from_ref(&tone)).unwrap();
+    }
+    let mut c = config(tmp.path(), "stopped-early");
+    c.data.folder = audio;
+    c.data.crop_seconds = None;
+    let handle = Run::start(c).unwrap();
+    let mut songs_started = 0;
+    for event in handle.events().iter() {
+        match event {
+            // Per-song progress (the folder-wide ones name the folder).
+            Event::DatasetProgress { file, .. } if file.extension().is_some() => {
+                songs_started += 1;
+                if songs_started == 1 {
+                    handle.stop();
+                }
+            }
+            Event::RunStarted { .. } | Event::Step { .. } => panic!("training started: {event:?}"),
+            _ => {}
+        }
+    }
+    // The stop may land just after the second song began, never later.
+    assert!(songs_started <= 2, "{songs_started} songs were prepared after the stop");
+    let run_dir = handle.run_dir().to_path_buf();
+    assert!(matches!(handle.join().unwrap(), RunEnd::Stopped { steps: 0, .. }));
+    let events = read_events(&run_dir.join("events.jsonl")).unwrap();
+    assert!(matches!(events.last(), Some(Event::Stopped { step: 0, .. })), "{:?}", events.last());
 }

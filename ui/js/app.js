@@ -298,8 +298,16 @@ function onEngineEvent(ev) {
       $('dataset-summary').textContent = `Preparing ${ev.done} / ${ev.total}…`;
       break;
     case 'dataset_issue':
-      markFileProblem(ev.file, ev.reason);
-      activity(`${ev.file}: ${ev.reason}`, 'bad');
+      // A warning is about a song that is still used: it stays marked usable.
+      if (ev.kind === 'warning') {
+        activity(`Warning: ${ev.file}: ${ev.reason}`);
+      } else {
+        markFileProblem(ev.file, ev.reason);
+        activity(`Skipped ${ev.file}: ${ev.reason}`, 'bad');
+      }
+      break;
+    case 'dataset_file':
+      if (ev.note) activity(`${ev.file}: ${ev.note}`);
       break;
     case 'step_skipped':
       activity(`Step ${ev.step} skipped: ${ev.reason} (${ev.consecutive} in a row)`, 'bad');

@@ -2,6 +2,7 @@
 //! (rubato, band-limited FFT resampler), and cut to a maximum length or a crop.
 
 use std::fs::File;
+use std::io::Read;
 use std::path::Path;
 
 use rubato::{FftFixedIn, Resampler};
@@ -65,11 +66,57 @@ pub const MIN_SECONDS: f64 = 1.0;
 /// Decode errors tolerated before a file counts as corrupt (a stray bad frame in a
 /// long MP3 is common and harmless).
 const MAX_DECODE_ERRORS: usize = 3;
+/// Audio missing between two packets beyond this is damage, not a skipped bad frame.
+const MAX_GAP_SECONDS: f64 = 1.0;
 
-/// Decodes a file to stereo at its own sample rate. Mono is duplicated to both
-/// channels; with more than two channels the first two (front left/right in every
-/// standard layout) are kept. The error is a reason for the user, without the path.
+/// A decoded file, and the length its container states (when it states one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decoded {
+    pub audio: StereoAudio,
+    /// Frames the header promises (`n_frames`), at the audio's own rate.
+    pub stated_frames: Option<u64>,
+    /// An Ogg stream whose end-of-stream page is missing: the file was cut short,
+    /// though how much is missing is unknown (an Ogg header states no length; the
+    /// last page's position does).
+    pub unterminated: bool,
+}
+
+impl Decoded {
+    /// Why the file looks cut short, when far fewer frames decode than the header
+    /// states: more than 1 s or 1% missing, whichever is more. Codec padding and
+    /// estimated lengths differ by milliseconds; a cut download loses far more.
+    pub fn shortfall(&self) -> Option<String> {
+        if self.unterminated {
+            return Some(format!(
+                "truncated: the Ogg stream has no end page, only {:.1} s decode",
+                self.audio.duration_seconds()
+            ));
+        }
+        let stated = self.stated_frames?;
+        let decoded = self.audio.frames() as u64;
+        let rate = self.audio.sample_rate;
+        let tolerance = (stated / 100).max(u64::from(rate));
+        (decoded.saturating_add(tolerance) < stated).then(|| {
+            format!(
+                "truncated or damaged: the header states {:.1} s, only {:.1} s decode",
+                stated as f64 / f64::from(rate),
+                self.audio.duration_seconds()
+            )
+        })
+    }
+}
+
+/// Decodes a file to stereo at its own sample rate (see `decode_file`).
 pub fn decode(path: &Path) -> Result<StereoAudio, String> {
+    decode_file(path).map(|d| d.audio)
+}
+
+/// Decodes a file to stereo at its own sample rate, with the length its header
+/// states. Mono is duplicated to both channels; with more than two channels the
+/// first two (front left/right in every standard layout) are kept. A file that ends
+/// early keeps what decodes (see `Decoded::shortfall`). The error is a reason for
+/// the user, without the path.
+pub fn decode_file(path: &Path) -> Result<Decoded, String> {
     let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
     let len = file
         .metadata()
@@ -97,6 +144,7 @@ pub fn decode(path: &Path) -> Result<StereoAudio, String> {
         .find(|t| t.codec_params.codec != CODEC_TYPE_NULL)
         .ok_or("no audio track")?;
     let track_id = track.id;
+    let time_base = track.codec_params.time_base;
     let expected_frames = track.codec_params.n_frames;
     let mut sample_rate = track.codec_params.sample_rate;
     let mut decoder = symphonia::default::get_codecs()
@@ -105,6 +153,7 @@ pub fn decode(path: &Path) -> Result<StereoAudio, String> {
 
     let (mut left, mut right) = (Vec::new(), Vec::new());
     let mut errors = 0usize;
+    let mut first_packet_s = None;
     loop {
         let packet = match format.next_packet() {
             Ok(p) => p,
@@ -114,6 +163,17 @@ pub fn decode(path: &Path) -> Result<StereoAudio, String> {
         };
         if packet.track_id() != track_id {
             continue;
+        }
+        if let (Some(tb), Some(rate)) = (time_base, sample_rate) {
+            let t = tb.calc_time(packet.ts());
+            let at = t.seconds as f64 + t.frac;
+            let decoded_s = left.len() as f64 / f64::from(rate);
+            let gap = at - *first_packet_s.get_or_insert(at) - decoded_s;
+            // The reader resynced over damage: audio is missing in the middle, and
+            // what decodes is not the song.
+            if gap > MAX_GAP_SECONDS {
+                return Err(format!("corrupt audio data ({gap:.1} s missing after {decoded_s:.1} s)"));
+            }
         }
         let decoded = match decoder.decode(&packet) {
             Ok(d) => d,
@@ -142,20 +202,23 @@ pub fn decode(path: &Path) -> Result<StereoAudio, String> {
     }
 
     let sample_rate = sample_rate.ok_or("unknown sample rate")?;
-    if let Some(expected) = expected_frames {
-        // Allow 1% (codec padding, estimated lengths); more missing means a cut file.
-        if (left.len() as u64) < expected - expected / 100 {
-            return Err(format!(
-                "truncated or corrupt: header promises {expected} frames, only {} decode",
-                left.len()
-            ));
-        }
-    }
-    Ok(StereoAudio {
-        sample_rate,
-        left,
-        right,
+    Ok(Decoded {
+        audio: StereoAudio {
+            sample_rate,
+            left,
+            right,
+        },
+        stated_frames: expected_frames,
+        // symphonia states an Ogg stream's length only once it found the last page.
+        unterminated: expected_frames.is_none() && is_ogg(path),
     })
+}
+
+/// Whether the file is an Ogg stream (it starts with a page's "OggS").
+fn is_ogg(path: &Path) -> bool {
+    let mut magic = [0u8; 4];
+    let read = File::open(path).and_then(|mut f| f.read_exact(&mut magic));
+    read.is_ok() && &magic == b"OggS"
 }
 
 /// Checks that decoded audio is worth training on.
@@ -249,6 +312,14 @@ pub enum Cut {
 }
 
 impl Cut {
+    /// Seconds of a `seconds`-long song the cut keeps.
+    pub fn seconds_of(&self, seconds: f64) -> f64 {
+        match *self {
+            Cut::Head { max_seconds } => seconds.min(max_seconds),
+            Cut::Crop { seconds: len, .. } => seconds.min(len),
+        }
+    }
+
     pub fn apply(&self, audio: &StereoAudio) -> StereoAudio {
         let rate = audio.sample_rate as f64;
         match *self {
@@ -330,6 +401,32 @@ mod tests {
                 assert!((amp - 0.125).abs() < 0.01, "{name}: amplitude {amp}");
             }
         }
+    }
+
+    /// Cut short: a WAV whose data chunk states 3 s, an Ogg without its last pages.
+    /// What decodes is kept, and the shortfall is named.
+    #[test]
+    fn truncated_files_decode_what_is_there_and_say_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let full = wav_bytes(8000, SampleFormat::Int(16), &[sine(440.0, 0.5, 8000, 24_000)]);
+        let wav = write_file(dir.path(), "cut.wav", &full[..full.len() / 2]);
+        let d = decode_file(&wav).unwrap();
+        assert!((d.audio.duration_seconds() - 1.5).abs() < 0.01);
+        let why = d.shortfall().expect("a shortfall");
+        assert!(why.contains("3.0 s") && why.contains("1.5 s"), "{why}");
+        let whole = write_file(dir.path(), "whole.wav", &full);
+        assert_eq!(decode_file(&whole).unwrap().shortfall(), None);
+
+        let ogg = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/data/testdata/tone.ogg")).unwrap();
+        let whole = write_file(dir.path(), "whole.ogg", &ogg);
+        assert_eq!(decode_file(&whole).unwrap().shortfall(), None);
+        // Without its last page (symphonia refuses a file cut mid-page outright).
+        let last_page = ogg.windows(4).rposition(|w| w == b"OggS").unwrap();
+        let cut = write_file(dir.path(), "cut.ogg", &ogg[..last_page]);
+        let d = decode_file(&cut).unwrap_or_else(|e| panic!("cut.ogg: {e}"));
+        assert!(d.audio.duration_seconds() < 1.2, "{} s", d.audio.duration_seconds());
+        let why = d.shortfall().expect("a shortfall");
+        assert!(why.contains("truncated") && why.contains("no end page"), "{why}");
     }
 
     #[test]

@@ -1,17 +1,24 @@
 //! Dataset assembly: scan the folder, read sidecars, decode and check every song,
 //! and encode it (or find it in the cache). Bad files are reported and skipped; no
-//! usable file at all is an error before training starts.
+//! usable file at all is an error before training starts. Every used song is
+//! reported with the seconds training sees of it, and every oddity that does not
+//! keep it out (an ignored sidecar value, a file shorter than its header says) as a
+//! warning.
 
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use rand::{Rng, RngCore};
 
-use super::audio::{self, Cut, StereoAudio};
-use super::cache::{entry_key, file_hash, LatentCache};
+use super::audio::{self, Cut, Decoded};
+use super::cache::{entry_key, file_hash, EntryKey, LatentCache};
 use super::scan::{scan_folder, AUDIO_EXTENSIONS};
 use super::sidecar::{apply_trigger, Sidecars};
-use super::{Conditioner, DataEvent, DataSpec, LatentEncoder, SongMeta, Stage, TrainingSample};
+use super::{
+    Conditioner, DataEvent, DataSpec, FileUse, Issue, IssueKind, LatentEncoder, SongMeta, Stage,
+    TrainingSample,
+};
+use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 
 /// One usable song.
@@ -19,6 +26,8 @@ use crate::error::{Error, Result};
 pub struct DatasetItem {
     pub source: PathBuf,
     pub meta: SongMeta,
+    /// Seconds of it training sees each epoch (after the cut or crop).
+    pub seconds_used: f64,
     /// Present when the cache is on: the sample every epoch reuses.
     pub cached: Option<TrainingSample>,
 }
@@ -27,13 +36,24 @@ pub struct DatasetItem {
 pub struct PreparedDataset {
     pub spec: DataSpec,
     pub items: Vec<DatasetItem>,
-    /// Every skipped file (or ignored sidecar) and why; also sent as `DataEvent::Issue`.
-    pub issues: Vec<(PathBuf, String)>,
+    /// Every skipped file and every warning; also sent as `DataEvent::Issue`.
+    pub issues: Vec<Issue>,
     pub cache_hits: usize,
     pub cache_misses: usize,
 }
 
 impl PreparedDataset {
+    /// No songs yet.
+    pub fn empty(spec: &DataSpec) -> Self {
+        Self {
+            spec: spec.clone(),
+            items: Vec::new(),
+            issues: Vec::new(),
+            cache_hits: 0,
+            cache_misses: 0,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.items.len()
     }
@@ -47,29 +67,37 @@ impl PreparedDataset {
         let items = samples
             .into_iter()
             .map(|s| {
-                let frames = s.target_latents.dim(0)?;
+                let seconds = s.target_latents.dim(0)? as f64 / frames_per_second;
                 Ok(DatasetItem {
                     source: s.source.clone(),
                     meta: SongMeta {
-                        duration_seconds: frames as f64 / frames_per_second,
+                        duration_seconds: seconds,
                         ..SongMeta::default()
                     },
+                    seconds_used: seconds,
                     cached: Some(s),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let cache_hits = items.len();
         Ok(Self {
-            spec: spec.clone(),
+            cache_hits: items.len(),
             items,
-            issues: Vec::new(),
-            cache_hits,
-            cache_misses: 0,
+            ..Self::empty(spec)
         })
     }
 
-    /// Seconds of audio the songs hold (whole files, before cuts).
-    pub fn total_seconds(&self) -> f64 {
+    /// Files left out (the other issues are warnings about used songs).
+    pub fn skipped(&self) -> usize {
+        self.issues.iter().filter(|i| i.kind == IssueKind::Skipped).count()
+    }
+
+    /// Seconds of audio training sees each epoch (after cuts and crops).
+    pub fn seconds_used(&self) -> f64 {
+        self.items.iter().map(|i| i.seconds_used).sum()
+    }
+
+    /// Seconds of audio the used files hold (whole files, before cuts).
+    pub fn seconds_in_files(&self) -> f64 {
         self.items.iter().map(|i| i.meta.duration_seconds).sum()
     }
 
@@ -103,9 +131,14 @@ pub fn encode_item(
         path: item.source.clone(),
         reason,
     };
-    let audio = decode_checked(&item.source).map_err(bad)?;
+    let decoded = decode_checked(&item.source).map_err(bad)?;
     let cut = cut_for(spec, Some(rng.random::<f64>()));
-    encode_audio(&item.source, &audio, &item.meta, cut, encoder, conditioner)
+    let song = Song {
+        source: &item.source,
+        audio: &decoded.audio,
+        meta: &item.meta,
+    };
+    encode_song(&song, cut, encoder, conditioner, &Cancel::never())
 }
 
 /// The cut for a spec: a crop at `offset` (the centre when None), else the head.
@@ -121,32 +154,54 @@ fn cut_for(spec: &DataSpec, offset: Option<f64>) -> Cut {
     }
 }
 
-fn decode_checked(path: &Path) -> std::result::Result<StereoAudio, String> {
-    let audio = audio::decode(path)?;
-    audio::check_usable(&audio)?;
-    Ok(audio)
+/// How `cut` shortens a song of `seconds`, in words; None when it keeps it whole.
+/// `random`: crops are drawn afresh each epoch (no cache) rather than centred.
+fn cut_note(cut: Cut, seconds: f64, random: bool) -> Option<String> {
+    match cut {
+        Cut::Head { max_seconds } if seconds > max_seconds => Some(format!(
+            "cut to {max_seconds} s (the longest a song is trained on)"
+        )),
+        Cut::Crop { seconds: crop, .. } if seconds > crop => Some(if random {
+            format!("a random {crop} s crop each epoch")
+        } else {
+            format!("the middle {crop} s")
+        }),
+        _ => None,
+    }
+}
+
+fn decode_checked(path: &Path) -> std::result::Result<Decoded, String> {
+    let decoded = audio::decode_file(path)?;
+    audio::check_usable(&decoded.audio)?;
+    Ok(decoded)
+}
+
+/// A decoded song and what its sidecars say.
+struct Song<'a> {
+    source: &'a Path,
+    audio: &'a audio::StereoAudio,
+    meta: &'a SongMeta,
 }
 
 /// Cut (at the source rate: less to resample), resample, encode, condition.
-fn encode_audio(
-    source: &Path,
-    audio: &StereoAudio,
-    meta: &SongMeta,
+fn encode_song(
+    song: &Song,
     cut: Cut,
     encoder: &dyn LatentEncoder,
     conditioner: &dyn Conditioner,
+    cancel: &Cancel,
 ) -> Result<TrainingSample> {
-    let piece = audio::resample(&cut.apply(audio), encoder.sample_rate()).map_err(|reason| {
+    let piece = audio::resample(&cut.apply(song.audio), encoder.sample_rate()).map_err(|reason| {
         Error::BadAudio {
-            path: source.to_path_buf(),
+            path: song.source.to_path_buf(),
             reason,
         }
     })?;
-    let target_latents = encoder.encode(&piece)?;
+    let target_latents = encoder.encode_cancellable(&piece, cancel)?;
     let frames = target_latents.dim(0)?;
-    let c = conditioner.condition(meta, frames)?;
+    let c = conditioner.condition(song.meta, frames)?;
     Ok(TrainingSample {
-        source: source.to_path_buf(),
+        source: song.source.to_path_buf(),
         target_latents,
         attention_mask: Tensor::ones(frames, DType::F32, &Device::Cpu)?,
         encoder_hidden_states: c.encoder_hidden_states,
@@ -155,170 +210,235 @@ fn encode_audio(
     })
 }
 
-fn issue(
-    data: &mut PreparedDataset,
-    report: &mut dyn FnMut(DataEvent),
-    file: PathBuf,
-    reason: String,
-) {
-    report(DataEvent::Issue {
-        file: file.clone(),
-        reason: reason.clone(),
-    });
-    data.issues.push((file, reason));
-}
-
 /// Prepares the dataset in `spec.folder`. With a cache, every song is encoded once
 /// (or loaded) now; without, songs are only decoded and checked now and encoded per
 /// epoch through `PreparedDataset::sample`. Encoder and conditioner failures are
-/// errors; a bad file is an issue.
+/// errors; a bad file is an issue. Once `cancel` is set it returns
+/// `Error::Cancelled` before the next file, or the encoder's next chunk.
 pub fn prepare_dataset(
     spec: &DataSpec,
     encoder: &dyn LatentEncoder,
     conditioner: &dyn Conditioner,
     cache: Option<&LatentCache>,
+    cancel: &Cancel,
     report: &mut dyn FnMut(DataEvent),
 ) -> Result<PreparedDataset> {
     spec.validate()?;
     let scanned = scan_folder(&spec.folder)?;
     let total = scanned.audio.len();
-    let mut data = PreparedDataset {
-        spec: spec.clone(),
-        items: Vec::new(),
-        issues: Vec::new(),
-        cache_hits: 0,
-        cache_misses: 0,
+    let mut prep = Preparer {
+        spec,
+        encoder,
+        conditioner,
+        cache,
+        cancel,
+        settings: format!(
+            "max{}:crop{:?}:cut-centre",
+            spec.max_duration_seconds, spec.crop_seconds
+        ),
+        sidecars: Sidecars::new(),
+        data: PreparedDataset::empty(spec),
+        report,
     };
     for (file, reason) in scanned.skipped {
-        issue(&mut data, report, file, reason);
+        prep.issue(file, reason, IssueKind::Skipped);
     }
-    report(DataEvent::Progress {
+    (prep.report)(DataEvent::Progress {
         stage: Stage::Scanning,
         done: total,
         total,
         file: None,
     });
-
-    let settings = format!(
-        "max{}:crop{:?}:cut-centre",
-        spec.max_duration_seconds, spec.crop_seconds
-    );
-    let (encoder_id, conditioner_id) = (encoder.id(), conditioner.id());
-    let mut sidecars = Sidecars::new();
     for (done, path) in scanned.audio.into_iter().enumerate() {
-        report(DataEvent::Progress {
+        cancel.check()?;
+        (prep.report)(DataEvent::Progress {
             stage: Stage::Encoding,
             done,
             total,
             file: Some(path.clone()),
         });
-        let mut sidecar_issues = Vec::new();
-        let mut meta = sidecars.read(&path, &mut sidecar_issues);
-        for (file, reason) in sidecar_issues {
-            issue(&mut data, report, file, reason);
-        }
-        meta.caption = apply_trigger(&meta.caption, spec.trigger.as_ref());
-
-        // With a cache: a hit needs no decoding at all.
-        let key = match cache {
-            Some(_) => match file_hash(&path) {
-                Ok(hash) => {
-                    let meta_json = serde_json::to_string(&meta).unwrap_or_default();
-                    Some(entry_key(&[
-                        &hash,
-                        &encoder_id,
-                        &conditioner_id,
-                        &settings,
-                        &meta_json,
-                    ]))
-                }
-                Err(e) => {
-                    issue(&mut data, report, path, format!("cannot read: {e}"));
-                    continue;
-                }
-            },
-            None => None,
-        };
-        if let (Some(cache), Some(key)) = (cache, &key) {
-            if let Some((sample, meta)) = cache.load(key, &path) {
-                data.cache_hits += 1;
-                data.items.push(DatasetItem {
-                    source: path,
-                    meta,
-                    cached: Some(sample),
-                });
-                continue;
-            }
-        }
-
-        let audio = match decode_checked(&path) {
-            Ok(a) => a,
-            Err(reason) => {
-                issue(&mut data, report, path, reason);
-                continue;
-            }
-        };
-        meta.duration_seconds = audio.duration_seconds();
-        let mut cached = None;
-        if let (Some(cache), Some(key)) = (cache, &key) {
-            let sample = match encode_audio(
-                &path,
-                &audio,
-                &meta,
-                cut_for(spec, None),
-                encoder,
-                conditioner,
-            ) {
-                Ok(s) => s,
-                Err(Error::BadAudio { path, reason }) => {
-                    issue(&mut data, report, path, reason);
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            data.cache_misses += 1;
-            // A full disk costs speed, not the run.
-            if let Err(e) = cache.store(key, &sample, &meta) {
-                issue(
-                    &mut data,
-                    report,
-                    cache.dir().to_path_buf(),
-                    format!("cache not written: {e}"),
-                );
-            }
-            cached = Some(sample);
-        }
-        data.items.push(DatasetItem {
-            source: path,
-            meta,
-            cached,
-        });
+        prep.add(path)?;
     }
-    report(DataEvent::Progress {
+    (prep.report)(DataEvent::Progress {
         stage: Stage::Encoding,
         done: total,
         total,
         file: None,
     });
-
+    let data = prep.data;
     if data.items.is_empty() {
-        let detail = match data.issues.first() {
-            _ if total == 0 => format!(
-                "no audio files found (supported: {})",
-                AUDIO_EXTENSIONS.join(", ")
-            ),
-            Some((file, reason)) => format!(
-                "none of {total} audio file(s) could be used (e.g. {}: {reason})",
-                file.display()
-            ),
-            None => format!("none of {total} audio file(s) could be used"),
-        };
-        return Err(Error::NoUsableAudio {
-            folder: spec.folder.clone(),
-            detail,
-        });
+        return Err(nothing_usable(&data, total));
     }
     Ok(data)
+}
+
+/// The error for a folder where no file could be used, with the first reason.
+fn nothing_usable(data: &PreparedDataset, total: usize) -> Error {
+    let first = data.issues.iter().find(|i| i.kind == IssueKind::Skipped);
+    let detail = match first {
+        _ if total == 0 => format!(
+            "no audio files found (supported: {})",
+            AUDIO_EXTENSIONS.join(", ")
+        ),
+        Some(i) => format!(
+            "none of {total} audio file(s) could be used (e.g. {}: {})",
+            i.file.display(),
+            i.reason
+        ),
+        None => format!("none of {total} audio file(s) could be used"),
+    };
+    Error::NoUsableAudio {
+        folder: data.spec.folder.clone(),
+        detail,
+    }
+}
+
+/// A song to use, or why the file is skipped; `Err` of the outer `Result` ends
+/// preparation (an encoder failure, a cancel).
+type Verdict = Result<std::result::Result<DatasetItem, String>>;
+
+/// What `prepare_dataset` keeps while it goes through the files.
+struct Preparer<'a> {
+    spec: &'a DataSpec,
+    encoder: &'a dyn LatentEncoder,
+    conditioner: &'a dyn Conditioner,
+    cache: Option<&'a LatentCache>,
+    cancel: &'a Cancel,
+    /// The spec's part of every cache key.
+    settings: String,
+    sidecars: Sidecars,
+    data: PreparedDataset,
+    report: &'a mut dyn FnMut(DataEvent),
+}
+
+impl Preparer<'_> {
+    fn issue(&mut self, file: PathBuf, reason: String, kind: IssueKind) {
+        let issue = Issue { file, reason, kind };
+        (self.report)(DataEvent::Issue(issue.clone()));
+        self.data.issues.push(issue);
+    }
+
+    /// Prepares one audio file and reports what became of it: its warnings (sidecar
+    /// values ignored, a short decode), then either how much of it is used or why
+    /// it is skipped.
+    fn add(&mut self, path: PathBuf) -> Result<()> {
+        let mut warnings = Vec::new();
+        let mut meta = self.sidecars.read(&path, &mut warnings);
+        meta.caption = apply_trigger(&meta.caption, self.spec.trigger.as_ref());
+        match self.song(&path, meta, &mut warnings)? {
+            Ok(item) => {
+                for (file, reason) in warnings {
+                    self.issue(file, format!("{reason}; the song is used"), IssueKind::Warning);
+                }
+                self.used(item);
+            }
+            Err(reason) => {
+                for (file, reason) in warnings {
+                    self.issue(file, reason, IssueKind::Warning);
+                }
+                self.issue(path, reason, IssueKind::Skipped);
+            }
+        }
+        Ok(())
+    }
+
+    fn used(&mut self, item: DatasetItem) {
+        let seconds = item.meta.duration_seconds;
+        let cut = cut_for(self.spec, None);
+        (self.report)(DataEvent::Used(FileUse {
+            file: item.source.clone(),
+            seconds_used: item.seconds_used,
+            seconds_in_file: seconds,
+            note: cut_note(cut, seconds, self.cache.is_none()),
+        }));
+        self.data.items.push(item);
+    }
+
+    /// The song from the cache, or decoded (and, with a cache, encoded and stored).
+    fn song(&mut self, path: &Path, mut meta: SongMeta, warnings: &mut Vec<(PathBuf, String)>) -> Verdict {
+        let key = match self.cache_key(path, &meta) {
+            Ok(key) => key,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        if let Some(item) = self.cache_hit(path, key.as_ref()) {
+            return Ok(Ok(item));
+        }
+        let decoded = match decode_checked(path) {
+            Ok(d) => d,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        warnings.extend(decoded.shortfall().map(|w| (path.to_path_buf(), w)));
+        meta.duration_seconds = decoded.audio.duration_seconds();
+        let song = Song {
+            source: path,
+            audio: &decoded.audio,
+            meta: &meta,
+        };
+        let cached = match (self.cache, key) {
+            (Some(cache), Some(key)) => match self.encode_and_store(cache, &key, &song)? {
+                Ok(sample) => Some(sample),
+                Err(reason) => return Ok(Err(reason)),
+            },
+            _ => None,
+        };
+        let seconds_used = cut_for(self.spec, None).seconds_of(meta.duration_seconds);
+        Ok(Ok(DatasetItem {
+            source: path.to_path_buf(),
+            meta,
+            seconds_used,
+            cached,
+        }))
+    }
+
+    /// The song's cache key (None without a cache), or why its file cannot be read.
+    fn cache_key(&self, path: &Path, meta: &SongMeta) -> std::result::Result<Option<EntryKey>, String> {
+        if self.cache.is_none() {
+            return Ok(None);
+        }
+        let hash = file_hash(path).map_err(|e| format!("cannot read: {e}"))?;
+        let meta_json = serde_json::to_string(meta).unwrap_or_default();
+        Ok(Some(entry_key(&[
+            &hash,
+            &self.encoder.id(),
+            &self.conditioner.id(),
+            &self.settings,
+            &meta_json,
+        ])))
+    }
+
+    /// The song from the cache, when it is there: no decoding at all.
+    fn cache_hit(&mut self, path: &Path, key: Option<&EntryKey>) -> Option<DatasetItem> {
+        let (sample, meta) = self.cache?.load(key?, path)?;
+        self.data.cache_hits += 1;
+        Some(DatasetItem {
+            source: path.to_path_buf(),
+            seconds_used: cut_for(self.spec, None).seconds_of(meta.duration_seconds),
+            meta,
+            cached: Some(sample),
+        })
+    }
+
+    /// Encodes the song now and stores it; a bad file is a reason, a full disk only
+    /// a warning (it costs speed, not the run).
+    fn encode_and_store(
+        &mut self,
+        cache: &LatentCache,
+        key: &EntryKey,
+        song: &Song,
+    ) -> Result<std::result::Result<TrainingSample, String>> {
+        let cut = cut_for(self.spec, None);
+        let sample = match encode_song(song, cut, self.encoder, self.conditioner, self.cancel) {
+            Ok(s) => s,
+            Err(Error::BadAudio { reason, .. }) => return Ok(Err(reason)),
+            Err(e) => return Err(e),
+        };
+        self.data.cache_misses += 1;
+        if let Err(e) = cache.store(key, &sample, song.meta) {
+            let reason = format!("cache not written: {e}; training goes on without it");
+            self.issue(cache.dir().to_path_buf(), reason, IssueKind::Warning);
+        }
+        Ok(Ok(sample))
+    }
 }
 
 #[cfg(test)]
@@ -328,12 +448,13 @@ mod tests {
     use crate::data::encode::MelEncoder;
     use crate::data::testutil::{aiff_bytes, flac_bytes, noise_bytes, sine, write_file};
     use crate::data::wav::{wav_bytes, SampleFormat};
-    use crate::data::{TagMode, TriggerTag};
+    use crate::data::{StereoAudio, TagMode, TriggerTag};
     use rand::SeedableRng;
     use std::collections::BTreeMap;
     use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::SystemTime;
 
     fn models() -> (MelEncoder, HashConditioner) {
@@ -382,15 +503,35 @@ mod tests {
     ) -> (Result<PreparedDataset>, Vec<DataEvent>) {
         let (enc, cond) = models();
         let mut events = Vec::new();
-        let r = prepare_dataset(spec, &enc, &cond, cache, &mut |e| events.push(e));
+        let r = prepare_dataset(spec, &enc, &cond, cache, &Cancel::never(), &mut |e| {
+            events.push(e)
+        });
         (r, events)
     }
 
-    fn issue_for<'a>(events: &'a [DataEvent], name: &[u8]) -> Option<&'a str> {
+    /// The reason of the first issue of `kind` about the file called `name`.
+    fn find_issue<'a>(events: &'a [DataEvent], kind: IssueKind, name: &[u8]) -> Option<&'a str> {
         events.iter().find_map(|e| match e {
-            DataEvent::Issue { file, reason } if file.file_name()?.as_bytes() == name => {
-                Some(reason.as_str())
+            DataEvent::Issue(i) if i.kind == kind && i.file.file_name()?.as_bytes() == name => {
+                Some(i.reason.as_str())
             }
+            _ => None,
+        })
+    }
+
+    /// Why the file called `name` was skipped.
+    fn issue_for<'a>(events: &'a [DataEvent], name: &[u8]) -> Option<&'a str> {
+        find_issue(events, IssueKind::Skipped, name)
+    }
+
+    fn warning_for<'a>(events: &'a [DataEvent], name: &[u8]) -> Option<&'a str> {
+        find_issue(events, IssueKind::Warning, name)
+    }
+
+    /// What the per-file event says of the file called `name`.
+    fn use_of<'a>(events: &'a [DataEvent], name: &str) -> Option<&'a FileUse> {
+        events.iter().find_map(|e| match e {
+            DataEvent::Used(u) if u.file.file_name()? == name => Some(u),
             _ => None,
         })
     }
@@ -520,6 +661,7 @@ mod tests {
                 b"lossless.flac",
                 b"mono_8k.wav",
                 b"six_192k.wav",
+                b"truncated.wav",
             ];
             if !locked_binds {
                 want.insert(5, b"locked.wav");
@@ -529,7 +671,6 @@ mod tests {
             for (name, why) in [
                 (&b"corrupt.wav"[..], "not a readable audio file"),
                 (b"corrupt.flac", "corrupt"),
-                (b"truncated.wav", "truncated"),
                 (b"empty.wav", "empty file"),
                 (b"text.wav", "not a readable audio file"),
                 (b"random.mp3", "not a readable audio file"),
@@ -548,11 +689,19 @@ mod tests {
             if locked_binds {
                 assert!(issue_for(&events, b"locked.wav").is_some_and(|r| r.contains("ermission")));
             }
+            // Cut short (the header states 3 s): used with what decodes, and said so.
+            let warning = warning_for(&events, b"truncated.wav").expect("a warning for truncated.wav");
+            assert!(
+                warning.contains("truncated") && warning.contains("3.0 s") && warning.contains("the song is used"),
+                "{warning}"
+            );
+            let truncated = use_of(&events, "truncated.wav").unwrap();
+            assert!((truncated.seconds_in_file - 1.2).abs() < 0.01, "{truncated:?}");
             assert_eq!(
                 data.issues.len(),
                 events
                     .iter()
-                    .filter(|e| matches!(e, DataEvent::Issue { .. }))
+                    .filter(|e| matches!(e, DataEvent::Issue(_)))
                     .count()
             );
             assert!(events.contains(&DataEvent::Progress {
@@ -613,7 +762,7 @@ mod tests {
         assert_eq!(
             events
                 .iter()
-                .filter(|e| matches!(e, DataEvent::Issue { .. }))
+                .filter(|e| matches!(e, DataEvent::Issue(_)))
                 .count(),
             3
         );
@@ -742,18 +891,17 @@ mod tests {
         let cached = prepare(&spec, Some(&cache)).0.unwrap();
         let sample = cached.items[0].cached.as_ref().unwrap();
         let item = &data.items[0];
-        let centre = encode_audio(
-            &item.source,
-            &decode_checked(&item.source).unwrap(),
-            &item.meta,
-            Cut::Crop {
-                seconds: 1.0,
-                offset: 0.5,
-            },
-            &enc,
-            &cond,
-        )
-        .unwrap();
+        let decoded = decode_checked(&item.source).unwrap();
+        let song = Song {
+            source: &item.source,
+            audio: &decoded.audio,
+            meta: &item.meta,
+        };
+        let crop = Cut::Crop {
+            seconds: 1.0,
+            offset: 0.5,
+        };
+        let centre = encode_song(&song, crop, &enc, &cond, &Cancel::never()).unwrap();
         assert_eq!(
             sample.target_latents.to_vec2::<f32>().unwrap(),
             centre.target_latents.to_vec2::<f32>().unwrap()
@@ -773,9 +921,13 @@ mod tests {
             }),
             ..DataSpec::new(src.path())
         };
-        let data = prepare(&spec, None).0.unwrap();
+        let (data, events) = prepare(&spec, None);
+        let data = data.unwrap();
         let item = &data.items[0];
         assert_eq!(item.meta.caption, "mystyle, soft piano");
+        assert_eq!(item.seconds_used, 1.5);
+        let note = use_of(&events, "a.wav").and_then(|u| u.note.as_deref());
+        assert!(note.is_some_and(|n| n.starts_with("cut to 1.5 s")), "{note:?}");
         assert!(
             (item.meta.duration_seconds - 3.0).abs() < 1e-9,
             "metas keep the file's duration"
@@ -793,11 +945,115 @@ mod tests {
     }
 
     #[test]
+    fn long_songs_are_reported_cut_and_the_summary_counts_seconds_used() {
+        let src = tempfile::tempdir().unwrap();
+        // 250 s at 8 kHz mono: cheap to write and to decode.
+        let long = sine(220.0, 0.5, 8000, 250 * 8000);
+        write_file(src.path(), "long.wav", &wav_bytes(8000, SampleFormat::Int(16), &[long]));
+        good_wav(src.path(), "short.wav", 2.0, 440.0);
+
+        let (data, events) = prepare(&DataSpec::new(src.path()), None);
+        let data = data.unwrap();
+        let long = use_of(&events, "long.wav").unwrap();
+        assert_eq!((long.seconds_used, long.seconds_in_file), (240.0, 250.0));
+        assert!(long.note.as_deref().is_some_and(|n| n.contains("cut to 240 s")), "{long:?}");
+        assert_eq!(use_of(&events, "short.wav").unwrap().note, None);
+        assert_eq!(data.seconds_used(), 242.0);
+        assert_eq!(data.seconds_in_files(), 252.0);
+
+        // With crops, the crop is what is used.
+        let cropped = DataSpec {
+            crop_seconds: Some(30.0),
+            ..DataSpec::new(src.path())
+        };
+        let (data, events) = prepare(&cropped, None);
+        let long = use_of(&events, "long.wav").unwrap();
+        assert_eq!(long.seconds_used, 30.0);
+        assert!(long.note.as_deref().is_some_and(|n| n.contains("random 30 s crop")), "{long:?}");
+        assert_eq!(data.unwrap().seconds_used(), 32.0);
+    }
+
+    #[test]
+    fn a_bad_sidecar_value_is_a_warning_and_the_song_is_used() {
+        let src = tempfile::tempdir().unwrap();
+        good_wav(src.path(), "introzik.wav", 2.0, 440.0);
+        std::fs::write(
+            src.path().join("introzik.json"),
+            r#"{"bpm": "fast", "caption": "slow intro"}"#,
+        )
+        .unwrap();
+        let (data, events) = prepare(&DataSpec::new(src.path()), None);
+        let data = data.unwrap();
+        assert_eq!(
+            warning_for(&events, b"introzik.json"),
+            Some(r#"field "bpm" = "fast" is not a number: ignored; the song is used"#)
+        );
+        assert_eq!(issue_for(&events, b"introzik.json"), None);
+        assert_eq!((data.len(), data.skipped()), (1, 0));
+        let meta = &data.items[0].meta;
+        assert_eq!((meta.caption.as_str(), meta.bpm), ("slow intro", None));
+    }
+
+    /// The demo encoder, counting its calls.
+    struct Counting {
+        inner: MelEncoder,
+        calls: AtomicUsize,
+    }
+
+    impl LatentEncoder for Counting {
+        fn id(&self) -> String {
+            self.inner.id()
+        }
+        fn sample_rate(&self) -> u32 {
+            self.inner.sample_rate()
+        }
+        fn frames_per_second(&self) -> f64 {
+            self.inner.frames_per_second()
+        }
+        fn latent_channels(&self) -> usize {
+            self.inner.latent_channels()
+        }
+        fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel) -> Result<Tensor> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.inner.encode_cancellable(audio, cancel)
+        }
+    }
+
+    #[test]
+    fn a_cancel_stops_preparation_before_the_next_file_or_chunk() {
+        let src = tempfile::tempdir().unwrap();
+        for i in 0..5 {
+            good_wav(src.path(), format!("{i}.wav"), 2.0, 400.0 + 50.0 * i as f64);
+        }
+        let enc = Counting {
+            inner: MelEncoder::new(),
+            calls: AtomicUsize::new(0),
+        };
+        let cond = HashConditioner::for_encoder(16, &enc.inner).unwrap().with_max_tokens(32, 16);
+        let cache_dir = tempfile::tempdir().unwrap();
+        let cache = LatentCache::new(cache_dir.path()).unwrap();
+        let cancel = Cancel::default();
+        let mut used = 0;
+        let r = prepare_dataset(&DataSpec::new(src.path()), &enc, &cond, Some(&cache), &cancel, &mut |e| {
+            match e {
+                // The stop arrives while the second song is being prepared.
+                DataEvent::Progress { done: 1, file: Some(_), .. } => cancel.cancel(),
+                DataEvent::Used(_) => used += 1,
+                _ => {}
+            }
+        });
+        assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
+        assert_eq!(used, 1, "only the first song is prepared");
+        // The second song's encoding gave up at its first chunk; no third began.
+        assert_eq!(enc.calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
     fn demo_folder_prepares_quickly() {
         let (enc, cond) = models();
         let spec = DataSpec::new(crate::data::synth::demo_dir());
         let t = std::time::Instant::now();
-        let data = prepare_dataset(&spec, &enc, &cond, None, &mut |_| {}).unwrap();
+        let data = prepare_dataset(&spec, &enc, &cond, None, &Cancel::never(), &mut |_| {}).unwrap();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
         for i in 0..data.len() {
             data.sample(i, &enc, &cond, &mut rng).unwrap();

@@ -10,6 +10,7 @@ use rand_distr::{Distribution, StandardNormal};
 use realfft::{RealFftPlanner, RealToComplex};
 
 use super::StereoAudio;
+use crate::cancel::Cancel;
 use crate::{Error, Result};
 
 pub trait LatentEncoder: Send + Sync {
@@ -23,7 +24,12 @@ pub trait LatentEncoder: Send + Sync {
     fn latent_channels(&self) -> usize;
     /// Encodes audio at `sample_rate()` to (T, latent_channels) f32 on the CPU,
     /// T = floor(seconds * frames_per_second).
-    fn encode(&self, audio: &StereoAudio) -> Result<Tensor>;
+    fn encode(&self, audio: &StereoAudio) -> Result<Tensor> {
+        self.encode_cancellable(audio, &Cancel::never())
+    }
+    /// As `encode`, but `Err(Error::Cancelled)` between two chunks once `cancel` is
+    /// set: a long song must not hold up a stop.
+    fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel) -> Result<Tensor>;
 }
 
 /// Samples of audio per latent frame.
@@ -65,6 +71,8 @@ const F_MAX: f64 = 16_000.0;
 const LOG_CENTER: f32 = -10.0;
 const LOG_SCALE: f32 = 4.0;
 const LOG_FLOOR: f32 = 1e-6;
+/// Frames between two looks at the cancel token (one second of audio).
+const CANCEL_EVERY: usize = 25;
 
 fn hz_to_mel(f: f64) -> f64 {
     2595.0 * (1.0 + f / 700.0).log10()
@@ -172,7 +180,7 @@ impl LatentEncoder for MelEncoder {
         CHANNELS
     }
 
-    fn encode(&self, audio: &StereoAudio) -> Result<Tensor> {
+    fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel) -> Result<Tensor> {
         if audio.sample_rate != RATE {
             return Err(Error::Encoder(format!(
                 "mel encoder takes {RATE} Hz audio, got {} Hz",
@@ -191,6 +199,9 @@ impl LatentEncoder for MelEncoder {
         let mut mel = vec![0.0f32; N_MELS];
         let mut latents = Vec::with_capacity(t * CHANNELS);
         for i in 0..t {
+            if i % CANCEL_EVERY == 0 {
+                cancel.check()?;
+            }
             self.log_mel(&mid, i * HOP + HOP / 2, &mut spectrum, &mut frame, &mut mel);
             latents.extend(
                 self.projection
@@ -295,6 +306,15 @@ mod tests {
                 clip.name
             );
         }
+    }
+
+    #[test]
+    fn a_cancelled_encode_gives_up_at_its_first_chunk() {
+        let cancel = Cancel::default();
+        cancel.cancel();
+        let a = stereo(sine(440.0, 0.5, RATE, RATE as usize * 30));
+        let r = MelEncoder::new().encode_cancellable(&a, &cancel);
+        assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
     }
 
     #[test]

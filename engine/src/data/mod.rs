@@ -150,6 +150,37 @@ pub enum Stage {
     Encoding,
 }
 
+/// Whether an issue keeps a file out of training.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IssueKind {
+    /// The file is left out.
+    #[default]
+    Skipped,
+    /// Something was ignored or looks wrong, but the song is used.
+    Warning,
+}
+
+/// A file that is skipped, or a warning about one, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Issue {
+    pub file: PathBuf,
+    pub reason: String,
+    pub kind: IssueKind,
+}
+
+/// How much of a used song training sees.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileUse {
+    pub file: PathBuf,
+    /// Seconds trained on each epoch (after the cut or crop).
+    pub seconds_used: f64,
+    /// Seconds the file decodes to.
+    pub seconds_in_file: f64,
+    /// How the song is cut, when it is ("cut to 240 s"); None when used whole.
+    pub note: Option<String>,
+}
+
 /// What dataset preparation tells the run loop (which maps it to engine events).
 #[derive(Debug, Clone, PartialEq)]
 pub enum DataEvent {
@@ -159,6 +190,6 @@ pub enum DataEvent {
         total: usize,
         file: Option<PathBuf>,
     },
-    /// A file that is skipped (or a sidecar that is ignored), and why.
-    Issue { file: PathBuf, reason: String },
+    Issue(Issue),
+    Used(FileUse),
 }

@@ -9,6 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::TrainingSample;
+use crate::cancel::Cancel;
 use crate::model::tensors::save_tensors;
 use crate::model::torch_pt::read_pt;
 use crate::{Error, Result};
@@ -194,7 +195,9 @@ pub fn preprocess(
 ) -> Result<Vec<PathBuf>> {
     let tmp_cache = out.join(".cache");
     let cache = super::LatentCache::new(&tmp_cache)?;
-    let data = super::prepare_dataset(spec, encoder, conditioner, Some(&cache), report)?;
+    // Not cancellable: the CLI leaves Ctrl-C to its default (stop at once), and a
+    // rerun reuses what the temporary cache holds.
+    let data = super::prepare_dataset(spec, encoder, conditioner, Some(&cache), &Cancel::never(), report)?;
     let samples: Vec<TrainingSample> = data.items.into_iter().filter_map(|i| i.cached).collect();
     let written = write_preprocessed(out, &samples, &Manifest::new(encoder.id(), conditioner.id()));
     std::fs::remove_dir_all(&tmp_cache).map_err(|e| Error::io(&tmp_cache, e))?;

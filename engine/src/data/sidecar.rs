@@ -3,7 +3,8 @@
 //! From least to most specific (later wins, field by field): a row for the file in a
 //! CSV in its folder (filename, caption, bpm, key, ...), `<stem>.json`, a legacy
 //! `<stem>.txt` (lyrics), `<stem>.lyrics.txt`, `<stem>.caption.txt`. A sidecar that
-//! cannot be read is reported and ignored; the song still trains.
+//! cannot be read, or a value in one that does not fit its field, is reported and
+//! ignored (the other fields still count); the song still trains.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -39,6 +40,7 @@ impl Fields {
     }
 
     /// Sets a field from a text value by (lower-case) name; unknown names are ignored.
+    /// A value that does not fit its field leaves it unset, and the error says so.
     fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
         let value = value.trim();
         if value.is_empty() {
@@ -48,7 +50,11 @@ impl Fields {
         match name {
             "caption" => self.caption = text,
             "lyrics" => self.lyrics = text,
-            "bpm" => self.bpm = Some(parse_bpm(value)?),
+            "bpm" => {
+                let bpm = parse_bpm(value)
+                    .map_err(|why| format!("field \"{name}\" = \"{value}\" {why}: ignored"))?;
+                self.bpm = Some(bpm);
+            }
             "keyscale" | "key" | "key_scale" => self.keyscale = text,
             "timesignature" | "time_signature" => self.timesignature = text,
             "language" => self.language = text,
@@ -59,10 +65,12 @@ impl Fields {
     }
 }
 
-fn parse_bpm(s: &str) -> Result<u32, String> {
+/// A tempo, or why the text is not one.
+fn parse_bpm(s: &str) -> Result<u32, &'static str> {
     match s.parse::<f64>() {
         Ok(b) if b > 0.0 && b < 1000.0 => Ok(b.round() as u32),
-        _ => Err(format!("bpm `{s}` is not a tempo")),
+        Ok(_) => Err("is not a tempo (0 to 1000)"),
+        Err(_) => Err("is not a number"),
     }
 }
 
@@ -109,8 +117,11 @@ impl Sidecars {
         let json = beside(".json");
         if let Some(text) = read_text(&json, issues) {
             match json_fields(&text) {
-                Ok(j) => f = j.over(f),
-                Err(e) => issues.push((json, e)),
+                Ok((j, problems)) => {
+                    f = j.over(f);
+                    issues.extend(problems.into_iter().map(|p| (json.clone(), p)));
+                }
+                Err(e) => issues.push((json, format!("{e}: file ignored"))),
             }
         }
         for (suffix, is_caption) in [
@@ -146,25 +157,27 @@ fn read_text(path: &Path, issues: &mut Issues) -> Option<String> {
         Ok(bytes) => Some(String::from_utf8_lossy(&bytes).into_owned()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => {
-            issues.push((path.to_path_buf(), format!("cannot read sidecar: {e}")));
+            issues.push((path.to_path_buf(), format!("cannot read sidecar ({e}): ignored")));
             None
         }
     }
 }
 
-fn json_fields(text: &str) -> Result<Fields, String> {
-    let value: Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
+/// The fields of a JSON sidecar, and why any of them was ignored.
+fn json_fields(text: &str) -> Result<(Fields, Vec<String>), String> {
+    let value: Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON ({e})"))?;
     let obj = value.as_object().ok_or("JSON sidecar is not an object")?;
     let mut f = Fields::default();
+    let mut problems = Vec::new();
     for (k, v) in obj {
         let text = match v {
             Value::String(s) => s.clone(),
             Value::Number(n) => n.to_string(),
             _ => continue,
         };
-        f.set(&k.to_ascii_lowercase(), &text)?;
+        problems.extend(f.set(&k.to_ascii_lowercase(), &text).err());
     }
-    Ok(f)
+    Ok((f, problems))
 }
 
 /// Rows of every CSV in `dir` with a filename column, keyed by that file name.
@@ -179,14 +192,16 @@ fn read_csvs(dir: &Path, issues: &mut Issues) -> HashMap<String, Fields> {
         .collect();
     csvs.sort();
     for path in csvs {
-        if let Err(e) = read_csv(&path, &mut rows) {
-            issues.push((path, e));
+        match read_csv(&path, &mut rows) {
+            Ok(problems) => issues.extend(problems.into_iter().map(|p| (path.clone(), p))),
+            Err(e) => issues.push((path, format!("{e}: file ignored"))),
         }
     }
     rows
 }
 
-fn read_csv(path: &Path, rows: &mut HashMap<String, Fields>) -> Result<(), String> {
+/// Adds a CSV's rows to `rows`; the values it ignored, and why.
+fn read_csv(path: &Path, rows: &mut HashMap<String, Fields>) -> Result<Vec<String>, String> {
     let mut reader = csv::ReaderBuilder::new()
         .flexible(true)
         .from_path(path)
@@ -198,20 +213,24 @@ fn read_csv(path: &Path, rows: &mut HashMap<String, Fields>) -> Result<(), Strin
         .map(|h| h.trim().to_ascii_lowercase())
         .collect();
     let Some(file_col) = headers.iter().position(|h| h == "filename" || h == "file") else {
-        return Ok(()); // some other CSV: not ours
+        return Ok(Vec::new()); // some other CSV: not ours
     };
+    let mut problems = Vec::new();
     for record in reader.records() {
         let record = record.map_err(|e| format!("invalid CSV: {e}"))?;
+        // A short row (the reader is flexible) has no file name: no song to apply it to.
+        let Some(name) = record.get(file_col).map(str::trim) else {
+            continue;
+        };
         let mut f = Fields::default();
         for (h, v) in headers.iter().zip(record.iter()) {
-            f.set(h, v)
-                .map_err(|e| format!("row for `{}`: {e}", &record[file_col]))?;
+            if let Err(e) = f.set(h, v) {
+                problems.push(format!("row for `{name}`: {e}"));
+            }
         }
-        if let Some(name) = record.get(file_col) {
-            rows.insert(name.trim().to_string(), f);
-        }
+        rows.insert(name.to_string(), f);
     }
-    Ok(())
+    Ok(problems)
 }
 
 /// Joins a trigger tag to a caption.
@@ -335,6 +354,34 @@ mod tests {
         assert_eq!(issues.len(), 2, "{issues:?}");
         assert!(issues[0].0.ends_with("a.json") && issues[0].1.contains("invalid JSON"));
         assert!(issues[1].0.ends_with("b.json") && issues[1].1.contains("fast"));
+    }
+
+    #[test]
+    fn a_bad_value_loses_only_its_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        fs::write(d.join("a.json"), r#"{"bpm": "fast", "caption": "slow intro", "genre": "ambient"}"#).unwrap();
+        fs::write(
+            d.join("meta.csv"),
+            "file,caption,bpm\nb.wav,second,-3\nc.wav,third,90\n",
+        )
+        .unwrap();
+        let mut sc = Sidecars::new();
+        let mut issues = Vec::new();
+        let a = sc.read(&d.join("a.wav"), &mut issues);
+        let b = sc.read(&d.join("b.wav"), &mut issues);
+        let c = sc.read(&d.join("c.wav"), &mut issues);
+        assert_eq!((a.caption.as_str(), a.genre.as_deref(), a.bpm), ("slow intro", Some("ambient"), None));
+        assert_eq!((b.caption.as_str(), b.bpm), ("second", None));
+        assert_eq!((c.caption.as_str(), c.bpm), ("third", Some(90)));
+        let reasons: Vec<&str> = issues.iter().map(|(_, r)| r.as_str()).collect();
+        assert_eq!(
+            reasons,
+            [
+                r#"row for `b.wav`: field "bpm" = "-3" is not a tempo (0 to 1000): ignored"#,
+                r#"field "bpm" = "fast" is not a number: ignored"#,
+            ]
+        );
     }
 
     #[test]

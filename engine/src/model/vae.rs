@@ -18,6 +18,7 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::Deserialize;
 
 use super::tensors::TensorFile;
+use crate::cancel::Cancel;
 use crate::data::encode::LatentEncoder;
 use crate::data::StereoAudio;
 use crate::{Error, Result};
@@ -283,8 +284,9 @@ impl OobleckEncoder {
     }
 
     /// The posterior of `audio [2, N]`, encoded in chunks of at most `chunk_frames`
-    /// latent frames (plus overlap on each side). T = floor(N / hop).
-    pub fn encode(&self, audio: &Tensor, chunk_frames: usize) -> Result<Posterior> {
+    /// latent frames (plus overlap on each side). T = floor(N / hop). `cancel` is
+    /// looked at before each chunk.
+    pub fn encode(&self, audio: &Tensor, chunk_frames: usize, cancel: &Cancel) -> Result<Posterior> {
         let hop = self.cfg.hop();
         let n = audio.dim(1)?;
         let frames = n / hop;
@@ -299,6 +301,7 @@ impl OobleckEncoder {
         let mut parts = Vec::new();
         let mut start = 0;
         while start < frames {
+            cancel.check()?;
             let end = (start + chunk_frames.max(1)).min(frames);
             let lo = start.saturating_sub(overlap);
             let hi = if end + overlap >= frames { n } else { (end + overlap) * hop };
@@ -408,7 +411,7 @@ impl LatentEncoder for VaeLatentEncoder {
         self.encoder.cfg.latent_channels()
     }
 
-    fn encode(&self, audio: &StereoAudio) -> Result<Tensor> {
+    fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel) -> Result<Tensor> {
         if audio.sample_rate != self.sample_rate() {
             return Err(Error::Encoder(format!(
                 "the VAE takes {} Hz audio, got {} Hz",
@@ -420,7 +423,7 @@ impl LatentEncoder for VaeLatentEncoder {
         let samples: Vec<f32> = audio.left[..n].iter().chain(&audio.right[..n]).copied().collect();
         let device = self.encoder.conv1.w.device();
         let x = Tensor::from_vec(samples, (2, n), device)?;
-        let post = self.encoder.encode(&x, self.chunk_frames)?;
+        let post = self.encoder.encode(&x, self.chunk_frames, cancel)?;
         let z = match self.choice {
             LatentChoice::Mean => post.mean,
             LatentChoice::Sample { seed } => post.sample(seed)?,

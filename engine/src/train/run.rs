@@ -21,7 +21,8 @@ use super::history;
 use super::state::{self, TrainingState};
 use super::step::{StepOutcome, StepSettings, Trainer};
 use crate::data::preprocessed::{is_preprocessed_dir, read_preprocessed_dir};
-use crate::data::{prepare_dataset, DataEvent, LatentCache, PreparedDataset};
+use crate::cancel::Cancel;
+use crate::data::{prepare_dataset, DataEvent, FileUse, Issue, LatentCache, PreparedDataset};
 use crate::device;
 use crate::events::{DatasetSummary, Event, EventLog, MemoryFeatures};
 use crate::lora::LoraAdapter;
@@ -48,6 +49,8 @@ struct Requests {
 struct Control {
     requests: Mutex<Requests>,
     wake: Condvar,
+    /// Set by a stop as well: setup's long work (dataset preparation) polls it.
+    cancel: Cancel,
 }
 
 /// Pause, resume and stop a run from any thread (a signal handler, a UI command).
@@ -66,9 +69,11 @@ impl RunControl {
         self.0.wake.notify_all();
     }
 
-    /// Stop at the next step boundary: checkpoint, final adapter, `stopped`.
+    /// Stop at the next step boundary (during dataset preparation: before the next
+    /// file or encoder chunk): checkpoint, final adapter, `stopped`.
     pub fn stop(&self) {
         self.0.requests.lock().expect("control lock").stop = true;
+        self.0.cancel.cancel();
         self.0.wake.notify_all();
     }
 }
@@ -190,14 +195,19 @@ fn train(config: &RunConfig, run_dir: &Path, resuming: bool, control: &Control, 
         log: EventLog::open(run_dir.join("events.jsonl"))?,
         tx,
     };
-    let mut training = match Loop::setup(config, run_dir, resuming, &mut sink) {
+    let mut training = match Loop::setup(config, run_dir, resuming, &control.cancel, &mut sink) {
         Ok(l) => l,
         Err(e) => {
             sink.emit(Event::Failed { step: 0, reason: e.to_string() });
             return Err(e);
         }
     };
-    let result = training.run(control, &mut sink);
+    // A stop during setup ends the run before its first step, the way a stop between steps does.
+    let result = if control.cancel.is_cancelled() {
+        training.stop(&mut sink)
+    } else {
+        training.run(control, &mut sink)
+    };
     if let Err(e) = &result {
         let step = training.trainer.applied_steps();
         sink.emit(Event::Failed { step, reason: e.to_string() });
@@ -239,7 +249,7 @@ struct Loop {
 }
 
 impl Loop {
-    fn setup(config: &RunConfig, run_dir: &Path, resuming: bool, sink: &mut Sink) -> Result<Self> {
+    fn setup(config: &RunConfig, run_dir: &Path, resuming: bool, cancel: &Cancel, sink: &mut Sink) -> Result<Self> {
         // 1. Device, model, dataset.
         let selected = device::select(config.force_cpu)?;
         let dtype = config.precision.dtype(&selected.device);
@@ -259,13 +269,18 @@ impl Loop {
             let samples = read_preprocessed_dir(&config.data.folder)?;
             PreparedDataset::preprocessed(&config.data, samples, encoder.frames_per_second())?
         } else {
-            prepare_dataset(
+            match prepare_dataset(
                 &config.data,
                 encoder.as_ref(),
                 conditioner.as_ref(),
                 cache.as_ref(),
+                cancel,
                 &mut |e| sink.emit(data_event(e, &config.data.folder)),
-            )?
+            ) {
+                // Stopped while preparing: set up without data; `train` stops before step 1.
+                Err(Error::Cancelled) => PreparedDataset::empty(&config.data),
+                prepared => prepared?,
+            }
         };
 
         // 2. Schedule length.
@@ -334,27 +349,31 @@ impl Loop {
             model: dit,
         };
 
-        sink.emit(Event::RunStarted {
-            config: serde_json::to_value(config).expect("config serialises"),
-            device: format!("{} ({})", selected.name, selected.reason),
-            precision: format!("{dtype:?}").to_lowercase(),
-            memory: MemoryFeatures {
-                gradient_checkpointing: config.gradient_checkpointing,
-                block_input_grad_path: config.gradient_checkpointing,
-                latent_cache: config.latent_cache,
-            },
-            trainable_params: trainable,
-            total_params: parameters + trainable,
-            dataset: DatasetSummary {
-                files: (data.len() + data.issues.len()) as u64,
-                usable: data.len() as u64,
-                skipped: data.issues.len() as u64,
-                cache_hits: data.cache_hits as u64,
-                cache_misses: data.cache_misses as u64,
-                total_seconds: data.total_seconds(),
-            },
-            total_steps,
-        });
+        // A run stopped during setup never started.
+        if !cancel.is_cancelled() {
+            sink.emit(Event::RunStarted {
+                config: serde_json::to_value(config).expect("config serialises"),
+                device: format!("{} ({})", selected.name, selected.reason),
+                precision: format!("{dtype:?}").to_lowercase(),
+                memory: MemoryFeatures {
+                    gradient_checkpointing: config.gradient_checkpointing,
+                    block_input_grad_path: config.gradient_checkpointing,
+                    latent_cache: config.latent_cache,
+                },
+                trainable_params: trainable,
+                total_params: parameters + trainable,
+                dataset: DatasetSummary {
+                    files: (data.len() + data.skipped()) as u64,
+                    usable: data.len() as u64,
+                    skipped: data.skipped() as u64,
+                    cache_hits: data.cache_hits as u64,
+                    cache_misses: data.cache_misses as u64,
+                    total_seconds: data.seconds_used(),
+                    seconds_in_files: Some(data.seconds_in_files()),
+                },
+                total_steps,
+            });
+        }
         Ok(Self {
             config: config.clone(),
             run_dir: run_dir.to_path_buf(),
@@ -561,7 +580,10 @@ fn data_event(e: DataEvent, folder: &Path) -> Event {
             total: total as u64,
             file: file.unwrap_or_else(|| folder.to_path_buf()),
         },
-        DataEvent::Issue { file, reason } => Event::DatasetIssue { file, reason },
+        DataEvent::Issue(Issue { file, reason, kind }) => Event::DatasetIssue { file, reason, kind },
+        DataEvent::Used(FileUse { file, seconds_used, seconds_in_file, note }) => {
+            Event::DatasetFile { file, seconds_used, seconds_in_file, note }
+        }
     }
 }
 
