@@ -84,13 +84,17 @@ impl Progress {
             Event::Paused { step } => self.note(format!("paused at step {step}")),
             Event::Stopped { step, adapter_path } => {
                 self.steps = *step;
-                self.adapter = Some(adapter_path.clone());
+                self.adapter = adapter_path.clone();
+                if adapter_path.is_none() {
+                    self.note("stopped before the first step: no adapter written; the run can be resumed".into());
+                }
             }
             Event::Finished { adapter_path, steps, .. } => {
                 self.steps = *steps;
                 self.adapter = Some(adapter_path.clone());
             }
-            Event::Failed { reason, .. } => self.note(format!("failed: {reason}")),
+            // Said once, by the error the command ends with.
+            Event::Failed { .. } => {}
             _ => {}
         }
     }
