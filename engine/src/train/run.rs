@@ -468,7 +468,7 @@ impl Loop {
                             elapsed_s: self.state.elapsed_s,
                             eta_s: rate.eta_s(self.total_steps.saturating_sub(step)),
                         });
-                        if self.config.save_every_steps.is_some_and(|n| n > 0 && step % n == 0) {
+                        if self.config.save_every_steps.is_some_and(|n| n > 0 && step.is_multiple_of(n)) {
                             self.checkpoint(sink)?;
                         }
                     }
@@ -529,7 +529,7 @@ impl Loop {
         s.epoch_loss_count = 0;
         s.epoch_order = epoch_order(self.config.seed, s.epoch, self.data.len());
         let epoch = s.epoch;
-        if self.config.save_every_epochs.is_some_and(|n| n > 0 && epoch % n == 0) && epoch < self.config.epochs {
+        if self.config.save_every_epochs.is_some_and(|n| n > 0 && epoch.is_multiple_of(n)) && epoch < self.config.epochs {
             self.checkpoint(sink)?;
         }
         Ok(())
