@@ -174,11 +174,23 @@ fn main() {
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", causes_once(&e));
             1
         }
     };
     std::process::exit(code);
+}
+
+/// The error and its causes, each said once: an engine error's message already holds
+/// its cause (`path: No such file or directory`), which the chain would repeat.
+fn causes_once(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1).map(ToString::to_string) {
+        if !text.contains(&cause) {
+            text = format!("{text}: {cause}");
+        }
+    }
+    text
 }
 
 fn run(cli: Cli) -> anyhow::Result<i32> {

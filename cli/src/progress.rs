@@ -145,7 +145,7 @@ impl Progress {
             }
             Event::Stopped { step, adapter_path } => {
                 self.steps = *step;
-                self.adapter = Some(adapter_path.clone());
+                self.adapter = adapter_path.clone();
             }
             Event::Finished { adapter_path, steps, .. } => {
                 self.steps = *steps;
@@ -184,8 +184,8 @@ impl Progress {
             Event::Finished { steps, adapter_path, .. } => {
                 Some(format!("finished after {steps} steps: {}", adapter_path.display()))
             }
-            Event::Stopped { step, adapter_path } => {
-                Some(format!("stopped at step {step} (resumable): {}", adapter_path.display()))
+            Event::Stopped { step, adapter_path: Some(adapter) } => {
+                Some(format!("stopped at step {step} (resumable): {}", adapter.display()))
             }
             _ => None,
         }
@@ -239,6 +239,9 @@ fn note(event: &Event) -> Option<String> {
         Event::Warning { message } => format!("warning: {message}"),
         Event::Paused { step } => format!("paused at step {step}"),
         Event::Resumed { step } => format!("resumed at step {step}"),
+        Event::Stopped { adapter_path: None, .. } => {
+            "stopped before the first step: no adapter written; the run can be resumed".into()
+        }
         // A failure is the command's error, printed once by `main`.
         _ => return None,
     })

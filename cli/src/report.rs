@@ -12,7 +12,7 @@ use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::model::folder::ModelFolder;
 use ostinato_engine::model::footprint;
 use ostinato_engine::train::config::default_runs_dir;
-use ostinato_engine::train::history::list_runs;
+use ostinato_engine::train::history::{list_runs, RunStatus};
 
 use crate::progress::{cut_line, issue_line};
 
@@ -37,6 +37,9 @@ pub fn runs(runs_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
         let adapter = r.adapter.map(|p| p.display().to_string()).unwrap_or_else(|| "-".into());
         let status = serde_json::to_value(r.status)?.as_str().unwrap_or_default().to_string();
         println!("{:<28} {:<12} {steps:>11} {loss:>10}  {adapter}", r.name, status);
+        if r.status == RunStatus::Damaged {
+            println!("  {}", r.reason.unwrap_or_default());
+        }
     }
     Ok(())
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use ostinato_engine::model::source::ModelSource;
+use ostinato_engine::train::config::default_run_name;
 use ostinato_engine::train::{Run, RunConfig, RunEnd, RunHandle};
 
 use crate::progress::{Mode, Progress};
@@ -46,7 +47,7 @@ fn build_config(a: &TrainArgs) -> anyhow::Result<RunConfig> {
     if let Some(dir) = &a.runs_dir {
         c.runs_dir = dir.clone();
     }
-    c.name = a.name.clone().unwrap_or_else(timestamp_name);
+    c.name = a.name.clone().unwrap_or_else(default_run_name);
     if a.gradient_checkpointing || a.no_gradient_checkpointing {
         c.gradient_checkpointing = a.gradient_checkpointing;
     }
@@ -99,24 +100,4 @@ fn follow(handle: RunHandle, mode: Mode) -> anyhow::Result<i32> {
         RunEnd::Stopped { .. } => Ok(0),
         RunEnd::Failed { reason, .. } => bail!("training failed: {reason}"),
     }
-}
-
-/// `YYYY-MM-DD_HHMMSS` in UTC.
-fn timestamp_name() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}_{:02}{:02}{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
 }

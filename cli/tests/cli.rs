@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use ostinato_engine::data::synth;
 use ostinato_engine::data::wav::{write_wav, SampleFormat};
 use ostinato_engine::events::{read_events, Event};
+use ostinato_engine::train::RunConfig;
 
 fn ostinato() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ostinato"))
@@ -29,8 +30,15 @@ fn audio(dir: &Path) -> PathBuf {
 
 /// `train <audio> --demo` with quick settings and the given extra flags.
 fn train(dir: &Path, audio: &Path, name: &str, extra: &[&str]) -> Command {
+    let mut c = unnamed_train(dir, audio, extra);
+    c.args(["--name", name]);
+    c
+}
+
+/// As `train`, the run named by the CLI.
+fn unnamed_train(dir: &Path, audio: &Path, extra: &[&str]) -> Command {
     let mut c = ostinato();
-    c.args(["train", audio.to_str().unwrap(), "--demo", "--name", name])
+    c.args(["train", audio.to_str().unwrap(), "--demo"])
         .args(["--runs-dir", dir.join("runs").to_str().unwrap()])
         .args(["--crop-seconds", "3", "--rank", "4", "--alpha", "8", "--lr", "1e-3", "--seed", "3"])
         .args(["--save-every-steps", "3"])
@@ -207,11 +215,18 @@ fn sigterm_while_the_dataset_is_prepared_stops_promptly() {
     assert_eq!(early["steps"], 0, "{early}");
 }
 
-fn fails_with(cmd: &mut Command, needle: &str) {
+fn fails_with(cmd: &mut Command, needle: &str) -> String {
     let out = cmd.output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "should fail: {stderr}");
     assert!(stderr.contains(needle), "stderr should mention `{needle}`:\n{stderr}");
+    stderr
+}
+
+/// As `fails_with`, the cause said once.
+fn fails_once_with(cmd: &mut Command, needle: &str) {
+    let stderr = fails_with(cmd, needle);
+    assert_eq!(stderr.matches(needle).count(), 1, "`{needle}` once:\n{stderr}");
 }
 
 #[test]
@@ -223,14 +238,19 @@ fn bad_input_gives_clear_errors_and_non_zero_exit() {
 
     let empty = tmp.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    fails_with(ostinato().args(["train", empty.to_str().unwrap(), "--runs-dir", runs, "--name", "e"]), "no audio files");
+    fails_once_with(ostinato().args(["train", empty.to_str().unwrap(), "--runs-dir", runs, "--name", "e"]), "no audio files");
 
     let junk = tmp.path().join("junk");
     std::fs::create_dir(&junk).unwrap();
     std::fs::write(junk.join("song.wav"), "not audio at all").unwrap();
-    fails_with(ostinato().args(["train", junk.to_str().unwrap(), "--runs-dir", runs, "--name", "j"]), "no usable audio");
-
+    fails_once_with(ostinato().args(["train", junk.to_str().unwrap(), "--runs-dir", runs, "--name", "j"]), "no usable audio");
+    // A start that failed leaves no run behind: the name is free for the next one.
+    for name in ["e", "j"] {
+        assert!(!tmp.path().join("runs").join(name).exists(), "{name}");
+    }
     let songs = audio(tmp.path());
+    ok(train(tmp.path(), &songs, "j", &["--max-steps", "1"]).output().unwrap());
+
     let bad_model = tmp.path().join("model");
     std::fs::create_dir(&bad_model).unwrap();
     fails_with(
@@ -444,4 +464,130 @@ fn a_full_disk_names_the_file_and_says_its_cause_once() {
     let error = stderr.lines().find(|l| l.starts_with("error: ")).expect("an error line");
     assert!(error.contains(&disk.0.display().to_string()), "the path is named: {error}");
     assert_eq!(error.matches("os error 28").count(), 1, "the cause once: {error}");
+fn wait_for_steps(run: &Path, steps: usize) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !run.join("events.jsonl").exists() || step_losses(run).len() < steps {
+        assert!(Instant::now() < deadline, "no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn runs_json(runs: &Path) -> serde_json::Value {
+    let out = ok(ostinato().args(["runs", "--json", "--runs-dir", runs.to_str().unwrap()]).output().unwrap());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_blocks_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let mut holder = train(tmp.path(), &songs, "held", &["--max-steps", "200"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let run = tmp.path().join("runs/held");
+    wait_for_steps(&run, 4); // past the checkpoint at step 3
+    let holder_named = format!("process {}", holder.id());
+    let asked = Instant::now();
+    fails_once_with(ostinato().args(["resume", run.to_str().unwrap()]), &holder_named);
+    assert!(asked.elapsed() < Duration::from_secs(10), "refused at once: {:?}", asked.elapsed());
+    fails_once_with(&mut train(tmp.path(), &songs, "held", &[]), &holder_named);
+    let listed = runs_json(&tmp.path().join("runs"));
+    assert_eq!((&listed[0]["status"], &listed[0]["resumable"]), (&"running".into(), &false.into()));
+
+    holder.kill().unwrap(); // SIGKILL: the OS drops its lock
+    holder.wait().unwrap();
+    let listed = runs_json(&tmp.path().join("runs"));
+    assert_eq!((&listed[0]["status"], &listed[0]["resumable"]), (&"interrupted".into(), &true.into()));
+    let logged = step_losses(&run).len() as u64;
+    ok(ostinato().args(["resume", run.to_str().unwrap(), "--stop-at-step", &(logged + 1).to_string()]).output().unwrap());
+    assert_eq!(step_losses(&run).last().unwrap().0, logged + 1);
+}
+
+#[test]
+fn default_names_started_together_do_not_clash() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let start = || unnamed_train(tmp.path(), &songs, &["--max-steps", "1", "--no-cache"]).output();
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(start);
+        let b = s.spawn(start);
+        (a.join().unwrap().unwrap(), b.join().unwrap().unwrap())
+    });
+    ok(a);
+    ok(b);
+    let listed = runs_json(&tmp.path().join("runs"));
+    let names: Vec<_> = listed.as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(listed.as_array().unwrap().iter().all(|r| r["status"] == "finished"), "{listed}");
+    println!("{names:?}");
+}
+
+#[test]
+fn relative_paths_are_stored_absolute_and_a_moved_audio_folder_is_named_until_it_is_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path().join("work");
+    let songs = audio(&work);
+    let mut c = ostinato();
+    c.current_dir(&work)
+        .args(["train", "songs", "--demo", "--name", "rel", "--runs-dir", "runs"])
+        .args(["--crop-seconds", "3", "--rank", "4", "--max-steps", "3", "--stop-at-step", "1"])
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"));
+    ok(c.output().unwrap());
+    let run = work.join("runs/rel");
+    let config = RunConfig::from_toml_file(&run.join("run.toml")).unwrap();
+    assert_eq!(config.data.folder, songs.canonicalize().unwrap());
+    assert_eq!(config.runs_dir, work.join("runs"));
+
+    // Moved away: `resume`, from another directory, names the folder and changes nothing.
+    std::fs::rename(&songs, work.join("elsewhere")).unwrap();
+    let resume = |cwd: &Path| {
+        let mut c = ostinato();
+        c.current_dir(cwd).args(["resume", "work/runs/rel"]).env("XDG_CACHE_HOME", tmp.path().join("cache"));
+        c
+    };
+    let stderr = fails_with(&mut resume(tmp.path()), &format!("audio folder {}", config.data.folder.display()));
+    assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
+    let listed = runs_json(&work.join("runs"));
+    assert_eq!((&listed[0]["status"], &listed[0]["resumable"]), (&"stopped".into(), &true.into()));
+
+    std::fs::rename(work.join("elsewhere"), &songs).unwrap();
+    ok(resume(tmp.path()).output().unwrap());
+    assert_eq!(step_losses(&run).iter().map(|s| s.0).collect::<Vec<_>>(), [1, 2, 3]);
+}
+
+#[test]
+fn runs_json_is_truthful_about_checkpoints_and_damaged_logs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    let run = |name: &str, log: &str, checkpoint: bool| {
+        let dir = runs.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("run.toml"), "").unwrap();
+        std::fs::write(dir.join("events.jsonl"), log).unwrap();
+        if checkpoint {
+            std::fs::create_dir_all(dir.join("checkpoints/step-000000")).unwrap();
+        }
+    };
+    let stopped = "{\"v\":1,\"type\":\"stopped\",\"step\":0,\"adapter_path\":null}\n";
+    run("a-damaged", &format!("garbage\n{stopped}"), true);
+    run("b-checkpointed", stopped, true);
+    run("c-no-checkpoint", stopped, false);
+    let listed = runs_json(&runs);
+    let got: Vec<_> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap(), r["status"].as_str().unwrap(), r["resumable"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        [("a-damaged", "damaged", true), ("b-checkpointed", "stopped", true), ("c-no-checkpoint", "stopped", false)]
+    );
+    let reason = listed[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("events.jsonl:1:"), "{reason}");
+    let out = ok(ostinato().args(["runs", "--runs-dir", runs.to_str().unwrap()]).output().unwrap());
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("damaged") && table.contains("events.jsonl:1:"), "{table}");
 }

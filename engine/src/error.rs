@@ -92,8 +92,25 @@ pub enum Error {
     #[error("model folder {path}: {}", .problems.join("; "))]
     ModelFolder { path: PathBuf, problems: Vec<String> },
 
+    /// A folder the run reads (its audio, its model) is not where the config says.
+    #[error("{what} {path} cannot be read: {source}")]
+    InputFolder {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Another process holds the run directory's lock: one writer per run.
+    #[error("{dir} is being trained by {}: one process at a time may train a run", holder(.pid))]
+    RunBusy { dir: PathBuf, pid: Option<u32> },
+
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+}
+
+fn holder(pid: &Option<u32>) -> String {
+    pid.map_or_else(|| "another process".into(), |pid| format!("process {pid}"))
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -185,8 +185,10 @@ pub enum Event {
     Stopped {
         /// Updates applied so far.
         step: u64,
-        /// The adapter written on stop.
-        adapter_path: PathBuf,
+        /// The adapter written on stop; absent when no update was applied yet (an
+        /// untrained adapter is no result). Logs from before it could be absent hold a path.
+        #[serde(default)]
+        adapter_path: Option<PathBuf>,
     },
     /// The run could not continue; the last checkpoint is its last good state.
     Failed {
@@ -384,7 +386,11 @@ mod tests {
             },
             Event::Stopped {
                 step: 1,
-                adapter_path: "final/adapter".into(),
+                adapter_path: Some("final/adapter".into()),
+            },
+            Event::Stopped {
+                step: 0,
+                adapter_path: None,
             },
             Event::Failed {
                 step: 1,
@@ -448,6 +454,18 @@ mod tests {
             read_events(&path).unwrap(),
             [step(1, 0.5), step(2, 0.4), step(3, 0.3)]
         );
+    }
+
+    #[test]
+    fn a_stop_without_an_adapter_reads_back_and_old_stops_keep_theirs() {
+        let old = r#"{"v":1,"type":"stopped","step":3,"adapter_path":"runs/r/final/adapter"}"#;
+        let parsed = parse_line(old.as_bytes()).unwrap();
+        assert_eq!(parsed, Event::Stopped { step: 3, adapter_path: Some("runs/r/final/adapter".into()) });
+        let untrained = Event::Stopped { step: 0, adapter_path: None };
+        let line = to_json_line(&untrained);
+        assert!(line.contains(r#""adapter_path":null"#), "{line}");
+        assert_eq!(parse_line(line.as_bytes()).unwrap(), untrained);
+        assert_eq!(parse_line(br#"{"v":1,"type":"stopped","step":0}"#).unwrap(), untrained);
     }
 
     #[test]

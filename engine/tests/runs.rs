@@ -9,7 +9,9 @@ use candle_core::{DType, Device};
 use ostinato_engine::data::synth;
 use ostinato_engine::data::wav::{write_wav, SampleFormat};
 use ostinato_engine::events::{read_events, Event};
+use ostinato_engine::train::history::{summarise, RunStatus};
 use ostinato_engine::train::{Run, RunConfig, RunEnd, RunHandle};
+use ostinato_engine::Error;
 
 const STEPS: u64 = 9;
 
@@ -345,4 +347,73 @@ fn stop_during_dataset_preparation_ends_the_run_stopped_at_step_0() {
     assert!(matches!(handle.join().unwrap(), RunEnd::Stopped { steps: 0, .. }));
     let events = read_events(&run_dir.join("events.jsonl")).unwrap();
     assert!(matches!(events.last(), Some(Event::Stopped { step: 0, .. })), "{:?}", events.last());
+
+/// What a run stopped before its first update leaves: `stopped`, resumable, no adapter.
+fn assert_stopped_untrained(handle: RunHandle) -> PathBuf {
+    let run_dir = handle.run_dir().to_path_buf();
+    let end = handle.join().unwrap();
+    assert_eq!(end, RunEnd::Stopped { adapter: None, steps: 0 });
+    assert!(!run_dir.join("final").exists(), "no untrained final adapter");
+    assert!(run_dir.join("checkpoints/step-000000").is_dir());
+    let events = read_events(&run_dir.join("events.jsonl")).unwrap();
+    assert_eq!(events.last(), Some(&Event::Stopped { step: 0, adapter_path: None }));
+    let s = summarise(&run_dir);
+    assert_eq!((s.status, s.resumable, s.adapter), (RunStatus::Stopped, true, None));
+    run_dir
+}
+
+#[test]
+fn a_stop_before_the_first_step_writes_no_adapter_and_stays_resumable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let at_zero = RunConfig { stop_at_step: Some(0), ..config(tmp.path(), "at-zero") };
+    let run_dir = assert_stopped_untrained(Run::start(at_zero).unwrap());
+    // A stop request during set-up is seen at the first step boundary.
+    let requested = Run::start(config(tmp.path(), "requested")).unwrap();
+    requested.stop();
+    assert_stopped_untrained(requested);
+
+    let resumed = Run::resume_with(&run_dir, Some(2)).unwrap();
+    assert!(matches!(resumed.join().unwrap(), RunEnd::Stopped { adapter: Some(_), steps: 2 }));
+    assert_eq!(losses(&run_dir).len(), 2);
+    assert!(run_dir.join("final/adapter/adapter_model.safetensors").is_file());
+}
+
+#[test]
+fn a_failed_new_run_leaves_no_folder_and_a_resumed_run_keeps_its_checkpoints() {
+    let tmp = tempfile::tempdir().unwrap();
+    let junk = tmp.path().join("junk");
+    std::fs::create_dir(&junk).unwrap();
+    std::fs::write(junk.join("song.wav"), "not audio at all").unwrap();
+    let mut bad = config(tmp.path(), "named");
+    bad.data.folder = junk.clone();
+    let err = Run::start(bad).unwrap().join().unwrap_err().to_string();
+    assert!(err.contains("no usable audio"), "{err}");
+    assert!(!tmp.path().join("runs/named").exists(), "nothing left to block the name");
+
+    let first = RunConfig { stop_at_step: Some(1), ..config(tmp.path(), "named") };
+    let handle = Run::start(first).unwrap();
+    let run_dir = handle.run_dir().to_path_buf();
+    assert!(matches!(handle.join().unwrap(), RunEnd::Stopped { steps: 1, .. }));
+
+    // The audio folder moved away: resume refuses at once, naming it, and changes nothing.
+    let audio = tmp.path().join("audio").canonicalize().unwrap();
+    let away = tmp.path().join("away");
+    std::fs::rename(&audio, &away).unwrap();
+    let err = Run::resume(&run_dir).err().expect("a missing audio folder is an error");
+    assert!(matches!(&err, Error::InputFolder { path, .. } if *path == audio), "{err}");
+    assert_eq!(summarise(&run_dir).status, RunStatus::Stopped);
+
+    // A folder with nothing usable in its place: the resumed run fails, keeping its run.
+    std::fs::rename(&junk, &audio).unwrap();
+    assert!(Run::resume(&run_dir).unwrap().join().is_err());
+    assert!(run_dir.join("checkpoints/step-000001").is_dir());
+    let s = summarise(&run_dir);
+    assert_eq!((s.status, s.resumable), (RunStatus::Failed, true));
+
+    // The songs back: it resumes where it stopped.
+    std::fs::rename(&audio, &junk).unwrap();
+    std::fs::rename(&away, &audio).unwrap();
+    let resumed = Run::resume_with(&run_dir, Some(2)).unwrap();
+    assert!(matches!(resumed.join().unwrap(), RunEnd::Stopped { steps: 2, .. }));
+    assert_eq!(losses(&run_dir).len(), 2);
 }

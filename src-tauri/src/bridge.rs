@@ -663,6 +663,7 @@ mod engine {
     use ostinato_engine::export::{export_run, ExportFormat as EngineFormat};
     use ostinato_engine::model::source::ModelSource;
     pub use ostinato_engine::train::history::RunSummary;
+    use ostinato_engine::train::config::default_run_name;
     use ostinato_engine::train::{history, Run, RunConfig, RunControl, RunHandle};
     use crate::settings::{ModelChoice, Precision};
 
@@ -720,7 +721,7 @@ mod engine {
     fn run_config(req: &StartRequest) -> RunConfig {
         let s = &req.settings;
         let mut c = RunConfig {
-            name: run_name(),
+            name: default_run_name(),
             runs_dir: req.runs_dir.clone(),
             model: match &s.model {
                 ModelChoice::Demo => ModelSource::Demo,
@@ -747,15 +748,6 @@ mod engine {
         c.lora.alpha = s.alpha;
         c.lora.dropout = s.dropout;
         c
-    }
-
-    /// `run-<unix seconds>`: unique per start, sorts by time.
-    fn run_name() -> String {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or(0);
-        format!("run-{secs}")
     }
 
     struct Handle {
@@ -1005,6 +997,10 @@ mod tests {
         // Cut mid-line by a crash: the partial line is skipped and the run is interrupted.
         write("b-crashed", 200, &[step_line(7, 0.4)], "{\"v\":1,\"type\":\"st");
         write("c-done", 300, &[step_line(9, 0.3), json!({"v": 1, "type": "finished", "adapter_path": "x", "steps": 9, "final_loss": 0.3})], "");
+        // Resumable runs have a checkpoint to resume from.
+        for (id, step) in [("a-paused", 5), ("b-crashed", 7)] {
+            std::fs::create_dir_all(runs.join(id).join(format!("checkpoints/step-{step:06}"))).unwrap();
+        }
         // A folder with a log but no run.toml is not a run.
         let no_config = runs.join("d-no-config");
         std::fs::create_dir_all(&no_config).unwrap();

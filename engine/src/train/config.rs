@@ -93,6 +93,23 @@ impl Default for RunConfig {
     }
 }
 
+/// A new run's name: the UTC date and time, so names sort by age, and a random
+/// suffix, so that runs started in the same second into one folder do not clash
+/// (`2026-12-02_034512-3f9a1c`).
+pub fn default_run_name() -> String {
+    let t = time::OffsetDateTime::now_utc();
+    let suffix = rand::random::<u32>() >> 8;
+    format!(
+        "{:04}-{:02}-{:02}_{:02}{:02}{:02}-{suffix:06x}",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
+}
+
 /// The platform's data directory for runs (e.g. `~/.local/share/ostinato/runs`).
 pub fn default_runs_dir() -> PathBuf {
     directories::ProjectDirs::from("app", "Ostinato", "ostinato")
@@ -118,6 +135,27 @@ impl RunConfig {
         toml::to_string_pretty(self).expect("RunConfig serialises to TOML")
     }
 
+    /// Makes every path absolute (the audio and model folders canonical, so they must
+    /// exist), so that run.toml means the same from any working directory.
+    pub fn resolve_paths(&mut self) -> Result<()> {
+        let absolute = |p: &Path| std::path::absolute(p).map_err(|e| Error::io(p, e));
+        self.runs_dir = absolute(&self.runs_dir)?;
+        if let Some(dir) = &self.cache_dir {
+            self.cache_dir = Some(absolute(dir)?);
+        }
+        self.data.folder = readable_folder("audio folder", &self.data.folder)?;
+        if let ModelSource::Folder { path } = &mut self.model {
+            *path = readable_folder("model folder", path)?;
+        }
+        Ok(())
+    }
+
+    /// Errs naming the first folder the run reads that is not there (resume checks
+    /// before it touches the run: put the folder back and resume again).
+    pub fn check_input_folders(&self) -> Result<()> {
+        self.clone().resolve_paths()
+    }
+
     /// Settings that make no sense, before anything is loaded; the error names the
     /// field as run.toml spells it.
     pub fn validate(&self) -> Result<()> {
@@ -131,6 +169,9 @@ impl RunConfig {
         }
         if self.epochs == 0 {
             return Err(Error::setting("epochs", "must be at least 1"));
+        }
+        if self.max_steps == Some(0) {
+            return Err(Error::setting("max_steps", "must be at least 1"));
         }
         for (field, value) in [("lr", self.lr), ("max_grad_norm", self.max_grad_norm)] {
             if !(value.is_finite() && value > 0.0) {
@@ -150,6 +191,16 @@ impl RunConfig {
         c.runs_dir = PathBuf::new();
         blake3::hash(c.to_toml().as_bytes()).to_hex()[..16].to_string()
     }
+}
+
+/// `path` canonical, or an error naming it when it is not a folder that can be read.
+fn readable_folder(what: &'static str, path: &Path) -> Result<PathBuf> {
+    let error = |source| Error::InputFolder { what, path: path.to_path_buf(), source };
+    let canonical = path.canonicalize().map_err(error)?;
+    if !canonical.is_dir() {
+        return Err(error(std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a folder")));
+    }
+    Ok(canonical)
 }
 
 #[cfg(test)]
@@ -172,5 +223,39 @@ mod tests {
         let c = RunConfig { lr: 1e-3, ..a.clone() };
         assert_eq!(a.trajectory_hash(), b.trajectory_hash());
         assert_ne!(a.trajectory_hash(), c.trajectory_hash());
+    }
+
+    #[test]
+    fn default_names_sort_by_time_and_do_not_clash_within_a_second() {
+        let names: Vec<String> = (0..100).map(|_| default_run_name()).collect();
+        let (a, b) = (&names[0], &names[1]);
+        assert_eq!(a.len(), "2026-12-02_034512-3f9a1c".len(), "{a}");
+        assert!(a[..17] <= b[..17], "{a} {b}");
+        let distinct: std::collections::HashSet<_> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{names:?}");
+        let c = RunConfig { name: a.clone(), ..Default::default() };
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn paths_become_absolute_and_a_missing_folder_is_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let songs = tmp.path().join("songs");
+        std::fs::create_dir(&songs).unwrap();
+        let mut c = RunConfig { runs_dir: "runs".into(), cache_dir: Some("cache".into()), ..Default::default() };
+        c.data.folder = songs.join("../songs");
+        c.resolve_paths().unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!((c.runs_dir.clone(), c.cache_dir.clone()), (cwd.join("runs"), Some(cwd.join("cache"))));
+        assert_eq!(c.data.folder, songs.canonicalize().unwrap());
+        c.check_input_folders().unwrap();
+
+        std::fs::rename(&songs, tmp.path().join("moved")).unwrap();
+        let err = c.check_input_folders().unwrap_err().to_string();
+        assert!(err.starts_with(&format!("audio folder {} cannot be read", c.data.folder.display())), "{err}");
+        c.model = ModelSource::Folder { path: tmp.path().join("moved/model") };
+        c.data.folder = tmp.path().join("moved");
+        let err = c.resolve_paths().unwrap_err().to_string();
+        assert!(err.contains("model folder") && err.contains("moved/model"), "{err}");
     }
 }

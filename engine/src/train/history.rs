@@ -1,15 +1,17 @@
 //! Past and present runs in a runs directory, summarised from their files alone
-//! (`run.toml`, `events.jsonl`, `final/`, the live marker), so any front end can list
-//! them without the engine running them.
+//! (`run.toml`, `events.jsonl`, `checkpoints/`, `final/`, the live marker's lock), so
+//! any front end can list them without the engine running them.
 
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use super::lock;
+use super::state::list_checkpoints;
 use crate::events::{read_events, Event};
 use crate::{Error, Result};
 
-/// Present while a process trains the run: holds that process's id.
+/// Present and locked while a process trains the run (see [`lock`]): holds its id.
 pub const LIVE_MARKER: &str = "run.pid";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -22,6 +24,8 @@ pub enum RunStatus {
     Failed,
     /// The process ended without a final event (a crash or a kill): resumable.
     Interrupted,
+    /// The event log cannot be read (`reason` says where): the status is unknown.
+    Damaged,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -35,9 +39,11 @@ pub struct RunSummary {
     pub last_loss: Option<f64>,
     /// The final adapter, once written.
     pub adapter: Option<PathBuf>,
-    /// Whether [`Run::resume`](crate::train::Run::resume) can continue it: it is stopped,
-    /// failed or interrupted (not finished, and not in the hands of a live process).
+    /// Whether [`Run::resume`](crate::train::Run::resume) can continue it: it has a
+    /// checkpoint, is not finished, and is not in the hands of a live process.
     pub resumable: bool,
+    /// Why the run failed (its `failed` event) or is damaged.
+    pub reason: Option<String>,
     /// When the run last changed: the modification time of its `events.jsonl` (else of
     /// its `run.toml`), in seconds since the Unix epoch. For ordering runs by recency.
     pub updated_unix: Option<u64>,
@@ -52,17 +58,16 @@ pub fn list_runs(runs_dir: &Path) -> Result<Vec<RunSummary>> {
     for entry in std::fs::read_dir(runs_dir).map_err(|e| Error::io(runs_dir, e))? {
         let dir = entry.map_err(|e| Error::io(runs_dir, e))?.path();
         if dir.join("run.toml").is_file() {
-            runs.push(summarise(&dir)?);
+            runs.push(summarise(&dir));
         }
     }
     runs.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(runs)
 }
 
-/// One run's summary.
-pub fn summarise(dir: &Path) -> Result<RunSummary> {
+/// One run's summary; a log that cannot be read makes it `damaged`, not an error.
+pub fn summarise(dir: &Path) -> RunSummary {
     let log = dir.join("events.jsonl");
-    let events = if log.exists() { read_events(&log)? } else { Vec::new() };
     let mut s = RunSummary {
         name: dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         dir: dir.to_path_buf(),
@@ -72,13 +77,33 @@ pub fn summarise(dir: &Path) -> Result<RunSummary> {
         last_loss: None,
         adapter: Some(dir.join("final/adapter")).filter(|p| p.is_dir()),
         resumable: false,
+        reason: None,
         updated_unix: modified_unix(&log).or_else(|| modified_unix(&dir.join("run.toml"))),
     };
-    for e in &events {
+    let events = if log.exists() { read_events(&log) } else { Ok(Vec::new()) };
+    match events {
+        Ok(events) => replay(&mut s, &events),
+        Err(e) => (s.status, s.reason) = (RunStatus::Damaged, Some(e.to_string())),
+    }
+    let live = is_live(dir);
+    if live && !matches!(s.status, RunStatus::Paused) {
+        s.status = RunStatus::Running;
+    }
+    if !live && s.status == RunStatus::Paused {
+        // Paused, then the process went away (the app was quit): resumable as stopped.
+        s.status = RunStatus::Stopped;
+    }
+    s.resumable = !matches!(s.status, RunStatus::Running | RunStatus::Paused | RunStatus::Finished) && has_checkpoint(dir);
+    s
+}
+
+/// The status, step counts and loss the events tell.
+fn replay(s: &mut RunSummary, events: &[Event]) {
+    for e in events {
         match e {
             Event::RunStarted { total_steps, .. } => {
                 s.total_steps = Some(*total_steps);
-                s.status = RunStatus::Interrupted;
+                (s.status, s.reason) = (RunStatus::Interrupted, None);
             }
             Event::Step { step, loss, .. } => {
                 s.steps = *step;
@@ -88,19 +113,15 @@ pub fn summarise(dir: &Path) -> Result<RunSummary> {
             Event::Resumed { .. } => s.status = RunStatus::Interrupted,
             Event::Stopped { step, .. } => (s.status, s.steps) = (RunStatus::Stopped, *step),
             Event::Finished { steps, .. } => (s.status, s.steps) = (RunStatus::Finished, *steps),
-            Event::Failed { .. } => s.status = RunStatus::Failed,
+            Event::Failed { reason, .. } => (s.status, s.reason) = (RunStatus::Failed, Some(reason.clone())),
             _ => {}
         }
     }
-    if is_live(dir) && !matches!(s.status, RunStatus::Paused) {
-        s.status = RunStatus::Running;
-    }
-    if !is_live(dir) && s.status == RunStatus::Paused {
-        // Paused, then the process went away (the app was quit): resumable as stopped.
-        s.status = RunStatus::Stopped;
-    }
-    s.resumable = matches!(s.status, RunStatus::Stopped | RunStatus::Failed | RunStatus::Interrupted);
-    Ok(s)
+}
+
+/// Whether `resume` has a checkpoint to continue from.
+fn has_checkpoint(dir: &Path) -> bool {
+    list_checkpoints(dir).is_ok_and(|c| !c.is_empty())
 }
 
 fn modified_unix(path: &Path) -> Option<u64> {
@@ -108,16 +129,9 @@ fn modified_unix(path: &Path) -> Option<u64> {
     modified.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs())
 }
 
-/// Whether the process named in the run's live marker is alive.
+/// Whether a process trains the run now: it holds the run's lock.
 pub fn is_live(dir: &Path) -> bool {
-    let Ok(text) = std::fs::read_to_string(dir.join(LIVE_MARKER)) else {
-        return false;
-    };
-    let Ok(pid) = text.trim().parse::<i32>() else {
-        return false;
-    };
-    // SAFETY: signal 0 only checks that the process exists.
-    pid == std::process::id() as i32 || unsafe { libc::kill(pid, 0) } == 0
+    lock::is_locked(dir)
 }
 
 #[cfg(test)]
@@ -125,7 +139,14 @@ mod tests {
     use super::*;
     use crate::events::EventLog;
 
+    /// A run with a checkpoint at the last step of `events` (as every ended run has).
     fn run(runs: &Path, name: &str, events: &[Event]) -> PathBuf {
+        let dir = bare_run(runs, name, events);
+        checkpoint(&dir);
+        dir
+    }
+
+    fn bare_run(runs: &Path, name: &str, events: &[Event]) -> PathBuf {
         let dir = runs.join(name);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("run.toml"), "").unwrap();
@@ -134,6 +155,10 @@ mod tests {
             log.append(e).unwrap();
         }
         dir
+    }
+
+    fn checkpoint(dir: &Path) {
+        std::fs::create_dir_all(dir.join("checkpoints/step-000001")).unwrap();
     }
 
     fn step(step: u64, loss: f64) -> Event {
@@ -155,7 +180,7 @@ mod tests {
     fn status_resumability_and_update_time() {
         let tmp = tempfile::tempdir().unwrap();
         let runs = tmp.path();
-        let stopped = Event::Stopped { step: 2, adapter_path: "a".into() };
+        let stopped = Event::Stopped { step: 2, adapter_path: Some("a".into()) };
         let finished = Event::Finished { adapter_path: "a".into(), steps: 3, final_loss: Some(0.3) };
         let failed = Event::Failed { step: 1, reason: "x".into() };
         run(runs, "a-stopped", &[step(1, 0.9), step(2, 0.8), stopped]);
@@ -166,7 +191,7 @@ mod tests {
         run(runs, "e-paused", &[step(1, 0.9), Event::Paused { step: 1 }]);
         // Trained by this (live) process: neither resumable nor interrupted.
         let live = run(runs, "f-live", &[step(1, 0.9)]);
-        std::fs::write(live.join(LIVE_MARKER), std::process::id().to_string()).unwrap();
+        let _lock = lock::RunLock::acquire(&live).unwrap();
         std::fs::create_dir_all(runs.join("not-a-run")).unwrap();
 
         let list = list_runs(runs).unwrap();
@@ -192,7 +217,53 @@ mod tests {
         let bare = runs.join("g-bare");
         std::fs::create_dir_all(&bare).unwrap();
         std::fs::write(bare.join("run.toml"), "").unwrap();
-        let s = summarise(&bare).unwrap();
+        checkpoint(&bare);
+        let s = summarise(&bare);
         assert!(s.updated_unix.is_some() && s.resumable && s.status == RunStatus::Interrupted);
+    }
+
+    #[test]
+    fn resumable_only_with_a_checkpoint() {
+        let tmp = tempfile::tempdir().unwrap();
+        let stopped = Event::Stopped { step: 0, adapter_path: None };
+        let stopped = bare_run(tmp.path(), "stopped-at-0", &[stopped]);
+        let crashed = bare_run(tmp.path(), "crashed-in-step-1", &[]);
+        let failed = bare_run(tmp.path(), "failed", &[Event::Failed { step: 0, reason: "no usable audio".into() }]);
+        for dir in [&stopped, &crashed, &failed] {
+            assert!(!summarise(dir).resumable, "{}", dir.display());
+            checkpoint(dir);
+            assert!(summarise(dir).resumable, "{}", dir.display());
+        }
+        assert_eq!(summarise(&failed).reason.as_deref(), Some("no usable audio"));
+    }
+
+    #[test]
+    fn a_damaged_log_marks_its_run_and_the_others_are_still_listed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let first = run(tmp.path(), "a-first-line", &[step(1, 0.9)]);
+        std::fs::write(first.join("events.jsonl"), "garbage\n").unwrap();
+        let middle = run(tmp.path(), "b-middle-line", &[step(1, 0.9)]);
+        let mut text = std::fs::read_to_string(middle.join("events.jsonl")).unwrap();
+        text.push_str("{\"v\":1,\"type\":\"nonsense\"}\n");
+        text.push_str(&std::fs::read_to_string(middle.join("events.jsonl")).unwrap());
+        std::fs::write(middle.join("events.jsonl"), text).unwrap();
+        run(tmp.path(), "c-fine", &[step(1, 0.9), Event::Stopped { step: 1, adapter_path: None }]);
+
+        let list = list_runs(tmp.path()).unwrap();
+        let got: Vec<_> = list.iter().map(|r| (r.name.as_str(), r.status, r.resumable)).collect();
+        assert_eq!(
+            got,
+            [
+                ("a-first-line", RunStatus::Damaged, true),
+                ("b-middle-line", RunStatus::Damaged, true),
+                ("c-fine", RunStatus::Stopped, true),
+            ]
+        );
+        for (r, line) in list.iter().zip([":1:", ":2:"]) {
+            let reason = r.reason.as_deref().unwrap();
+            assert!(reason.contains("events.jsonl") && reason.contains(line), "{reason}");
+        }
+        let json = serde_json::to_value(&list[0]).unwrap();
+        assert_eq!(json["status"], "damaged");
     }
 }

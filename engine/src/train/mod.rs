@@ -14,3 +14,4 @@ pub mod step;
 pub use config::RunConfig;
 pub use run::{Run, RunControl, RunEnd, RunHandle};
 pub mod history;
+pub mod lock;

@@ -17,7 +17,7 @@ use super::flow::Batch;
 use super::loss_scale::{LossScaler, SkipCounter};
 use super::optim::AdamW;
 use super::schedule::LrScheduler;
-use super::history;
+use super::lock::RunLock;
 use super::state::{self, TrainingState};
 use super::step::{StepOutcome, StepSettings, Trainer};
 use crate::data::preprocessed::{is_preprocessed_dir, read_preprocessed_dir};
@@ -34,7 +34,8 @@ use crate::{Error, Result};
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunEnd {
     Finished { adapter: PathBuf, steps: u64 },
-    Stopped { adapter: PathBuf, steps: u64 },
+    /// `adapter` is `None` when the run stopped before its first update.
+    Stopped { adapter: Option<PathBuf>, steps: u64 },
     Failed { reason: String, steps: u64 },
 }
 
@@ -70,7 +71,8 @@ impl RunControl {
     }
 
     /// Stop at the next step boundary (during dataset preparation: before the next
-    /// file or encoder chunk): checkpoint, final adapter, `stopped`.
+    /// file or encoder chunk): checkpoint, final adapter (once a step is trained),
+    /// `stopped`.
     pub fn stop(&self) {
         self.0.requests.lock().expect("control lock").stop = true;
         self.0.cancel.cancel();
@@ -126,18 +128,24 @@ pub struct Run;
 
 impl Run {
     /// Starts a new run in `<runs_dir>/<name>` (which must not hold a run already).
-    pub fn start(config: RunConfig) -> Result<RunHandle> {
+    /// Its paths are made absolute first; the run directory is locked for its life.
+    pub fn start(mut config: RunConfig) -> Result<RunHandle> {
         config.validate()?;
+        config.resolve_paths()?;
         let run_dir = config.run_dir();
+        let origin = Origin::New { created_dir: create_run_dir(&run_dir)? };
+        let lock = RunLock::acquire(&run_dir)?;
         if run_dir.join("run.toml").exists() {
-            return Err(Error::BadConfig(format!(
-                "{} already holds a run: resume it or choose another name",
-                run_dir.display()
-            )));
+            return Err(Error::BadFile {
+                path: run_dir,
+                reason: "already holds a run: resume it or choose another name".into(),
+            });
         }
-        std::fs::create_dir_all(&run_dir).map_err(|e| Error::io(&run_dir, e))?;
-        write_config(&run_dir, &config)?;
-        Ok(spawn(config, run_dir, false))
+        if let Err(e) = write_config(&run_dir, &config) {
+            origin.discard(&run_dir);
+            return Err(e);
+        }
+        Ok(spawn(config, run_dir, origin, lock))
     }
 
     /// Continues a paused, stopped or crashed run from its newest readable checkpoint.
@@ -145,9 +153,14 @@ impl Run {
         Self::resume_with(run_dir, None)
     }
 
-    /// As `resume`, stopping (resumably) once `stop_at_step` updates are applied.
+    /// As `resume`, stopping (resumably) once `stop_at_step` updates are applied. Errs
+    /// at once, leaving the run as it was, when another process trains it or a folder
+    /// it reads is missing.
     pub fn resume_with(run_dir: &Path, stop_at_step: Option<u64>) -> Result<RunHandle> {
+        let run_dir = std::path::absolute(run_dir).map_err(|e| Error::io(run_dir, e))?;
         let mut config = RunConfig::from_toml_file(&run_dir.join("run.toml"))?;
+        let lock = RunLock::acquire(&run_dir)?;
+        config.check_input_folders()?;
         config.stop_at_step = stop_at_step;
         config.runs_dir = run_dir.parent().map(Path::to_path_buf).unwrap_or_default();
         config.name = run_dir
@@ -155,8 +168,47 @@ impl Run {
             .and_then(|n| n.to_str())
             .unwrap_or_default()
             .to_string();
-        write_config(run_dir, &config)?;
-        Ok(spawn(config, run_dir.to_path_buf(), true))
+        write_config(&run_dir, &config)?;
+        Ok(spawn(config, run_dir, Origin::Resumed, lock))
+    }
+}
+
+/// Whose directory a run trains in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Origin {
+    /// A new run; whether its start created the directory.
+    New { created_dir: bool },
+    Resumed,
+}
+
+impl Origin {
+    /// Removes a new run that trained nothing, so that no failed run blocks its name;
+    /// a resumed run's directory is never touched.
+    fn discard(self, run_dir: &Path) {
+        match self {
+            Origin::New { created_dir: true } => {
+                let _ = std::fs::remove_dir_all(run_dir);
+            }
+            // The folder was there before the run: remove only what the start wrote.
+            Origin::New { created_dir: false } => {
+                for name in ["run.toml", "events.jsonl"] {
+                    let _ = std::fs::remove_file(run_dir.join(name));
+                }
+            }
+            Origin::Resumed => {}
+        }
+    }
+}
+
+/// Creates `run_dir` and its parents; true when this call created it.
+fn create_run_dir(run_dir: &Path) -> Result<bool> {
+    if let Some(parent) = run_dir.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    }
+    match std::fs::create_dir(run_dir) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(Error::io(run_dir, e)),
     }
 }
 
@@ -165,20 +217,14 @@ fn write_config(run_dir: &Path, config: &RunConfig) -> Result<()> {
     std::fs::write(&path, config.to_toml()).map_err(|e| Error::io(&path, e))
 }
 
-fn spawn(config: RunConfig, run_dir: PathBuf, resuming: bool) -> RunHandle {
+fn spawn(config: RunConfig, run_dir: PathBuf, origin: Origin, lock: RunLock) -> RunHandle {
     let control = Arc::new(Control::default());
     let (tx, rx) = channel();
     let thread = {
         let (control, run_dir) = (control.clone(), run_dir.clone());
         std::thread::Builder::new()
             .name("ostinato-train".into())
-            .spawn(move || {
-                let marker = run_dir.join(history::LIVE_MARKER);
-                let _ = std::fs::write(&marker, std::process::id().to_string());
-                let result = train(&config, &run_dir, resuming, &control, tx);
-                let _ = std::fs::remove_file(&marker);
-                result
-            })
+            .spawn(move || train(&config, &run_dir, origin, lock, &control, tx))
             .expect("spawn training thread")
     };
     RunHandle {
@@ -189,29 +235,42 @@ fn spawn(config: RunConfig, run_dir: PathBuf, resuming: bool) -> RunHandle {
     }
 }
 
-/// The thread's body: set up, train, and report a failure as an event.
-fn train(config: &RunConfig, run_dir: &Path, resuming: bool, control: &Control, tx: Sender<Event>) -> Result<RunEnd> {
+/// The thread's body: set up, train, and end a failure with an event (after removing
+/// a new run that trained nothing).
+fn train(
+    config: &RunConfig,
+    run_dir: &Path,
+    origin: Origin,
+    lock: RunLock,
+    control: &Control,
+    tx: Sender<Event>,
+) -> Result<RunEnd> {
     let mut sink = Sink {
         log: EventLog::open(run_dir.join("events.jsonl"))?,
         tx,
+        lock: Some(lock),
     };
-    let mut training = match Loop::setup(config, run_dir, resuming, &control.cancel, &mut sink) {
-        Ok(l) => l,
-        Err(e) => {
-            sink.emit(Event::Failed { step: 0, reason: e.to_string() });
-            return Err(e);
+    let (result, steps) = match Loop::setup(config, run_dir, origin == Origin::Resumed, &control.cancel, &mut sink) {
+        Ok(mut training) => {
+            // A stop during setup ends the run before its first step, as a stop between steps does.
+            let result = if control.cancel.is_cancelled() {
+                training.stop(&mut sink)
+            } else {
+                training.run(control, &mut sink)
+            };
+            (result, training.trainer.applied_steps())
         }
+        Err(e) => (Err(e), 0),
     };
-    // A stop during setup ends the run before its first step, the way a stop between steps does.
-    let result = if control.cancel.is_cancelled() {
-        training.stop(&mut sink)
-    } else {
-        training.run(control, &mut sink)
+    let reason = match &result {
+        Ok(RunEnd::Failed { reason, .. }) => reason.clone(),
+        Ok(_) => return result,
+        Err(e) => e.to_string(),
     };
-    if let Err(e) = &result {
-        let step = training.trainer.applied_steps();
-        sink.emit(Event::Failed { step, reason: e.to_string() });
+    if steps == 0 {
+        origin.discard(run_dir);
     }
+    sink.emit(Event::Failed { step: steps, reason });
     result
 }
 
@@ -219,19 +278,20 @@ fn train(config: &RunConfig, run_dir: &Path, resuming: bool, control: &Control, 
 struct Sink {
     log: EventLog,
     tx: Sender<Event>,
+    /// The run directory's lock, let go with the run's final event.
+    lock: Option<RunLock>,
 }
 
 impl Sink {
     fn emit(&mut self, event: Event) {
-        if matches!(event, Event::Finished { .. } | Event::Stopped { .. } | Event::Failed { .. }) {
-            // The run ends with this event: whoever sees it and then lists the runs must
-            // not find the run live (the training thread removes the marker only later).
-            if let Some(dir) = self.log.path().parent() {
-                let _ = std::fs::remove_file(dir.join(history::LIVE_MARKER));
-            }
-        }
         // A full disk must not kill training: the checkpoint path reports write errors.
         let _ = self.log.append(&event);
+        if matches!(event, Event::Finished { .. } | Event::Stopped { .. } | Event::Failed { .. }) {
+            // The run ends with this event: whoever sees it and then lists the runs must
+            // not find the run live (the training thread ends only later), and the next
+            // writer appends after it.
+            self.lock = None;
+        }
         let _ = self.tx.send(event);
     }
 }
@@ -427,7 +487,7 @@ impl Loop {
                             elapsed_s: self.state.elapsed_s,
                             eta_s: rate.eta_s(self.total_steps.saturating_sub(step)),
                         });
-                        if self.config.save_every_steps.is_some_and(|n| n > 0 && step % n == 0) {
+                        if self.config.save_every_steps.is_some_and(|n| n > 0 && step.is_multiple_of(n)) {
                             self.checkpoint(sink)?;
                         }
                     }
@@ -442,9 +502,7 @@ impl Loop {
                             let reason = format!(
                                 "{consecutive} steps in a row had {reason}; the last checkpoint holds the last good state"
                             );
-                            let steps = self.trainer.applied_steps();
-                            sink.emit(Event::Failed { step: steps, reason: reason.clone() });
-                            return Ok(RunEnd::Failed { reason, steps });
+                            return Ok(RunEnd::Failed { reason, steps: self.trainer.applied_steps() });
                         }
                     }
                 }
@@ -490,7 +548,7 @@ impl Loop {
         s.epoch_loss_count = 0;
         s.epoch_order = epoch_order(self.config.seed, s.epoch, self.data.len());
         let epoch = s.epoch;
-        if self.config.save_every_epochs.is_some_and(|n| n > 0 && epoch % n == 0) && epoch < self.config.epochs {
+        if self.config.save_every_epochs.is_some_and(|n| n > 0 && epoch.is_multiple_of(n)) && epoch < self.config.epochs {
             self.checkpoint(sink)?;
         }
         Ok(())
@@ -541,10 +599,15 @@ impl Loop {
         Ok(path)
     }
 
+    /// Checkpoints (a run stopped at step 0 stays resumable) and writes the final
+    /// adapter once a step is trained: before that it would be the untrained start.
     fn stop(&mut self, sink: &mut Sink) -> Result<RunEnd> {
         self.checkpoint(sink)?;
-        let adapter = state::save_final_adapter(&self.run_dir, &self.trainer.adapter)?;
         let steps = self.trainer.applied_steps();
+        let adapter = match steps {
+            0 => None,
+            _ => Some(state::save_final_adapter(&self.run_dir, &self.trainer.adapter)?),
+        };
         sink.emit(Event::Stopped {
             step: steps,
             adapter_path: adapter.clone(),
@@ -590,20 +653,23 @@ fn data_event(e: DataEvent, folder: &Path) -> Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::train::history;
 
     #[test]
     fn the_live_marker_is_gone_before_the_final_event_is_seen() {
         let tmp = tempfile::tempdir().unwrap();
         let marker = tmp.path().join(history::LIVE_MARKER);
         let (tx, rx) = channel();
-        let mut sink = Sink { log: EventLog::open(tmp.path().join("events.jsonl")).unwrap(), tx };
-        std::fs::write(&marker, std::process::id().to_string()).unwrap();
+        let lock = Some(RunLock::acquire(tmp.path()).unwrap());
+        let mut sink = Sink { log: EventLog::open(tmp.path().join("events.jsonl")).unwrap(), tx, lock };
         sink.emit(Event::Paused { step: 1 });
         assert!(marker.exists(), "a paused run is still live");
-        sink.emit(Event::Stopped { step: 1, adapter_path: "a".into() });
+        assert!(history::is_live(tmp.path()));
+        sink.emit(Event::Stopped { step: 1, adapter_path: Some("a".into()) });
         assert!(matches!(rx.recv().unwrap(), Event::Paused { .. }));
         assert!(matches!(rx.recv().unwrap(), Event::Stopped { .. }));
         assert!(!marker.exists());
-        assert_eq!(history::summarise(tmp.path()).unwrap().status, history::RunStatus::Stopped);
+        assert!(!history::is_live(tmp.path()));
+        assert_eq!(history::summarise(tmp.path()).status, history::RunStatus::Stopped);
     }
 }
