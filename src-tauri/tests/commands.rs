@@ -202,6 +202,8 @@ fn history_lists_runs_and_refuses_paths_outside_the_runs_dir() {
             ),
         )
         .unwrap();
+        // A run is resumable from a checkpoint only.
+        std::fs::create_dir_all(run.join("checkpoints/step-000012")).unwrap();
         run
     };
     write_run("20261101-120000-demo", true);
@@ -267,6 +269,16 @@ fn command_list_handler_and_capability_agree() {
     assert_eq!(granted, expected, "capabilities/default.json must grant exactly the app's commands and event listening");
 }
 
+/// Waits until training has begun (`run_started`): a Stop before it ends the run
+/// during dataset preparation, before anything is trained.
+fn wait_started(app: &TestApp) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while app.invoke("get_state", json!({})).unwrap()["run"]["started"].is_null() {
+        assert!(std::time::Instant::now() < deadline, "the run never started training");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Waits for the run's status to become `want` (or fails on `failed`).
 fn wait_status(app: &TestApp, want: &str) -> Value {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
@@ -294,6 +306,7 @@ fn a_stopped_run_resumes_after_the_app_is_reopened() {
         s["rank"] = json!(4);
         app.invoke("save_settings", json!({ "settings": s })).unwrap();
         app.invoke("start_run", json!({})).unwrap();
+        wait_started(&app);
         app.invoke("stop_run", json!({})).unwrap();
         wait_status(&app, "stopped");
         let runs = app.invoke("list_runs", json!({})).unwrap();
@@ -306,6 +319,7 @@ fn a_stopped_run_resumes_after_the_app_is_reopened() {
     app.invoke("resume_past_run", json!({"dir": run_dir})).unwrap();
     let state = app.invoke("get_state", json!({})).unwrap();
     assert!(matches!(state["run"]["status"].as_str(), Some("running" | "stopping" | "stopped" | "finished")), "{state}");
+    wait_started(&app);
     app.invoke("stop_run", json!({})).ok();
     wait_status(&app, "stopped");
     // The same run directory holds both sessions: started twice, stopped twice.
