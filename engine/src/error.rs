@@ -79,6 +79,10 @@ pub enum Error {
     #[error("latent encoder: {0}")]
     Encoder(String),
 
+    /// A thread of the engine panicked: a bug, reported instead of taking the app down.
+    #[error("the {0} thread panicked")]
+    Panicked(&'static str),
+
     /// Work stopped early because its `Cancel` token was set (a stop, not a failure).
     #[error("cancelled")]
     Cancelled,
@@ -93,12 +97,11 @@ pub enum Error {
     ModelFolder { path: PathBuf, problems: Vec<String> },
 
     /// A folder the run reads (its audio, its model) is not where the config says.
-    #[error("{what} {path} cannot be read: {source}")]
+    #[error("{what} {path} cannot be read: {cause}")]
     InputFolder {
         what: &'static str,
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 
     /// Another process holds the run directory's lock: one writer per run.

@@ -195,7 +195,7 @@ impl RunConfig {
 
 /// `path` canonical, or an error naming it when it is not a folder that can be read.
 fn readable_folder(what: &'static str, path: &Path) -> Result<PathBuf> {
-    let error = |source| Error::InputFolder { what, path: path.to_path_buf(), source };
+    let error = |cause| Error::InputFolder { what, path: path.to_path_buf(), cause };
     let canonical = path.canonicalize().map_err(error)?;
     if !canonical.is_dir() {
         return Err(error(std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a folder")));

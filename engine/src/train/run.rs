@@ -119,7 +119,7 @@ impl RunHandle {
 
     pub fn join(self) -> Result<RunEnd> {
         self.thread.join().unwrap_or_else(|_| {
-            Err(Error::BadConfig("the training thread panicked".into()))
+            Err(Error::Panicked("training"))
         })
     }
 }
