@@ -80,6 +80,9 @@ pub enum Error {
     #[error("model folder {path}: {}", .problems.join("; "))]
     ModelFolder { path: PathBuf, problems: Vec<String> },
 
+    #[error("generate: {0}")]
+    BadRequest(String),
+
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }
