@@ -33,6 +33,8 @@ pub struct MelDecoder {
     pinv: Vec<f32>,
     /// The normalised log-mel of silence (every band at the floor).
     floor: f32,
+    /// The normalised log-mel of a band holding a full-scale sine (power 1/4).
+    full_scale: f32,
     /// The latent of silence: the projection of `floor` in every band.
     floor_latent: Vec<f32>,
     /// Per FFT bin, its bands `(band, weight)`, and the sum of its weights (0 outside
@@ -54,6 +56,7 @@ impl MelDecoder {
         let p = encoder.projection();
         let pinv = pseudo_inverse(p, CHANNELS, N_MELS);
         let floor = (LOG_FLOOR.ln() - LOG_CENTER) / LOG_SCALE;
+        let full_scale = ((0.25 + LOG_FLOOR).ln() - LOG_CENTER) / LOG_SCALE;
         let floor_latent = p.chunks_exact(N_MELS).map(|row| row.iter().sum::<f32>() * floor).collect();
         let mut bins = vec![(Vec::new(), 0.0f32); WIN / 2 + 1];
         for (m, filter) in encoder.filters().iter().enumerate() {
@@ -69,6 +72,7 @@ impl MelDecoder {
             encoder,
             pinv,
             floor,
+            full_scale,
             floor_latent,
             bins,
         }
@@ -85,6 +89,9 @@ impl MelDecoder {
                     .chunks_exact(CHANNELS)
                     .map(|row| {
                         let m = self.floor + row.iter().zip(z).zip(&self.floor_latent).map(|((w, z), f)| w * (z - f)).sum::<f32>();
+                        // No band holds more than a full-scale sine's energy: latents
+                        // past what any [-1, 1] audio encodes to are held there.
+                        let m = m.clamp(self.floor, self.full_scale);
                         ((m * LOG_SCALE + LOG_CENTER).exp() - LOG_FLOOR).max(0.0)
                     })
                     .collect();
@@ -337,5 +344,11 @@ mod tests {
         let z = enc.encode(&tone(440.0)).unwrap();
         assert_eq!(dec.decode(&z).unwrap(), dec.decode(&z).unwrap());
         assert!(dec.decode(&Tensor::zeros((3, 8), DType::F32, &candle_core::Device::Cpu).unwrap()).is_err());
+        // Latents far outside the encoder's range stay bounded: at most every band at
+        // full scale (without the bound, exp of the log-mels overflows).
+        let wild = (Tensor::randn(0f32, 1.0, (10, CHANNELS), &candle_core::Device::Cpu).unwrap() * 20.0).unwrap();
+        let peak = dec.decode(&wild).unwrap().peak();
+        println!("latents of std 20 decode to peak {peak:.2}");
+        assert!(peak.is_finite() && peak < N_MELS as f32, "peak {peak}");
     }
 }
