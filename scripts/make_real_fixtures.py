@@ -18,8 +18,8 @@ fixtures (reading the committed tiny VAE and the shared `dit_tiny` / `sample_tin
   real/vae_decode.safetensors          latents [T, C] and diffusers' `AutoencoderOobleck.decode`
   ../sample_guided_tiny.{safetensors,json}
       diffusers' `AceStepPipeline` denoising loop for a base/SFT model (10 steps, shift
-      2.5, APG guidance 5 within cfg interval [0, 0.6]: the last 2 steps unguided) on dit_tiny, without and with its
-      LoRA, laid out like the shared `sample_tiny` fixture
+      2.5, APG guidance 5 within cfg interval [0, 0.6]: the last 2 steps unguided) on
+      dit_tiny, without and with its LoRA, laid out like the shared `sample_tiny` fixture
 """
 
 import json
