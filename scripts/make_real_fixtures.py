@@ -11,6 +11,15 @@ engine/tests/fixtures/real/:
   acestep_sample.pt      the same sample as ACE-Step's trainer saves it (bf16, bool mask, metadata)
 
 The clip is a formula both sides compute (see `clip`), so no audio is stored.
+
+With `--generation` it leaves all of that as it is and only adds the generation
+fixtures (reading the committed tiny VAE and the shared `dit_tiny` / `sample_tiny`):
+
+  real/vae_decode.safetensors          latents [T, C] and diffusers' `AutoencoderOobleck.decode`
+  ../sample_guided_tiny.{safetensors,json}
+      diffusers' `AceStepPipeline` denoising loop for a base/SFT model (10 steps, shift
+      2.5, APG guidance 5 within cfg interval [0, 0.6]: the last 2 steps unguided) on
+      dit_tiny, without and with its LoRA, laid out like the shared `sample_tiny` fixture
 """
 
 import json
@@ -291,5 +300,146 @@ def main():
     print("valid text tokens", int(text.attention_mask.sum()), "lyric tokens", int(lyr.attention_mask.sum()))
 
 
+def shared_fixtures():
+    return os.environ.get("OSTINATO_FIXTURES") or os.path.join(os.path.dirname(__file__), "..", "..", "shared", "fixtures")
+
+
+def vae_decode_fixture():
+    """diffusers' decode of random latents with the committed tiny VAE."""
+    vae = AutoencoderOobleck.from_pretrained(os.path.join(MODEL, "vae")).eval()
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(1, LATENT, 13, generator=g)
+    audio = vae.decode(z).sample[0]
+    save_file(
+        {"in.latents": z[0].T.contiguous(), "out.audio": audio.contiguous()},
+        os.path.join(OUT, "vae_decode.safetensors"),
+    )
+    print("vae_decode: latents", list(z.shape), "audio", list(audio.shape), "peak", float(audio.abs().max()))
+
+
+def diffusers_names(state):
+    """ACE-Step's checkpoint names -> diffusers' (the inverse of `original_names`)."""
+    out = {}
+    for k, v in state.items():
+        k = (
+            k.replace("proj_in.1.", "proj_in_conv.")
+            .replace("proj_out.1.", "proj_out_conv.")
+            .replace(".q_proj.", ".to_q.")
+            .replace(".k_proj.", ".to_k.")
+            .replace(".v_proj.", ".to_v.")
+            .replace(".o_proj.", ".to_out.0.")
+            .replace(".q_norm.", ".norm_q.")
+            .replace(".k_norm.", ".norm_k.")
+        )
+        out[k] = v
+    return out
+
+
+def guided_sample_fixture():
+    """The base/SFT denoising loop of diffusers' AceStepPipeline.__call__ (its own
+    schedule, scheduler and APG guidance functions), run on dit_tiny."""
+    from safetensors.torch import load_file
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.guiders.adaptive_projected_guidance import MomentumBuffer, normalized_guidance
+    from diffusers.pipelines.ace_step.pipeline_ace_step import AceStepPipeline
+
+    shared = shared_fixtures()
+    dit_json = json.load(open(os.path.join(shared, "dit_tiny.json")))
+    weights = load_file(os.path.join(shared, "dit_tiny.safetensors"))
+    sample = load_file(os.path.join(shared, "sample_tiny.safetensors"))
+    cfg = dit_json["config"]
+    keys = [
+        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        "head_dim", "in_channels", "audio_acoustic_hidden_dim", "patch_size", "sliding_window", "rope_theta",
+        "rms_norm_eps", "layer_types",
+    ]
+    dit = AceStepTransformer1DModel(**{k: cfg[k] for k in keys}, is_turbo=False, model_version="base").eval()
+    base = {k[len("decoder."):]: v for k, v in weights.items() if k.startswith("decoder.")}
+    dit.load_state_dict(diffusers_names(base), strict=True)
+    scaling = dit_json["lora"]["scaling"]
+
+    def merged():
+        """The LoRA merged into the base weights: W + scaling * B A."""
+        state = dict(base)
+        for k, v in weights.items():
+            if k.startswith("lora.") and k.endswith(".lora_A.weight"):
+                module = k[len("lora."):-len(".lora_A.weight")]
+                b = weights[f"lora.{module}.lora_B.weight"]
+                state[f"{module}.weight"] = state[f"{module}.weight"] + scaling * (b @ v)
+        return diffusers_names(state)
+
+    steps, shift, guidance, interval = 10, 2.5, 5.0, (0.0, 0.6)
+    g = torch.Generator().manual_seed(77)
+    null_emb = torch.randn(1, 1, cfg["hidden_size"], generator=g) * 0.5
+    noise = torch.randn(sample["in.noise"].shape, generator=g)
+    ctx, enc = sample["in.context_latents"], sample["in.encoder_hidden_states"]
+
+    def loop(record):
+        t_schedule = AceStepPipeline._get_timestep_schedule(None, num_inference_steps=steps, shift=shift, dtype=torch.float32)
+        scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1, shift=1.0)
+        scheduler.set_timesteps(sigmas=t_schedule.tolist())
+        null = null_emb.expand_as(enc)
+        momentum = MomentumBuffer(momentum=-0.75)
+        xt, out = noise.clone(), {}
+        for k, t_sched in enumerate(scheduler.timesteps):
+            t = float(t_sched) * torch.ones((1,), dtype=torch.float32)
+            if record:
+                out[f"dbg.xt.{k}"] = xt.clone()
+            if interval[0] <= 1.0 - float(t_sched) <= interval[1]:
+                v = dit(
+                    hidden_states=torch.cat([xt, xt]), timestep=torch.cat([t, t]), timestep_r=torch.cat([t, t]),
+                    encoder_hidden_states=torch.cat([enc, null]), context_latents=torch.cat([ctx, ctx]), return_dict=False,
+                )[0]
+                v_cond, v_uncond = v.chunk(2)
+                v = normalized_guidance(
+                    pred_cond=v_cond, pred_uncond=v_uncond, guidance_scale=guidance - 1.0, momentum_buffer=momentum,
+                    eta=0.0, norm_threshold=2.5, use_original_formulation=True, norm_dim=(1,),
+                )
+            else:
+                v = dit(hidden_states=xt, timestep=t, timestep_r=t, encoder_hidden_states=enc, context_latents=ctx, return_dict=False)[0]
+            if record:
+                out[f"dbg.v.{k}"] = v.clone()
+            xt = scheduler.step(v, t_sched, xt, return_dict=False)[0]
+        return xt, out, t_schedule
+
+    latents, tensors, t_schedule = loop(True)
+    dit.load_state_dict(merged(), strict=True)
+    latents_lora, _, _ = loop(False)
+    tensors.update({k: v for k, v in weights.items() if k.startswith("decoder.") or k.startswith("lora.")})
+    tensors.update({
+        "in.noise": noise, "in.context_latents": ctx, "in.encoder_hidden_states": enc, "in.null_condition_emb": null_emb,
+        "in.timesteps": t_schedule, "out.latents": latents, "out.latents_lora": latents_lora,
+    })
+    path = os.path.join(OUT, "..", "sample_guided_tiny")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, path + ".safetensors")
+    meta = {
+        "config": cfg,
+        "lora": dit_json["lora"],
+        "sampler": {
+            "kind": "base/sft with guidance", "steps": steps, "shift": shift, "guidance_scale": guidance,
+            "cfg_interval": list(interval), "timesteps": t_schedule.tolist(),
+            "source": "diffusers 0.42.1 AceStepPipeline.__call__ denoising loop: _get_timestep_schedule, "
+            "FlowMatchEulerDiscreteScheduler(num_train_timesteps=1, shift=1) with set_timesteps(sigmas=...), "
+            "APG normalized_guidance(momentum -0.75, eta 0, norm_threshold 2.5, norm_dim (1,), original formulation) "
+            "between encoder_hidden_states and null_condition_emb expanded to its shape",
+        },
+        "notes": [
+            "weights, context latents and encoder states are the shared sample_tiny/dit_tiny ones; null_condition_emb and noise are new (seed 77)",
+            "out.latents_lora: the same loop with the fixture LoRA merged into the base weights (W + scaling B A)",
+        ],
+        "versions": {"torch": torch.__version__, "diffusers": __import__("diffusers").__version__},
+    }
+    with open(path + ".json", "w") as f:
+        json.dump(meta, f, indent=1)
+    print("sample_guided_tiny: max |latents| %.3f, LoRA effect %.3e" % (latents.abs().max(), (latents_lora - latents).abs().max()))
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    torch.set_grad_enabled(False)
+    if "--generation" in sys.argv:
+        vae_decode_fixture()
+        guided_sample_fixture()
+    else:
+        main()

@@ -1,6 +1,7 @@
-//! `ostinato`: train, resume, list, export, benchmark and inspect from the command
-//! line. Parsing, wiring and reporting only; the engine does the work.
+//! `ostinato`: train, resume, list, export, generate, decode, benchmark and inspect
+//! from the command line. Parsing, wiring and reporting only; the engine does the work.
 
+mod generate;
 mod progress;
 mod report;
 mod train;
@@ -11,6 +12,8 @@ use clap::{Args, Parser, Subcommand};
 use ostinato_engine::bench::Preset;
 use ostinato_engine::device::Precision;
 use ostinato_engine::export::ExportFormat;
+use ostinato_engine::generate::GenerateSpec;
+use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::runtime;
 use progress::Mode;
 
@@ -91,6 +94,79 @@ enum Command {
         #[arg(long)]
         crop_seconds: Option<f64>,
     },
+    /// Make a song from a caption (and lyrics), optionally with a trained adapter:
+    /// a 48 kHz stereo 32-bit float WAV.
+    Generate(GenerateArgs),
+    /// Turn latents [frames, 64] (`latents` or `target_latents` in a .safetensors file,
+    /// as `generate --latents-out` and `preprocess` write them) into a WAV.
+    Decode {
+        latents: PathBuf,
+        #[command(flatten)]
+        model: ModelArg,
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+/// Exactly one of `--model DIR` and `--demo`.
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+pub struct ModelArg {
+    /// An ACE-Step 1.5 model folder.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// The built-in demo model (no download).
+    #[arg(long)]
+    pub demo: bool,
+}
+
+impl ModelArg {
+    pub fn source(&self) -> ModelSource {
+        match (&self.model, self.demo) {
+            (Some(path), false) => ModelSource::Folder { path: path.clone() },
+            _ => ModelSource::Demo,
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// What the music is (style, instruments, mood).
+    #[arg(long)]
+    pub caption: String,
+    /// Lyrics (default: instrumental).
+    #[arg(long, default_value = "")]
+    pub lyrics: String,
+    /// Length in seconds (at most 600).
+    #[arg(long, default_value_t = 30.0)]
+    pub duration: f64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Sampling steps (default: 8 for turbo models, 32 for base/SFT).
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Timestep shift (default 3).
+    #[arg(long)]
+    pub shift: Option<f64>,
+    /// Classifier-free guidance scale, base/SFT models only (default 7 there).
+    #[arg(long)]
+    pub guidance: Option<f64>,
+    /// A PEFT adapter folder (adapter_config.json + adapter_model.safetensors).
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
+    /// The adapter's strength: 0 is the base model, 1 the adapter as trained.
+    #[arg(long, default_value_t = 1.0, requires = "adapter")]
+    pub adapter_scale: f64,
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Also write the clean latents [frames, 64] (`latents` in a .safetensors file).
+    #[arg(long)]
+    pub latents_out: Option<PathBuf>,
+    /// Print progress events as JSON lines instead of a progress bar.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]
@@ -209,5 +285,20 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Preprocess { audio_dir, model, out, crop_seconds } => {
             report::preprocess(&audio_dir, model, &out, crop_seconds).map(|_| 0)
         }
+        Command::Generate(a) => {
+            let spec = GenerateSpec {
+                caption: a.caption,
+                lyrics: a.lyrics,
+                duration_seconds: a.duration,
+                seed: a.seed,
+                steps: a.steps,
+                shift: a.shift,
+                guidance: a.guidance,
+                adapter: a.adapter,
+                adapter_scale: a.adapter_scale,
+            };
+            generate::generate(&spec, &a.model.source(), &a.out, a.latents_out.as_deref(), a.json).map(|_| 0)
+        }
+        Command::Decode { latents, model, out } => generate::decode(&latents, &model.source(), &out).map(|_| 0),
     }
 }

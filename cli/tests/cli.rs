@@ -593,3 +593,135 @@ fn runs_json_is_truthful_about_checkpoints_and_damaged_logs() {
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("damaged") && table.contains("events.jsonl:1:"), "{table}");
 }
+
+/// `generate --demo` with a short duration and the given extra flags.
+fn generate(out: &Path, extra: &[&str]) -> Command {
+    let mut c = ostinato();
+    c.args(["generate", "--demo", "--caption", "warm lo-fi piano", "--duration", "2", "--out", out.to_str().unwrap()]).args(extra);
+    c
+}
+
+#[test]
+fn generate_is_deterministic_and_decode_reproduces_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b, c) = (tmp.path().join("a.wav"), tmp.path().join("b.wav"), tmp.path().join("c.wav"));
+    let latents = tmp.path().join("a.safetensors");
+    let out = ok(generate(&a, &["--seed", "5", "--json", "--latents-out", latents.to_str().unwrap()]).output().unwrap());
+    ok(generate(&b, &["--seed", "5"]).output().unwrap());
+    ok(generate(&c, &["--seed", "6"]).output().unwrap());
+    let bytes = std::fs::read(&a).unwrap();
+    assert_eq!(bytes, std::fs::read(&b).unwrap(), "the same arguments give the same bytes");
+    assert_ne!(bytes, std::fs::read(&c).unwrap(), "another seed, another song");
+
+    // 48 kHz stereo, 2 s = 50 latent frames of 1920 samples, audible.
+    let audio = ostinato_engine::data::audio::decode(&a).unwrap();
+    assert_eq!((audio.sample_rate, audio.frames()), (48_000, 50 * 1920));
+    println!("demo song peak {:.3}", audio.peak());
+    // Audible, and bounded (at most every mel band at full scale).
+    assert!(audio.peak() > 1e-3 && audio.peak() < 96.0);
+
+    // JSON events: started, 8 steps, decoding, written.
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let types: Vec<&str> = lines.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, [&["started"][..], &["step"; 8], &["decoding", "written"]].concat());
+    assert_eq!(lines[0]["frames"], 50);
+
+    // The latents decode to the same WAV.
+    let d = tmp.path().join("d.wav");
+    ok(ostinato().args(["decode", latents.to_str().unwrap(), "--demo", "--out", d.to_str().unwrap()]).output().unwrap());
+    assert_eq!(std::fs::read(&d).unwrap(), bytes);
+}
+
+/// A PEFT adapter for `source`'s DiT with random A and B (r 2), saved in `dir`.
+fn random_adapter(source: &ostinato_engine::model::source::ModelSource, dir: &Path, targets: &[&str]) {
+    use ostinato_engine::lora::{LoraAdapter, LoraConfig};
+    let dev = candle_core::Device::Cpu;
+    let (cfg, w) = source.load_decoder(candle_core::DType::F32, &dev).unwrap();
+    let dit = ostinato_engine::model::DitModel::new(&cfg, &w).unwrap();
+    let config = LoraConfig { r: 2, alpha: 4.0, dropout: 0.0, target_modules: targets.iter().map(|t| t.to_string()).collect(), use_rslora: false };
+    let fresh = LoraAdapter::new(config.clone(), &dit, 1).unwrap();
+    let tensors = fresh
+        .named_tensors()
+        .into_iter()
+        .map(|(k, t)| (k, (t.randn_like(0.0, 0.5).unwrap())))
+        .collect();
+    LoraAdapter::from_tensors(config, &dit, &tensors, dir).unwrap().save_peft(dir).unwrap();
+}
+
+#[test]
+fn adapter_scale_zero_is_the_base_model_and_one_changes_the_song() {
+    let tmp = tempfile::tempdir().unwrap();
+    let adapter = tmp.path().join("adapter");
+    random_adapter(&ostinato_engine::model::source::ModelSource::Demo, &adapter, &["q_proj", "k_proj", "v_proj", "o_proj"]);
+    let song = |name: &str, extra: &[&str]| {
+        let p = tmp.path().join(name);
+        ok(generate(&p, extra).output().unwrap());
+        std::fs::read(p).unwrap()
+    };
+    let base = song("base.wav", &[]);
+    let a = adapter.to_str().unwrap();
+    assert_eq!(song("zero.wav", &["--adapter", a, "--adapter-scale", "0"]), base);
+    assert_ne!(song("one.wav", &["--adapter", a]), base);
+}
+
+#[test]
+fn generates_and_decodes_with_an_acestep_model_folder() {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/real/model");
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, latents) = (tmp.path().join("song.wav"), tmp.path().join("z.safetensors"));
+    ok(ostinato()
+        .args(["generate", "--model", model.to_str().unwrap(), "--caption", "warm lo-fi piano", "--lyrics", "la la la"])
+        .args(["--duration", "1", "--out", out.to_str().unwrap(), "--latents-out", latents.to_str().unwrap()])
+        .output()
+        .unwrap());
+    let audio = ostinato_engine::data::audio::decode(&out).unwrap();
+    assert_eq!((audio.sample_rate, audio.frames()), (48_000, 25 * 1920));
+    let z = candle_core::safetensors::load(&latents, &candle_core::Device::Cpu).unwrap();
+    assert_eq!(z["latents"].dims(), [25, 8]);
+    let again = tmp.path().join("again.wav");
+    ok(ostinato().args(["decode", latents.to_str().unwrap(), "--model", model.to_str().unwrap(), "--out", again.to_str().unwrap()]).output().unwrap());
+    assert_eq!(std::fs::read(&again).unwrap(), std::fs::read(&out).unwrap());
+    // The turbo model has no guidance to give.
+    fails_with(
+        ostinato().args(["generate", "--model", model.to_str().unwrap(), "--caption", "x", "--duration", "1", "--guidance", "7"]).args(["--out", again.to_str().unwrap()]),
+        "turbo",
+    );
+}
+
+#[test]
+fn bad_generate_and_decode_input_gives_clear_errors_and_writes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.wav");
+    fails_with(ostinato().args(["generate", "--demo", "--caption", "x", "--duration", "0", "--out", out.to_str().unwrap()]), "duration 0");
+    fails_with(ostinato().args(["generate", "--demo", "--caption", "x", "--duration", "601", "--out", out.to_str().unwrap()]), "600");
+
+    let no_config = tmp.path().join("not-an-adapter");
+    std::fs::create_dir(&no_config).unwrap();
+    fails_with(&mut generate(&out, &["--adapter", no_config.to_str().unwrap()]), "adapter_config.json");
+
+    // An adapter made for another model: the first tensor that does not fit is named.
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/real/model");
+    let other = tmp.path().join("other-adapter");
+    random_adapter(&ostinato_engine::model::source::ModelSource::Folder { path: model }, &other, &["q_proj"]);
+    fails_with(&mut generate(&out, &["--adapter", other.to_str().unwrap()]), "layers.0.cross_attn.q_proj.lora_A.weight` has shape [2, 32]");
+    // Targets the model does not have.
+    let config = other.join("adapter_config.json");
+    let text = std::fs::read_to_string(&config).unwrap().replace("\"q_proj\"", "\"gate_projection\"");
+    std::fs::write(&config, text).unwrap();
+    fails_with(&mut generate(&out, &["--adapter", other.to_str().unwrap()]), "gate_projection");
+
+    fails_with(&mut generate(&out, &["--guidance", "5"]), "turbo");
+    let unwritable = tmp.path().join("no/such/folder/out.wav");
+    fails_with(&mut generate(&unwritable, &[]), "no/such/folder/out.wav");
+
+    // Latents of the wrong shape.
+    let z = tmp.path().join("z.safetensors");
+    let t = candle_core::Tensor::zeros((10, 32), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+    candle_core::safetensors::save(&[("latents".to_string(), t)].into_iter().collect::<std::collections::HashMap<_, _>>(), &z).unwrap();
+    fails_with(ostinato().args(["decode", z.to_str().unwrap(), "--demo", "--out", out.to_str().unwrap()]), "[10, 32]");
+    fails_with(ostinato().args(["decode", z.to_str().unwrap(), "--out", out.to_str().unwrap()]), "--demo");
+
+    assert!(!out.exists(), "nothing is written on failure");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.iter().all(|n| !n.to_string_lossy().ends_with(".tmp")), "{left:?}");
+}

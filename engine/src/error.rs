@@ -108,6 +108,9 @@ pub enum Error {
     #[error("{dir} is being trained by {}: one process at a time may train a run", holder(.pid))]
     RunBusy { dir: PathBuf, pid: Option<u32> },
 
+    #[error("generate: {0}")]
+    BadRequest(String),
+
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

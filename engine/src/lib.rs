@@ -9,6 +9,7 @@ pub mod device;
 pub mod error;
 pub mod events;
 pub mod export;
+pub mod generate;
 pub mod heap;
 pub mod lora;
 pub mod metrics;

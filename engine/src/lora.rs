@@ -95,6 +95,8 @@ pub struct LoraCtx<'a> {
     /// Whether the LoRA tensors record a graph. Off for the no-graph forward of
     /// gradient checkpointing.
     tracked: bool,
+    /// Multiplies the adapter's alpha / r (generation's adapter strength); 1 in training.
+    strength: f64,
 }
 
 impl LoraAdapter {
@@ -265,6 +267,7 @@ impl LoraAdapter {
             adapter: self,
             mode,
             tracked,
+            strength: 1.0,
         }
     }
 
@@ -339,6 +342,12 @@ fn peft_config_from_file(path: &Path) -> Result<LoraConfig> {
 }
 
 impl LoraCtx<'_> {
+    /// The same adapter with its delta multiplied by `strength` (0 adds nothing, 1 is
+    /// the adapter as trained).
+    pub fn with_strength(self, strength: f64) -> Self {
+        Self { strength, ..self }
+    }
+
     /// Whether module `name` carries an adapter.
     pub fn adapts(&self, name: &str) -> bool {
         self.adapter.modules.contains_key(name)
@@ -363,7 +372,7 @@ impl LoraCtx<'_> {
             Ok(t.to_dtype(x.dtype())?)
         };
         let (a, b) = (weight(&m.a)?, weight(&m.b)?);
-        Ok(Some(lora_linear(x, w, &a, &b, config.scaling(), mask.as_ref())?))
+        Ok(Some(lora_linear(x, w, &a, &b, config.scaling() * self.strength, mask.as_ref())?))
     }
 }
 

@@ -59,18 +59,18 @@ pub struct MelEncoder {
     projection: Vec<f32>,
 }
 
-const RATE: u32 = 48_000;
-const HOP: usize = 1920;
-const WIN: usize = 2 * HOP;
-const N_MELS: usize = 96;
-const CHANNELS: usize = 64;
+pub(crate) const RATE: u32 = 48_000;
+pub(crate) const HOP: usize = 1920;
+pub(crate) const WIN: usize = 2 * HOP;
+pub(crate) const N_MELS: usize = 96;
+pub(crate) const CHANNELS: usize = 64;
 const SEED: u64 = 0x05_71_4A_70;
 const F_MIN: f64 = 30.0;
 const F_MAX: f64 = 16_000.0;
 /// log(power) is mapped by (x - LOG_CENTER) / LOG_SCALE.
-const LOG_CENTER: f32 = -10.0;
-const LOG_SCALE: f32 = 4.0;
-const LOG_FLOOR: f32 = 1e-6;
+pub(crate) const LOG_CENTER: f32 = -10.0;
+pub(crate) const LOG_SCALE: f32 = 4.0;
+pub(crate) const LOG_FLOOR: f32 = 1e-6;
 /// Frames between two looks at the cancel token (one second of audio).
 const CANCEL_EVERY: usize = 25;
 
@@ -136,6 +136,21 @@ impl MelEncoder {
             filters,
             projection,
         }
+    }
+
+    /// The analysis window (Hann, summing to 1), `WIN` long.
+    pub(crate) fn window(&self) -> &[f32] {
+        &self.window
+    }
+
+    /// Per mel band, its FFT bins and triangular weights.
+    pub(crate) fn filters(&self) -> &[Vec<(usize, f32)>] {
+        &self.filters
+    }
+
+    /// The (channels, n_mels) row-major projection of normalised log-mels to latents.
+    pub(crate) fn projection(&self) -> &[f32] {
+        &self.projection
     }
 
     /// Normalised log-mel energies of the frame centred on `centre`.

@@ -1,14 +1,20 @@
-//! The encoder half of diffusers' `AutoencoderOobleck` (ACE-Step's VAE), inference
-//! only. 48 kHz stereo `[2, N]` -> posterior mean and scale `[T, C]` each, T = N / hop.
+//! diffusers' `AutoencoderOobleck` (ACE-Step's VAE), inference only.
 //!
+//! Encoder: 48 kHz stereo `[2, N]` -> posterior mean and scale `[T, C]` each, T = N / hop.
 //! conv1 (k7) -> blocks [3 residual units (dilation 1, 3, 9) -> Snake -> strided
 //! conv (k = 2s, stride s, pad ceil(s/2))] -> Snake -> conv2 (k3) -> split into
-//! mean and scale. Convolutions are weight-normalised in the checkpoint
-//! (`weight_g`, `weight_v`); the weight g * v / |v| is folded once at load.
+//! mean and scale.
 //!
-//! Long audio is encoded in chunks of latent frames with enough overlap to cover the
-//! encoder's receptive field, so a chunked encode equals the whole-song encode up to
-//! float rounding while memory stays bounded by the chunk length.
+//! Decoder: latents `[T, C]` -> stereo `[2, T * hop]`, not bounded to [-1, 1].
+//! conv1 (k7) -> blocks [Snake -> transposed conv (k = 2s, stride s, pad ceil(s/2)) ->
+//! 3 residual units] over the ratios reversed -> Snake -> conv2 (k7, no bias).
+//!
+//! Convolutions are weight-normalised in the checkpoint (`weight_g`, `weight_v`); the
+//! weight g * v / |v| is folded once at load.
+//!
+//! Long songs go through either half in chunks of latent frames with enough overlap to
+//! cover its receptive field, so a chunked pass equals the whole-song pass up to float
+//! rounding while memory stays bounded by the chunk length.
 
 use std::path::Path;
 
@@ -32,6 +38,9 @@ pub struct VaeConfig {
     pub downsampling_ratios: Vec<usize>,
     #[serde(default = "d_multiples")]
     pub channel_multiples: Vec<usize>,
+    /// The decoder's base width (times the channel multiples).
+    #[serde(default = "d_decoder")]
+    pub decoder_channels: usize,
     /// The latent channels (the decoder's input).
     #[serde(default = "d_latent")]
     pub decoder_input_channels: usize,
@@ -49,6 +58,9 @@ fn d_ratios() -> Vec<usize> {
 }
 fn d_multiples() -> Vec<usize> {
     vec![1, 2, 4, 8, 16]
+}
+fn d_decoder() -> usize {
+    128
 }
 fn d_latent() -> usize {
     64
@@ -100,46 +112,109 @@ impl VaeConfig {
         }
         r + 2 * j // conv2, k3
     }
+
+    /// Half-width in latent frames of the decoder's receptive field (conservative, as
+    /// the encoder's): how many frames either side of a chunk change its audio.
+    pub fn decoder_receptive_field(&self) -> usize {
+        let mut frames = 3.0; // conv1, k7 at the latent rate
+        let mut rate = 1.0; // samples per latent frame at the current stage
+        for &s in self.downsampling_ratios.iter().rev() {
+            frames += 2.0 / rate; // transposed conv: two input samples either side
+            rate *= s as f64;
+            frames += 3.0 * (1 + 3 + 9) as f64 / rate; // residual units, k7 dilated
+        }
+        (frames + 3.0 / rate).ceil() as usize // conv2, k7
+    }
+}
+
+/// `name.weight_g` `[a, 1, 1]` and `name.weight_v` `[a, b, k]` folded to g * v / |v|
+/// with the norm over (b, k) (torch's `weight_norm` on dim 0), or its parametrization
+/// names, or a plain `weight`.
+fn folded_weight(f: &TensorFile, name: &str, shape: [usize; 3]) -> Result<Tensor> {
+    let v_keys = [format!("{name}.weight_v"), format!("{name}.parametrizations.weight.original1")];
+    let g_keys = [format!("{name}.weight_g"), format!("{name}.parametrizations.weight.original0")];
+    let Some(v_key) = v_keys.iter().find(|k| f.contains(k)) else {
+        return f.get(&format!("{name}.weight"), &shape);
+    };
+    let v = f.get(v_key, &shape)?;
+    let g_key = g_keys.iter().find(|k| f.contains(k)).unwrap_or(&g_keys[0]);
+    let g = f.get(g_key, &[shape[0], 1, 1])?;
+    let norm = v.sqr()?.sum_keepdim(1)?.sum_keepdim(2)?.sqrt()?;
+    Ok(v.broadcast_mul(&g.broadcast_div(&norm)?)?)
 }
 
 /// A 1-D convolution with its folded weight `[out, in, k]`.
 struct Conv {
     w: Tensor,
-    b: Tensor,
+    b: Option<Tensor>,
     padding: usize,
     stride: usize,
     dilation: usize,
 }
 
+/// Stride, dilation and padding of a convolution.
+#[derive(Clone, Copy)]
+struct Geometry {
+    stride: usize,
+    dilation: usize,
+    padding: usize,
+}
+
+impl Geometry {
+    const fn same(k: usize, dilation: usize) -> Self {
+        Self { stride: 1, dilation, padding: (k - 1) / 2 * dilation }
+    }
+}
+
 impl Conv {
-    /// `name.weight_g` `[out, 1, 1]` and `name.weight_v` `[out, in, k]` (or torch's
-    /// parametrization names, or a plain `weight`).
-    #[allow(clippy::too_many_arguments)]
-    fn load(f: &TensorFile, name: &str, cin: usize, cout: usize, k: usize, stride: usize, dilation: usize, padding: usize) -> Result<Self> {
-        let v_keys = [format!("{name}.weight_v"), format!("{name}.parametrizations.weight.original1")];
-        let g_keys = [format!("{name}.weight_g"), format!("{name}.parametrizations.weight.original0")];
-        let w = if let Some(v_key) = v_keys.iter().find(|k| f.contains(k)) {
-            let v = f.get(v_key, &[cout, cin, k])?;
-            let g_key = g_keys.iter().find(|k| f.contains(k)).unwrap_or(&g_keys[0]);
-            let g = f.get(g_key, &[cout, 1, 1])?;
-            // w = g * v / ||v||, the norm over (in, k) per output channel.
-            let norm = v.sqr()?.sum_keepdim(1)?.sum_keepdim(2)?.sqrt()?;
-            v.broadcast_mul(&g.broadcast_div(&norm)?)?
-        } else {
-            f.get(&format!("{name}.weight"), &[cout, cin, k])?
+    /// The folded weight (see [`folded_weight`]) and, with `bias`, `name.bias` `[out]`.
+    fn load(f: &TensorFile, name: &str, (cin, cout, k): (usize, usize, usize), g: Geometry, bias: bool) -> Result<Self> {
+        let b = match bias {
+            true => Some(f.get(&format!("{name}.bias"), &[cout])?.reshape((1, cout, 1))?),
+            false => None,
         };
         Ok(Self {
-            w,
-            b: f.get(&format!("{name}.bias"), &[cout])?.reshape((1, cout, 1))?,
-            padding,
-            stride,
-            dilation,
+            w: folded_weight(f, name, [cout, cin, k])?,
+            b,
+            padding: g.padding,
+            stride: g.stride,
+            dilation: g.dilation,
         })
     }
 
     /// `[1, in, n] -> [1, out, n']`
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.conv1d(&self.w, self.padding, self.stride, self.dilation, 1)?.broadcast_add(&self.b)?)
+        let y = x.conv1d(&self.w, self.padding, self.stride, self.dilation, 1)?;
+        Ok(match &self.b {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+}
+
+/// A weight-normalised `ConvTranspose1d` with k = 2s, stride s, padding ceil(s/2): n
+/// input samples become n * s for even s. Weight `[in, out, k]`, norm over (out, k).
+struct ConvTranspose {
+    w: Tensor,
+    b: Tensor,
+    stride: usize,
+}
+
+impl ConvTranspose {
+    fn load(f: &TensorFile, name: &str, cin: usize, cout: usize, stride: usize) -> Result<Self> {
+        Ok(Self {
+            w: folded_weight(f, name, [cin, cout, 2 * stride])?,
+            b: f.get(&format!("{name}.bias"), &[cout])?.reshape((1, cout, 1))?,
+            stride,
+        })
+    }
+
+    /// `[1, in, n] -> [1, out, n * s]` (even s). Padding p crops p samples off each end
+    /// of the unpadded output, which candle computes as one matmul (col2im).
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (s, n) = (self.stride, x.dim(2)?);
+        let y = x.conv_transpose1d(&self.w, 0, 0, s, 1, 1)?; // (1, out, (n + 1) s)
+        Ok(y.narrow(2, s.div_ceil(2), n * s)?.broadcast_add(&self.b)?)
     }
 }
 
@@ -176,9 +251,9 @@ impl ResidualUnit {
     fn load(f: &TensorFile, name: &str, c: usize, dilation: usize) -> Result<Self> {
         Ok(Self {
             snake1: Snake::load(f, &format!("{name}.snake1"), c)?,
-            conv1: Conv::load(f, &format!("{name}.conv1"), c, c, 7, 1, dilation, 3 * dilation)?,
+            conv1: Conv::load(f, &format!("{name}.conv1"), (c, c, 7), Geometry::same(7, dilation), true)?,
             snake2: Snake::load(f, &format!("{name}.snake2"), c)?,
-            conv2: Conv::load(f, &format!("{name}.conv2"), c, c, 1, 1, 1, 0)?,
+            conv2: Conv::load(f, &format!("{name}.conv2"), (c, c, 1), Geometry::same(1, 1), true)?,
         })
     }
 
@@ -256,17 +331,17 @@ impl OobleckEncoder {
                 Ok(Block {
                     units: [unit(1, 1)?, unit(2, 3)?, unit(3, 9)?],
                     snake: Snake::load(f, &format!("{name}.snake1"), cin)?,
-                    conv: Conv::load(f, &format!("{name}.conv1"), cin, cout, 2 * s, s, 1, s.div_ceil(2))?,
+                    conv: Conv::load(f, &format!("{name}.conv1"), (cin, cout, 2 * s), Geometry { stride: s, dilation: 1, padding: s.div_ceil(2) }, true)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         let d_model = h * mult[mult.len() - 1];
         Ok(Self {
             cfg: cfg.clone(),
-            conv1: Conv::load(f, "encoder.conv1", cfg.audio_channels, h, 7, 1, 1, 3)?,
+            conv1: Conv::load(f, "encoder.conv1", (cfg.audio_channels, h, 7), Geometry::same(7, 1), true)?,
             blocks,
             snake: Snake::load(f, "encoder.snake1", d_model)?,
-            conv2: Conv::load(f, "encoder.conv2", d_model, h, 3, 1, 1, 1)?,
+            conv2: Conv::load(f, "encoder.conv2", (d_model, h, 3), Geometry::same(3, 1), true)?,
         })
     }
 
@@ -296,24 +371,141 @@ impl OobleckEncoder {
             let empty = Tensor::zeros((0, c), DType::F32, audio.device())?;
             return Ok(Posterior { mean: empty.clone(), scale: empty });
         }
-        // Chunk [start, end) is encoded from [start - overlap, end + overlap) frames of
-        // audio (clamped), aligned to the hop so the strided grid matches the whole song.
+        // Chunk [start, end) is encoded from [lo, hi) frames of audio, aligned to the hop
+        // so the strided grid matches the whole song; the last one takes the remainder.
         let mut parts = Vec::new();
-        let mut start = 0;
-        while start < frames {
+        for w in chunk_windows(frames, chunk_frames, overlap) {
             cancel.check()?;
-            let end = (start + chunk_frames.max(1)).min(frames);
-            let lo = start.saturating_sub(overlap);
-            let hi = if end + overlap >= frames { n } else { (end + overlap) * hop };
-            let z = self.forward(&audio.narrow(1, lo * hop, hi - lo * hop)?)?;
-            parts.push(z.narrow(1, start - lo, end - start)?);
-            start = end;
+            let hi = if w.hi == frames { n } else { w.hi * hop };
+            let z = self.forward(&audio.narrow(1, w.lo * hop, hi - w.lo * hop)?)?;
+            parts.push(z.narrow(1, w.start - w.lo, w.end - w.start)?);
         }
         let z = Tensor::cat(&parts, 1)?.t()?.contiguous()?; // (T, 2C)
         Ok(Posterior {
             mean: z.narrow(1, 0, c)?.contiguous()?,
             scale: z.narrow(1, c, c)?.contiguous()?,
         })
+    }
+}
+
+/// A chunk `[start, end)` of frames and the window `[lo, hi)` it is computed from:
+/// `overlap` frames more on each side, clamped to the song.
+struct Window {
+    start: usize,
+    end: usize,
+    lo: usize,
+    hi: usize,
+}
+
+fn chunk_windows(frames: usize, chunk: usize, overlap: usize) -> Vec<Window> {
+    (0..frames)
+        .step_by(chunk.max(1))
+        .map(|start| {
+            let end = (start + chunk.max(1)).min(frames);
+            Window { start, end, lo: start.saturating_sub(overlap), hi: (end + overlap).min(frames) }
+        })
+        .collect()
+}
+
+/// One upsampling stage: Snake -> transposed conv -> residual units (dilation 1, 3, 9).
+struct UpBlock {
+    snake: Snake,
+    conv_t: ConvTranspose,
+    units: [ResidualUnit; 3],
+}
+
+impl UpBlock {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut x = self.conv_t.forward(&self.snake.forward(x)?)?;
+        for u in &self.units {
+            x = u.forward(&x)?;
+        }
+        Ok(x)
+    }
+}
+
+pub struct OobleckDecoder {
+    cfg: VaeConfig,
+    conv1: Conv,
+    blocks: Vec<UpBlock>,
+    snake: Snake,
+    conv2: Conv,
+}
+
+/// Latent frames decoded in one piece (30 s at 25 Hz); longer songs go in chunks.
+pub const DECODE_CHUNK_FRAMES: usize = 750;
+
+impl OobleckDecoder {
+    /// Loads the `decoder.*` tensors of `diffusion_pytorch_model.safetensors`.
+    pub fn load(cfg: &VaeConfig, f: &TensorFile) -> Result<Self> {
+        let h = cfg.decoder_channels;
+        let mut mult = vec![1];
+        mult.extend(&cfg.channel_multiples);
+        let n = cfg.downsampling_ratios.len();
+        let blocks = cfg
+            .downsampling_ratios
+            .iter()
+            .rev()
+            .enumerate()
+            .map(|(i, &s)| {
+                let (cin, cout) = (h * mult[n - i], h * mult[n - i - 1]);
+                let name = format!("decoder.block.{i}");
+                let unit = |j: usize, d: usize| ResidualUnit::load(f, &format!("{name}.res_unit{j}"), cout, d);
+                Ok(UpBlock {
+                    snake: Snake::load(f, &format!("{name}.snake1"), cin)?,
+                    conv_t: ConvTranspose::load(f, &format!("{name}.conv_t1"), cin, cout, s)?,
+                    units: [unit(1, 1)?, unit(2, 3)?, unit(3, 9)?],
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(odd) = cfg.downsampling_ratios.iter().find(|s| *s % 2 == 1) {
+            return Err(Error::BadConfig(format!("VAE ratio {odd} is odd: the decoder's upsampling needs even ratios")));
+        }
+        Ok(Self {
+            cfg: cfg.clone(),
+            conv1: Conv::load(f, "decoder.conv1", (cfg.latent_channels(), h * mult[n], 7), Geometry::same(7, 1), true)?,
+            blocks,
+            snake: Snake::load(f, "decoder.snake1", h)?,
+            conv2: Conv::load(f, "decoder.conv2", (h, cfg.audio_channels, 7), Geometry::same(7, 1), false)?,
+        })
+    }
+
+    pub fn config(&self) -> &VaeConfig {
+        &self.cfg
+    }
+
+    /// `z [1, C, T] -> [1, 2, T * hop]`
+    fn forward(&self, z: &Tensor) -> Result<Tensor> {
+        let mut x = self.conv1.forward(z)?;
+        for b in &self.blocks {
+            x = b.forward(&x)?;
+        }
+        self.conv2.forward(&self.snake.forward(&x)?)
+    }
+
+    /// `latents [T, C]` -> audio `[2, T * hop]` (f32, unclipped), decoded in chunks of at
+    /// most `chunk_frames` frames plus the receptive field's overlap on each side.
+    pub fn decode(&self, latents: &Tensor, chunk_frames: usize) -> Result<Tensor> {
+        let (frames, c) = latents.dims2()?;
+        if c != self.cfg.latent_channels() {
+            return Err(Error::ShapeMismatch {
+                key: "latents".into(),
+                expected: vec![frames, self.cfg.latent_channels()],
+                found: vec![frames, c],
+            });
+        }
+        let hop = self.cfg.hop();
+        let z = latents.to_dtype(self.conv1.w.dtype())?.to_device(self.conv1.w.device())?.t()?;
+        let overlap = self.cfg.decoder_receptive_field();
+        let mut parts = Vec::new();
+        for w in chunk_windows(frames, chunk_frames, overlap) {
+            let audio = self.forward(&z.narrow(1, w.lo, w.hi - w.lo)?.contiguous()?.unsqueeze(0)?)?;
+            parts.push(audio.squeeze(0)?.narrow(1, (w.start - w.lo) * hop, (w.end - w.start) * hop)?);
+        }
+        if parts.is_empty() {
+            return Ok(Tensor::zeros((self.cfg.audio_channels, 0), DType::F32, latents.device())?);
+        }
+        Ok(Tensor::cat(&parts, 1)?.to_dtype(DType::F32)?)
     }
 }
 
@@ -448,5 +640,7 @@ mod tests {
         // About 14 frames (0.55 s) of context on each side of a chunk.
         let overlap = cfg.receptive_field().div_ceil(cfg.hop()) + 1;
         assert_eq!(overlap, 15);
+        // About 11 frames (0.44 s) either side for the decoder.
+        assert_eq!(cfg.decoder_receptive_field(), 11);
     }
 }

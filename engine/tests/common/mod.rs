@@ -70,13 +70,28 @@ impl Fixture {
 
 /// Every `dit_*.safetensors` with a same-named `.json` in the fixture directory.
 pub fn dit_fixtures() -> Vec<Fixture> {
-    let dir = fixtures_dir();
-    let mut found: Vec<Fixture> = std::fs::read_dir(&dir)
+    let found = fixtures_in(&fixtures_dir(), "dit_");
+    assert!(!found.is_empty(), "no dit_*.safetensors + .json fixtures in {}", fixtures_dir().display());
+    found
+}
+
+/// Every `sample_*` fixture (the sampling loop): the fixture directory's and this
+/// crate's own (`tests/fixtures/`, made by `scripts/make_real_fixtures.py`).
+pub fn sample_fixtures() -> Vec<Fixture> {
+    let mut found = fixtures_in(&fixtures_dir(), "sample_");
+    found.extend(fixtures_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"), "sample_"));
+    assert!(!found.is_empty(), "no sample_*.safetensors + .json fixtures in {}", fixtures_dir().display());
+    found
+}
+
+/// `<prefix>*.safetensors` files of `dir` with a same-named `.json`, sorted by name.
+fn fixtures_in(dir: &Path, prefix: &str) -> Vec<Fixture> {
+    let mut found: Vec<Fixture> = std::fs::read_dir(dir)
         .expect("fixture directory readable")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            name.starts_with("dit_") && name.ends_with(".safetensors") && p.with_extension("json").is_file()
+            name.starts_with(prefix) && name.ends_with(".safetensors") && p.with_extension("json").is_file()
         })
         .map(|weights| {
             let json = std::fs::read_to_string(weights.with_extension("json")).expect("fixture json");
@@ -89,7 +104,6 @@ pub fn dit_fixtures() -> Vec<Fixture> {
         })
         .collect();
     found.sort_by(|a, b| a.name.cmp(&b.name));
-    assert!(!found.is_empty(), "no dit_*.safetensors + .json fixtures in {}", dir.display());
     found
 }
 

@@ -1,0 +1,77 @@
+//! `generate` and `decode`: text (and an adapter) to a WAV file, latents to a WAV file.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use ostinato_engine::generate::wav::{check_writable, write_wav};
+use ostinato_engine::generate::decode::{read_latents, write_latents};
+use ostinato_engine::generate::{decoder_for, GenerateEvent, GenerateSpec, Generator};
+use ostinato_engine::model::source::ModelSource;
+
+/// A progress bar over the sampling steps, then a spinner while decoding; or the
+/// events as JSON lines on stdout.
+struct Progress {
+    json: bool,
+    bar: ProgressBar,
+}
+
+impl Progress {
+    fn new(json: bool) -> Self {
+        let bar = if json { ProgressBar::hidden() } else { ProgressBar::new(0) };
+        Self { json, bar }
+    }
+
+    fn show(&self, event: GenerateEvent) {
+        if self.json {
+            println!("{}", serde_json::to_string(&event).expect("events serialise"));
+            return;
+        }
+        match event {
+            GenerateEvent::Started { frames, steps, .. } => {
+                self.bar.set_length(steps as u64);
+                self.bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"));
+                self.bar.set_message(format!("sampling {frames} latent frames"));
+            }
+            GenerateEvent::Step { step, .. } => self.bar.set_position(step as u64),
+            GenerateEvent::Decoding { frames } => {
+                self.bar.set_style(ProgressStyle::with_template("{spinner} {msg}").expect("valid template"));
+                self.bar.set_message(format!("decoding {frames} latent frames to audio"));
+                self.bar.enable_steady_tick(Duration::from_millis(200));
+            }
+            GenerateEvent::Written { path, seconds, sample_rate } => {
+                self.bar.finish_and_clear();
+                println!("wrote {} ({seconds:.1} s, {sample_rate} Hz stereo, 32-bit float)", path.display());
+            }
+        }
+    }
+}
+
+pub fn generate(spec: &GenerateSpec, source: &ModelSource, out: &Path, latents_out: Option<&Path>, json: bool) -> anyhow::Result<()> {
+    check_writable(out)?;
+    if let Some(p) = latents_out {
+        check_writable(p)?;
+    }
+    let generator = Generator::load(source).context("cannot load the model")?;
+    let progress = Progress::new(json);
+    let mut show = |e| progress.show(e);
+    let latents = generator.latents(spec, &mut show)?;
+    let audio = generator.decode(&latents, &mut show)?;
+    write_wav(out, &audio)?;
+    if let Some(p) = latents_out {
+        write_latents(p, &latents)?;
+    }
+    show(GenerateEvent::Written { path: out.to_path_buf(), seconds: audio.duration_seconds(), sample_rate: audio.sample_rate });
+    Ok(())
+}
+
+pub fn decode(latents: &Path, source: &ModelSource, out: &Path) -> anyhow::Result<()> {
+    check_writable(out)?;
+    let decoder = decoder_for(source, &candle_core::Device::Cpu).context("cannot load the model's decoder")?;
+    let z = read_latents(latents, decoder.latent_channels())?;
+    let audio = decoder.decode(&z)?;
+    write_wav(out, &audio)?;
+    println!("wrote {} ({:.1} s, {} Hz stereo, 32-bit float)", out.display(), audio.duration_seconds(), audio.sample_rate);
+    Ok(())
+}

@@ -1,0 +1,200 @@
+//! Text to music with a model source: the caption and lyrics go through the same
+//! conditioner training uses (Qwen3 + condition encoder for a model folder, the hashed
+//! embeddings of the demo), the sampler makes latents, the source's decoder makes audio.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::decode::{decoder_for, LatentDecoder};
+use super::sampler::{self, Conditions, Guidance};
+use crate::data::{Conditioner, SongMeta, StereoAudio, INSTRUMENTAL};
+use crate::lora::{LoraAdapter, LoraMode};
+use crate::model::folder::ModelFolder;
+use crate::model::source::ModelSource;
+use crate::model::tensors::TensorFile;
+use crate::model::DitModel;
+use crate::train::schedule::TimestepSampling;
+use crate::{Error, Result};
+
+/// ACE-Step's longest song (its `DURATION_MAX`), seconds.
+pub const MAX_SECONDS: f64 = 600.0;
+/// ACE-Step's defaults: turbo 8 steps, base/SFT 32 steps with guidance 7; shift 3.
+pub const TURBO_STEPS: usize = 8;
+pub const BASE_STEPS: usize = 32;
+pub const BASE_GUIDANCE: f64 = 7.0;
+pub const DEFAULT_SHIFT: f64 = 3.0;
+/// The checkpoint's unconditional embedding (top-level key of model.safetensors).
+pub const NULL_CONDITION_KEY: &str = "null_condition_emb";
+
+/// One song to make.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerateSpec {
+    pub caption: String,
+    /// Empty: instrumental.
+    pub lyrics: String,
+    pub duration_seconds: f64,
+    pub seed: u64,
+    /// Default: 8 (turbo) or 32 (base/SFT).
+    pub steps: Option<usize>,
+    /// Default: 3.
+    pub shift: Option<f64>,
+    /// Classifier-free guidance scale; base/SFT only (default 7 there); 1 turns it off.
+    pub guidance: Option<f64>,
+    /// A PEFT adapter directory.
+    pub adapter: Option<PathBuf>,
+    /// The adapter's strength: 0 is the base model exactly, 1 the adapter as trained.
+    pub adapter_scale: f64,
+}
+
+impl Default for GenerateSpec {
+    fn default() -> Self {
+        Self {
+            caption: String::new(),
+            lyrics: String::new(),
+            duration_seconds: 30.0,
+            seed: 0,
+            steps: None,
+            shift: None,
+            guidance: None,
+            adapter: None,
+            adapter_scale: 1.0,
+        }
+    }
+}
+
+/// What a front end shows of a generation (`{"type": "...", ...}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum GenerateEvent {
+    Started { frames: usize, steps: usize, shift: f64, guidance: Option<f64>, seed: u64 },
+    Step { step: usize, steps: usize },
+    Decoding { frames: usize },
+    Written { path: PathBuf, seconds: f64, sample_rate: u32 },
+}
+
+/// A loaded model ready to make songs: the DiT (one copy of its weights), the
+/// conditioner, the decoder and where the unconditional embedding lives.
+pub struct Generator {
+    dit: DitModel,
+    conditioner: Box<dyn Conditioner>,
+    decoder: Box<dyn LatentDecoder>,
+    turbo: bool,
+    /// model.safetensors of a folder (holds `null_condition_emb`); None for the demo.
+    weights: Option<PathBuf>,
+}
+
+impl Generator {
+    /// Loads the DiT, conditioner and decoder of `source` on the CPU in f32.
+    pub fn load(source: &ModelSource) -> Result<Self> {
+        let device = Device::Cpu;
+        let loaded = source.load(DType::F32, &device)?;
+        let weights = match source {
+            ModelSource::Demo => None,
+            ModelSource::Folder { path } => Some(ModelFolder::open(path, None)?.dit_weights()),
+        };
+        Ok(Self {
+            dit: loaded.dit,
+            conditioner: loaded.conditioner,
+            decoder: decoder_for(source, &device)?,
+            turbo: matches!(loaded.default_timesteps, TimestepSampling::Turbo { .. }),
+            weights,
+        })
+    }
+
+    /// Latent frames for a duration: ceil(seconds * frames per second), as diffusers.
+    pub fn frames_for(&self, seconds: f64) -> Result<usize> {
+        if !(seconds > 0.0 && seconds <= MAX_SECONDS) {
+            return Err(Error::BadRequest(format!("duration {seconds} s is out of range: it must be more than 0 and at most {MAX_SECONDS} s")));
+        }
+        Ok((seconds * self.decoder.frames_per_second()).ceil() as usize)
+    }
+
+    /// The PEFT adapter at `dir`, checked against this model (shapes and targets).
+    pub fn load_adapter(&self, dir: &Path) -> Result<LoraAdapter> {
+        if !dir.join("adapter_config.json").is_file() {
+            return Err(Error::Adapter {
+                path: dir.to_path_buf(),
+                reason: "not an adapter folder: adapter_config.json is missing".into(),
+            });
+        }
+        LoraAdapter::load_peft(dir, &self.dit)
+    }
+
+    /// Guidance for `spec`, or None (turbo, or a scale of 1).
+    fn guidance(&self, spec: &GenerateSpec) -> Result<Option<Guidance>> {
+        let scale = match (self.turbo, spec.guidance) {
+            (true, Some(g)) if g != 1.0 => {
+                return Err(Error::BadRequest(format!(
+                    "guidance {g}: this is a turbo model, which has guidance distilled into it (use a base or SFT model)"
+                )))
+            }
+            (true, _) => return Ok(None),
+            (false, g) => g.unwrap_or(BASE_GUIDANCE),
+        };
+        if !(scale.is_finite() && scale >= 1.0) {
+            return Err(Error::BadRequest(format!("guidance {scale} must be at least 1")));
+        }
+        if scale == 1.0 {
+            return Ok(None);
+        }
+        let d = self.dit.config().encoder_hidden_size;
+        let Some(path) = &self.weights else {
+            return Err(Error::BadRequest("the demo model has no null_condition_emb to guide with".into()));
+        };
+        let f = TensorFile::open(path, &Device::Cpu)?;
+        if !f.contains(NULL_CONDITION_KEY) {
+            return Err(Error::ModelFile {
+                path: path.clone(),
+                key: NULL_CONDITION_KEY.into(),
+                reason: "missing: guidance needs this unconditional embedding (base and SFT checkpoints carry it)".into(),
+            });
+        }
+        let null_condition = f.get(NULL_CONDITION_KEY, &[1, 1, d])?;
+        Ok(Some(Guidance { scale, null_condition, interval: (0.0, 1.0) }))
+    }
+
+    /// Makes the clean latents `[T, C]` for `spec`, reporting progress through `on_event`.
+    pub fn latents(&self, spec: &GenerateSpec, on_event: &mut dyn FnMut(GenerateEvent)) -> Result<Tensor> {
+        let frames = self.frames_for(spec.duration_seconds)?;
+        let steps = spec.steps.unwrap_or(if self.turbo { TURBO_STEPS } else { BASE_STEPS });
+        let shift = spec.shift.unwrap_or(DEFAULT_SHIFT);
+        let schedule = sampler::timesteps(steps, shift)?;
+        if !spec.adapter_scale.is_finite() {
+            return Err(Error::BadRequest(format!("adapter scale {} is not a number", spec.adapter_scale)));
+        }
+        let adapter = spec.adapter.as_deref().map(|dir| self.load_adapter(dir)).transpose()?;
+        let guidance = self.guidance(spec)?;
+
+        // The same conditioning as a training sample of this caption and duration.
+        let meta = SongMeta {
+            caption: spec.caption.clone(),
+            lyrics: if spec.lyrics.trim().is_empty() { INSTRUMENTAL.into() } else { spec.lyrics.clone() },
+            duration_seconds: spec.duration_seconds,
+            ..SongMeta::default()
+        };
+        let c = self.conditioner.condition(&meta, frames)?;
+        let cond = Conditions {
+            context_latents: c.context_latents.unsqueeze(0)?,
+            encoder_hidden_states: c.encoder_hidden_states.unsqueeze(0)?,
+        };
+        on_event(GenerateEvent::Started { frames, steps, shift, guidance: guidance.as_ref().map(|g| g.scale), seed: spec.seed });
+        let noise = sampler::noise(spec.seed, frames, self.dit.config().audio_acoustic_hidden_dim, self.dit.device())?;
+        // Strength 0 leaves the adapter out: the base model exactly.
+        let ctx = adapter
+            .as_ref()
+            .filter(|_| spec.adapter_scale != 0.0)
+            .map(|a| a.ctx(LoraMode::Eval, false).with_strength(spec.adapter_scale));
+        let x0 = sampler::sample(&self.dit, ctx.as_ref(), &noise, &cond, &schedule, guidance.as_ref(), |k, _| {
+            on_event(GenerateEvent::Step { step: k + 1, steps })
+        })?;
+        Ok(x0.squeeze(0)?)
+    }
+
+    /// Decodes latents `[T, C]` to audio.
+    pub fn decode(&self, latents: &Tensor, on_event: &mut dyn FnMut(GenerateEvent)) -> Result<StereoAudio> {
+        on_event(GenerateEvent::Decoding { frames: latents.dim(0)? });
+        self.decoder.decode(latents)
+    }
+}
