@@ -247,18 +247,11 @@ fn note(event: &Event) -> Option<String> {
     })
 }
 
-/// UTC, to the second, as logs write it: `2026-12-02T03:50:12Z`.
+/// UTC, to the second, as logs write it (RFC 3339): `2026-12-02T03:50:12Z`.
 fn timestamp() -> String {
-    let t = time::OffsetDateTime::now_utc();
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second()
-    )
+    let now = time::OffsetDateTime::now_utc();
+    let now = now.replace_nanosecond(0).unwrap_or(now);
+    now.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
 }
 
 fn on_off(on: bool) -> &'static str {

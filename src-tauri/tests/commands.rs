@@ -327,3 +327,24 @@ fn a_stopped_run_resumes_after_the_app_is_reopened() {
     let count = |kind: &str| log.lines().filter(|l| l.contains(&format!("\"type\":\"{kind}\""))).count();
     assert_eq!((count("run_started"), count("stopped")), (2, 2), "{log}");
 }
+
+#[test]
+fn stop_while_the_dataset_is_prepared_ends_the_run_untrained_and_resumable() {
+    let dir = tempfile::tempdir().unwrap();
+    std::env::set_var("XDG_CACHE_HOME", dir.path().join("cache"));
+    let songs = songs(dir.path());
+    let app = TestApp::new(dir.path());
+    app.invoke("scan_dataset", json!({"path": songs})).unwrap();
+    app.invoke("start_run", json!({})).unwrap();
+    // The window's Stop, at once: the engine is still preparing the songs.
+    app.invoke("stop_run", json!({})).unwrap();
+    wait_status(&app, "stopped");
+    let runs = app.invoke("list_runs", json!({})).unwrap();
+    assert_eq!(runs[0]["status"], "stopped", "{runs}");
+    assert_eq!(runs[0]["steps"], 0, "{runs}");
+    assert_eq!(runs[0]["resumable"], true, "{runs}");
+    let run_dir = std::path::PathBuf::from(runs[0]["dir"].as_str().unwrap());
+    assert!(!run_dir.join("final").exists(), "no untrained final adapter");
+    let log = std::fs::read_to_string(run_dir.join("events.jsonl")).unwrap();
+    assert!(!log.contains(r#""type":"step""#), "{log}");
+}
