@@ -217,7 +217,7 @@ pub fn run_spec(
     let adapter = LoraAdapter::new(spec.lora.clone(), &model, 7)?;
     let lora_parameters = adapter.num_parameters();
     let mut optimizer = AdamW::new(adapter.vars(), AdamWConfig::default())?;
-    let batch = random_batch(&spec, device)?;
+    let batch = random_batch(spec, device)?;
     let baseline = metrics::process_rss_bytes().unwrap_or(0);
     let heap_baseline = heap::live_bytes();
     heap::reset_peak();
@@ -284,9 +284,7 @@ fn device_name(device: &Device) -> &'static str {
 
 /// Parameters of the DiT with this config (the shapes the weights are built from).
 fn model_parameters(cfg: &DitConfig) -> usize {
-    crate::model::weights::expected_shapes(cfg)
-        .into_iter()
-        .map(|(_, shape)| shape.iter().product::<usize>())
+    crate::model::weights::expected_shapes(cfg).into_values().map(|shape| shape.iter().product::<usize>())
         .sum()
 }
 

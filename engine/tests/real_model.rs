@@ -225,7 +225,7 @@ fn model_folder_end_to_end_matches_reference_preprocessing() {
 
     // Written and read back.
     let dir = tempfile::tempdir().unwrap();
-    let files = write_preprocessed(dir.path(), &[sample.clone()], &Manifest::new(vae.id(), cond.id())).unwrap();
+    let files = write_preprocessed(dir.path(), std::slice::from_ref(&sample), &Manifest::new(vae.id(), cond.id())).unwrap();
     assert_eq!(files, [dir.path().join("clip.safetensors")]);
     let back = read_preprocessed_dir(dir.path()).unwrap();
     assert_eq!(back.len(), 1);

@@ -145,14 +145,14 @@ impl DitConfig {
                 self.num_hidden_layers
             ));
         }
-        if self.num_key_value_heads == 0 || self.num_attention_heads % self.num_key_value_heads != 0
+        if self.num_key_value_heads == 0 || !self.num_attention_heads.is_multiple_of(self.num_key_value_heads)
         {
             return bad(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad(format!("head_dim {} must be even for RoPE", self.head_dim));
         }
         if self.patch_size == 0 {

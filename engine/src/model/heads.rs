@@ -233,7 +233,9 @@ mod tests {
         let angles = Tensor::cat(&[&angles, &angles], 2)?;
         let (cos, sin) = (angles.cos()?, angles.sin()?);
         let g = Tensor::randn(0f32, 1., (2, 3, 10, 8), &dev)?;
-        let cases: [(&str, Option<(&Tensor, f64)>, Option<(&Tensor, &Tensor)>, f64); 3] = [
+        // (name, RMSNorm (weight, eps)?, RoPE (cos, sin)?, scale)
+        type Case<'a> = (&'a str, Option<(&'a Tensor, f64)>, Option<(&'a Tensor, &'a Tensor)>, f64);
+        let cases: [Case; 3] = [
             ("norm + rope + scale", Some((&w, 1e-6)), Some((&cos, &sin)), 0.35),
             ("norm + scale", Some((&w, 1e-6)), None, 0.35),
             ("layout only", None, None, 1.0),

@@ -443,7 +443,7 @@ fn group_row(v: &[f32], n: usize, rows: usize, r: usize) -> &[f32] {
 /// That a per-group table of `len` values fits `rows` rows of `n`: [`group_row`]'s
 /// precondition.
 fn check_groups(what: &str, len: usize, n: usize, rows: usize) -> Result<()> {
-    if len == 0 || len % n != 0 || rows % (len / n) != 0 {
+    if len == 0 || !len.is_multiple_of(n) || !rows.is_multiple_of(len / n) {
         return Err(candle_core::Error::Msg(format!("{what}: {len} values for {rows} rows of {n}")));
     }
     Ok(())

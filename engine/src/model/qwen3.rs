@@ -44,7 +44,7 @@ impl Qwen3Config {
         if cfg.attention_bias {
             return Err(bad("attention_bias = true is not Qwen3".into()));
         }
-        if cfg.num_key_value_heads == 0 || cfg.num_attention_heads % cfg.num_key_value_heads != 0 {
+        if cfg.num_key_value_heads == 0 || !cfg.num_attention_heads.is_multiple_of(cfg.num_key_value_heads) {
             return Err(bad(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 cfg.num_attention_heads, cfg.num_key_value_heads

@@ -33,6 +33,9 @@ pub struct LoadedModel {
     pub parameters: u64,
 }
 
+/// The latent encoder, the conditioner and the model's default timestep sampling.
+pub type SongEncoders = (Box<dyn LatentEncoder>, Box<dyn Conditioner>, TimestepSampling);
+
 /// Text and lyric token budgets of the demo conditioner: short, so the small DiT is quick.
 const DEMO_TEXT_TOKENS: usize = 32;
 const DEMO_LYRIC_TOKENS: usize = 32;
@@ -52,7 +55,7 @@ impl ModelSource {
 
     /// What turns songs into samples: the latent encoder, the conditioner, and the
     /// model's default timestep sampling.
-    pub fn encoders(&self, device: &Device) -> Result<(Box<dyn LatentEncoder>, Box<dyn Conditioner>, TimestepSampling)> {
+    pub fn encoders(&self, device: &Device) -> Result<SongEncoders> {
         Ok(match self {
             ModelSource::Demo => {
                 let encoder = MelEncoder::new();

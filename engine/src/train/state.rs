@@ -153,7 +153,7 @@ pub fn list_checkpoints(run_dir: &Path) -> Result<Vec<PathBuf>> {
             Some((step, e.path()))
         })
         .collect();
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|c| std::cmp::Reverse(c.0));
     Ok(found.into_iter().map(|(_, p)| p).collect())
 }
 
