@@ -464,6 +464,8 @@ fn a_full_disk_names_the_file_and_says_its_cause_once() {
     let error = stderr.lines().find(|l| l.starts_with("error: ")).expect("an error line");
     assert!(error.contains(&disk.0.display().to_string()), "the path is named: {error}");
     assert_eq!(error.matches("os error 28").count(), 1, "the cause once: {error}");
+}
+
 fn wait_for_steps(run: &Path, steps: usize) {
     let deadline = Instant::now() + Duration::from_secs(300);
     while !run.join("events.jsonl").exists() || step_losses(run).len() < steps {
