@@ -347,6 +347,7 @@ fn stop_during_dataset_preparation_ends_the_run_stopped_at_step_0() {
     assert!(matches!(handle.join().unwrap(), RunEnd::Stopped { steps: 0, .. }));
     let events = read_events(&run_dir.join("events.jsonl")).unwrap();
     assert!(matches!(events.last(), Some(Event::Stopped { step: 0, .. })), "{:?}", events.last());
+}
 
 /// What a run stopped before its first update leaves: `stopped`, resumable, no adapter.
 fn assert_stopped_untrained(handle: RunHandle) -> PathBuf {
