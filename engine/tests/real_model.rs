@@ -361,7 +361,7 @@ fn weight_check_reads_headers_and_names_every_misfit_with_its_config() {
 fn null_condition_is_read_from_the_checkpoint_or_its_absence_named() {
     let source = |root: PathBuf| ModelSource::Folder { path: root };
     let (missing, ratio) = source(model_dir()).guidance(&Device::Cpu).unwrap();
-    let why = missing.err().expect("the fixture has no top-level null condition");
+    let why = missing.expect_err("the fixture has no top-level null condition");
     assert!(why.contains("acestep-v15-turbo/model.safetensors has no `null_condition_emb`"), "{why}");
     assert_eq!((ratio, Variant::Base.default_cfg_dropout()), (0.0, 0.15), "turbo 0, base/SFT 0.15");
 
@@ -377,7 +377,7 @@ fn null_condition_is_read_from_the_checkpoint_or_its_absence_named() {
 
     tensors.insert("null_condition_emb".into(), Tensor::zeros((1, 1, 16), DType::F32, &Device::Cpu).unwrap());
     candle_core::safetensors::save(&tensors, &weights).unwrap();
-    let err = source(root).guidance(&Device::Cpu).err().expect("mis-shaped").to_string();
+    let err = source(root).guidance(&Device::Cpu).expect_err("mis-shaped").to_string();
     assert!(err.contains("model.safetensors") && err.contains("null_condition_emb"), "{err}");
 }
 
