@@ -378,8 +378,8 @@ fn negative_numbers_are_values_and_errors_name_the_setting() {
     fails_with(ostinato().args(["train", songs.to_str().unwrap(), "--dropout", "1.5"]), "setting `lora.dropout`");
 }
 
-/// `--cfg-dropout` reaches run.toml and run_started; unset, the demo's default 0 is
-/// shown; out of range, or on a model without `null_condition_emb`, it is refused.
+/// `--cfg-dropout` reaches run.toml, run_started and the start line; unset, the demo's
+/// default 0 is shown; out of range, or on a model without `null_condition_emb`, it is refused.
 #[test]
 fn cfg_dropout_is_set_shown_and_checked() {
     let tmp = tempfile::tempdir().unwrap();
@@ -394,6 +394,9 @@ fn cfg_dropout_is_set_shown_and_checked() {
     let toml = std::fs::read_to_string(tmp.path().join("runs/cfg/run.toml")).unwrap();
     assert!(toml.contains("cfg_dropout = 0.5"), "{toml}");
     assert_eq!(started("default", &[])["cfg_dropout"], 0.0);
+    let plain = ok(train(tmp.path(), &songs, "plain", &["--max-steps", "1", "--cfg-dropout", "0.25"]).output().unwrap());
+    let stderr = String::from_utf8_lossy(&plain.stderr);
+    assert!(stderr.contains("CFG dropout 0.25"), "the start line shows it: {stderr}");
 
     fails_with(ostinato().args(["train", songs.to_str().unwrap(), "--cfg-dropout", "1.5"]), "setting `cfg_dropout`");
     let mut c = ostinato();
