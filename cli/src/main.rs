@@ -219,6 +219,10 @@ pub struct TrainArgs {
     pub alpha: Option<f64>,
     #[arg(long)]
     pub dropout: Option<f64>,
+    /// Share of samples trained on the model's null condition (CFG dropout), 0 to 1;
+    /// default: the model's (base/SFT 0.15, turbo and demo 0).
+    #[arg(long)]
+    pub cfg_dropout: Option<f64>,
     #[arg(long)]
     pub seed: Option<u64>,
     #[arg(long)]

@@ -222,9 +222,9 @@ fn note(event: &Event) -> Option<String> {
     Some(match event {
         Event::DatasetIssue { file, reason, kind } => issue_line(file, reason, *kind),
         Event::DatasetFile { file, note, seconds_in_file, .. } => cut_line(file, note.as_deref(), *seconds_in_file)?,
-        Event::RunStarted { device, precision, memory, dataset, trainable_params, .. } => format!(
+        Event::RunStarted { device, precision, memory, dataset, trainable_params, cfg_dropout, .. } => format!(
             "training on {device}, {precision}; {} songs ({} used, {} cached, {} encoded, {} skipped); \
-             {trainable_params} trainable parameters; gradient checkpointing {}, latent cache {}",
+             {trainable_params} trainable parameters; gradient checkpointing {}, latent cache {}, CFG dropout {cfg_dropout}",
             dataset.usable,
             seconds_text(dataset),
             dataset.cache_hits,

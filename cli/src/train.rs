@@ -66,6 +66,7 @@ fn build_config(a: &TrainArgs) -> anyhow::Result<RunConfig> {
     c.lora.r = a.rank.unwrap_or(c.lora.r);
     c.lora.alpha = a.alpha.unwrap_or(c.lora.alpha);
     c.lora.dropout = a.dropout.unwrap_or(c.lora.dropout);
+    c.cfg_dropout = a.cfg_dropout.or(c.cfg_dropout);
     c.precision = a.precision.unwrap_or(c.precision);
     c.data.crop_seconds = a.crop_seconds.or(c.data.crop_seconds);
     c.validate()?;

@@ -378,6 +378,35 @@ fn negative_numbers_are_values_and_errors_name_the_setting() {
     fails_with(ostinato().args(["train", songs.to_str().unwrap(), "--dropout", "1.5"]), "setting `lora.dropout`");
 }
 
+/// `--cfg-dropout` reaches run.toml, run_started and the start line; unset, the demo's
+/// default 0 is shown; out of range, or on a model without `null_condition_emb`, it is refused.
+#[test]
+fn cfg_dropout_is_set_shown_and_checked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let started = |name: &str, extra: &[&str]| -> serde_json::Value {
+        let out = ok(train(tmp.path(), &songs, name, &[&["--max-steps", "1", "--json"][..], extra].concat()).output().unwrap());
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        let line = stdout.lines().find(|l| l.contains("\"run_started\"")).expect("a run_started event");
+        serde_json::from_str(line).unwrap()
+    };
+    assert_eq!(started("cfg", &["--cfg-dropout", "0.5"])["cfg_dropout"], 0.5);
+    let toml = std::fs::read_to_string(tmp.path().join("runs/cfg/run.toml")).unwrap();
+    assert!(toml.contains("cfg_dropout = 0.5"), "{toml}");
+    assert_eq!(started("default", &[])["cfg_dropout"], 0.0);
+    let plain = ok(train(tmp.path(), &songs, "plain", &["--max-steps", "1", "--cfg-dropout", "0.25"]).output().unwrap());
+    let stderr = String::from_utf8_lossy(&plain.stderr);
+    assert!(stderr.contains("CFG dropout 0.25"), "the start line shows it: {stderr}");
+
+    fails_with(ostinato().args(["train", songs.to_str().unwrap(), "--cfg-dropout", "1.5"]), "setting `cfg_dropout`");
+    let mut c = ostinato();
+    c.args(["train", songs.to_str().unwrap(), "--model", tiny_model().to_str().unwrap(), "--cfg-dropout", "0.15"])
+        .args(["--runs-dir", tmp.path().join("runs").to_str().unwrap(), "--crop-seconds", "2"])
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"));
+    let message = fails_with(&mut c, "setting `cfg_dropout`");
+    assert!(message.contains("model.safetensors has no `null_condition_emb`"), "{message}");
+}
+
 fn tiny_model() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/real/model")
 }

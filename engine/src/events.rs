@@ -71,6 +71,10 @@ pub enum Event {
         trainable_params: u64,
         /// Elements in the whole model, base plus LoRA.
         total_params: u64,
+        /// Share of samples trained on the null condition (CFG dropout), resolved
+        /// from the model's default when the config names none; 0 in older logs.
+        #[serde(default)]
+        cfg_dropout: f64,
         /// What the dataset preparation found.
         dataset: DatasetSummary,
         /// Optimizer updates the whole run will apply (the schedule's length).
@@ -326,6 +330,7 @@ mod tests {
                 },
                 trainable_params: 1000,
                 total_params: 100_000,
+                cfg_dropout: 0.15,
                 dataset: DatasetSummary {
                     files: 3,
                     usable: 2,
@@ -497,7 +502,7 @@ mod tests {
     }
 
     /// Older logs: issues without a kind were skipped files; the summary had no
-    /// `seconds_in_files`.
+    /// `seconds_in_files`; run_started had no `cfg_dropout` (they trained without).
     #[test]
     fn older_dataset_events_still_read() {
         let dir = tempfile::tempdir().unwrap();
@@ -514,5 +519,6 @@ mod tests {
             &events[1],
             Event::RunStarted { dataset: DatasetSummary { seconds_in_files: None, total_seconds, .. }, .. } if *total_seconds == 12.5
         ));
+        assert!(matches!(&events[1], Event::RunStarted { cfg_dropout, .. } if *cfg_dropout == 0.0));
     }
 }

@@ -1,7 +1,7 @@
 //! Gradient checkpointing (block recompute) gives the same LoRA gradients as the
 //! plain path: on every fixture model and on a randomly built 8-layer model with dropout,
-//! with the LoRA on attention only (the recompute skips each MLP's down projection) and
-//! on an MLP projection too (the whole layer is recomputed).
+//! with the LoRA on attention only (the recompute skips each MLP's down projection),
+//! on an MLP projection too (the whole layer is recomputed), and with CFG dropout.
 
 mod common;
 
@@ -9,6 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use common::{dit_fixtures, max_rel_diff};
 use ostinato_engine::lora::{LoraAdapter, LoraConfig, LoraMode};
 use ostinato_engine::model::{DecoderWeights, DitConfig, DitModel};
+use ostinato_engine::train::cfg_dropout::CfgDropout;
 use ostinato_engine::train::flow::{Batch, FlowBatch};
 use ostinato_engine::train::grads;
 use rand::SeedableRng;
@@ -52,23 +53,30 @@ fn fixture_models_same_gradients_with_and_without_checkpointing() {
 
 #[test]
 fn random_eight_layer_model_same_gradients_with_dropout_and_padding() {
-    random_eight_layer_model("random-8-layer", &["q_proj", "k_proj", "v_proj", "o_proj"], (2, 23));
+    random_eight_layer_model("random-8-layer", &["q_proj", "k_proj", "v_proj", "o_proj"], (2, 23), &[]);
 }
 
 /// 800 positions: full attention runs through the recompute path (2.6M scores), so the
 /// recompute takes the output the first pass kept.
 #[test]
 fn long_random_model_same_gradients() {
-    random_eight_layer_model("random-8-layer, 800 positions", &["q_proj", "k_proj", "v_proj", "o_proj"], (1, 1600));
+    random_eight_layer_model("random-8-layer, 800 positions", &["q_proj", "k_proj", "v_proj", "o_proj"], (1, 1600), &[]);
 }
 
 #[test]
 fn random_eight_layer_model_with_an_adapted_mlp_same_gradients() {
-    random_eight_layer_model("random-8-layer, LoRA on down_proj", &["q_proj", "down_proj"], (2, 23));
+    random_eight_layer_model("random-8-layer, LoRA on down_proj", &["q_proj", "down_proj"], (2, 23), &[]);
 }
 
-/// `(batch, frames)`: the last item's last 6 frames are padding.
-fn random_eight_layer_model(name: &str, targets: &[&str], (b, t): (usize, usize)) {
+/// The first sample sees the null condition, the second its own.
+#[test]
+fn random_eight_layer_model_same_gradients_with_cfg_dropout() {
+    random_eight_layer_model("random-8-layer, CFG dropout", &["q_proj", "k_proj", "v_proj", "o_proj"], (2, 23), &[true, false]);
+}
+
+/// `(batch, frames)`: the last item's last 6 frames are padding; `dropped` samples
+/// see a null condition (CFG dropout), none when empty.
+fn random_eight_layer_model(name: &str, targets: &[&str], (b, t): (usize, usize), dropped: &[bool]) {
     let cfg = DitConfig::from_value(&serde_json::json!({
         "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 8,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
@@ -96,6 +104,9 @@ fn random_eight_layer_model(name: &str, targets: &[&str], (b, t): (usize, usize)
         encoder_hidden_states: Tensor::randn(0f32, 1., (b, 7, 64), &dev).unwrap(),
         context_latents: Tensor::randn(0f32, 1., (b, t, 128), &dev).unwrap(),
     };
-    let flow = FlowBatch::new(&batch, &[0.75, 0.5][..b], &mut ChaCha8Rng::seed_from_u64(9)).unwrap();
+    let mut flow = FlowBatch::new(&batch, &[0.75, 0.5][..b], &mut ChaCha8Rng::seed_from_u64(9)).unwrap();
+    let null = Tensor::randn(0f32, 1., (1, 1, 64), &dev).unwrap();
+    let cond = &flow.inputs.encoder_hidden_states;
+    flow.inputs.encoder_hidden_states = CfgDropout::new(0.15, null).apply(cond, dropped).unwrap();
     assert_same_gradients(name, &model, &adapter, &flow, LoraMode::Train { dropout_seed: 77 });
 }

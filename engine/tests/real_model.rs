@@ -18,6 +18,7 @@ use ostinato_engine::model::tokenizer::PaddedTokenizer;
 use ostinato_engine::model::torch_pt::write_pt;
 use ostinato_engine::model::vae::LatentChoice;
 use ostinato_engine::model::condition_encoder::ConditionEncoder;
+use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::model::DecoderWeights;
 use ostinato_engine::Error;
 
@@ -351,6 +352,33 @@ fn weight_check_reads_headers_and_names_every_misfit_with_its_config() {
     println!("{err}");
     assert!(err.contains("diffusion_pytorch_model.safetensors: tensor `encoder.conv1.bias` has shape [3]"), "{err}");
     assert!(err.contains("Qwen3-Embedding-0.6B/model.safetensors: missing tensor") && err.contains("layers.1.mlp.up_proj.weight"), "{err}");
+}
+
+/// The tiny fixture has no top-level `null_condition_emb` (only a stray
+/// `encoder.null_condition_emb`): CFG dropout names the file. A test-only copy with
+/// the key loads it, and the variant sets the default ratio.
+#[test]
+fn null_condition_is_read_from_the_checkpoint_or_its_absence_named() {
+    let source = |root: PathBuf| ModelSource::Folder { path: root };
+    let (missing, ratio) = source(model_dir()).guidance(&Device::Cpu).unwrap();
+    let why = missing.expect_err("the fixture has no top-level null condition");
+    assert!(why.contains("acestep-v15-turbo/model.safetensors has no `null_condition_emb`"), "{why}");
+    assert_eq!((ratio, Variant::Base.default_cfg_dropout()), (0.0, 0.15), "turbo 0, base/SFT 0.15");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let root = model_copy(tmp.path());
+    let weights = root.join("acestep-v15-turbo/model.safetensors");
+    let mut tensors = candle_core::safetensors::load(&weights, &Device::Cpu).unwrap();
+    let null = Tensor::randn(0f32, 1., (1, 1, 32), &Device::Cpu).unwrap();
+    tensors.insert("null_condition_emb".into(), null.clone());
+    candle_core::safetensors::save(&tensors, &weights).unwrap();
+    let loaded = source(root.clone()).guidance(&Device::Cpu).unwrap().0.unwrap();
+    assert_eq!(max_diff(&loaded, &null), 0.0);
+
+    tensors.insert("null_condition_emb".into(), Tensor::zeros((1, 1, 16), DType::F32, &Device::Cpu).unwrap());
+    candle_core::safetensors::save(&tensors, &weights).unwrap();
+    let err = source(root).guidance(&Device::Cpu).expect_err("mis-shaped").to_string();
+    assert!(err.contains("model.safetensors") && err.contains("null_condition_emb"), "{err}");
 }
 
 #[test]

@@ -117,6 +117,39 @@ fn stop_resume_pause_resume_is_bit_exact() {
     assert!(adapter_bytes(&straight) == adapter_bytes(&run_dir), "identical adapter bytes");
 }
 
+/// The demo carries a null condition: with CFG dropout on, a stopped and resumed run
+/// is still bit-exact, and the draws change the run; at ratio 0 nothing changes.
+#[test]
+fn cfg_dropout_resumes_bit_exact_and_ratio_zero_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let finish = |c: RunConfig| {
+        let handle = Run::start(c).unwrap();
+        let run_dir = handle.run_dir().to_path_buf();
+        assert!(matches!(handle.join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
+        run_dir
+    };
+    let plain = straight_run(tmp.path());
+    let zero = finish(RunConfig { cfg_dropout: Some(0.0), ..config(tmp.path(), "zero") });
+    assert_eq!(losses(&plain), losses(&zero), "ratio 0: the same losses");
+    assert!(adapter_bytes(&plain) == adapter_bytes(&zero), "ratio 0: the same adapter bytes");
+
+    let dropping = |name: &str| RunConfig { cfg_dropout: Some(0.5), ..config(tmp.path(), name) };
+    let straight = finish(dropping("dropping"));
+    assert_ne!(losses(&plain), losses(&straight), "half the samples saw the null condition");
+    let started = read_events(&straight.join("events.jsonl")).unwrap().into_iter().find_map(|e| match e {
+        Event::RunStarted { cfg_dropout, .. } => Some(cfg_dropout),
+        _ => None,
+    });
+    assert_eq!(started, Some(0.5));
+
+    let first = Run::start(RunConfig { stop_at_step: Some(STEPS / 3), ..dropping("interrupted") }).unwrap();
+    let run_dir = first.run_dir().to_path_buf();
+    assert!(matches!(first.join().unwrap(), RunEnd::Stopped { steps: 3, .. }));
+    assert!(matches!(Run::resume(&run_dir).unwrap().join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
+    assert_eq!(losses(&straight), losses(&run_dir), "identical loss sequence");
+    assert!(adapter_bytes(&straight) == adapter_bytes(&run_dir), "identical adapter bytes");
+}
+
 #[test]
 fn same_seed_same_run_and_complete_event_log() {
     let tmp = tempfile::tempdir().unwrap();

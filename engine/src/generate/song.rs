@@ -11,9 +11,7 @@ use super::decode::{decoder_for, LatentDecoder};
 use super::sampler::{self, Conditions, Guidance};
 use crate::data::{Conditioner, SongMeta, StereoAudio, INSTRUMENTAL};
 use crate::lora::{LoraAdapter, LoraMode};
-use crate::model::folder::ModelFolder;
 use crate::model::source::ModelSource;
-use crate::model::tensors::TensorFile;
 use crate::model::DitModel;
 use crate::train::schedule::TimestepSampling;
 use crate::{Error, Result};
@@ -25,8 +23,6 @@ pub const TURBO_STEPS: usize = 8;
 pub const BASE_STEPS: usize = 32;
 pub const BASE_GUIDANCE: f64 = 7.0;
 pub const DEFAULT_SHIFT: f64 = 3.0;
-/// The checkpoint's unconditional embedding (top-level key of model.safetensors).
-pub const NULL_CONDITION_KEY: &str = "null_condition_emb";
 
 /// One song to make.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -75,14 +71,14 @@ pub enum GenerateEvent {
 }
 
 /// A loaded model ready to make songs: the DiT (one copy of its weights), the
-/// conditioner, the decoder and where the unconditional embedding lives.
+/// conditioner, the decoder and the unconditional embedding.
 pub struct Generator {
     dit: DitModel,
     conditioner: Box<dyn Conditioner>,
     decoder: Box<dyn LatentDecoder>,
     turbo: bool,
-    /// model.safetensors of a folder (holds `null_condition_emb`); None for the demo.
-    weights: Option<PathBuf>,
+    /// `[1, 1, E]`: the checkpoint's `null_condition_emb`, or why the model has none.
+    null_condition: std::result::Result<Tensor, String>,
 }
 
 impl Generator {
@@ -90,16 +86,12 @@ impl Generator {
     pub fn load(source: &ModelSource) -> Result<Self> {
         let device = Device::Cpu;
         let loaded = source.load(DType::F32, &device)?;
-        let weights = match source {
-            ModelSource::Demo => None,
-            ModelSource::Folder { path } => Some(ModelFolder::open(path, None)?.dit_weights()),
-        };
         Ok(Self {
             dit: loaded.dit,
             conditioner: loaded.conditioner,
             decoder: decoder_for(source, &device)?,
             turbo: matches!(loaded.default_timesteps, TimestepSampling::Turbo { .. }),
-            weights,
+            null_condition: loaded.null_condition,
         })
     }
 
@@ -139,19 +131,11 @@ impl Generator {
         if scale == 1.0 {
             return Ok(None);
         }
-        let d = self.dit.config().encoder_hidden_size;
-        let Some(path) = &self.weights else {
-            return Err(Error::BadRequest("the demo model has no null_condition_emb to guide with".into()));
-        };
-        let f = TensorFile::open(path, &Device::Cpu)?;
-        if !f.contains(NULL_CONDITION_KEY) {
-            return Err(Error::ModelFile {
-                path: path.clone(),
-                key: NULL_CONDITION_KEY.into(),
-                reason: "missing: guidance needs this unconditional embedding (base and SFT checkpoints carry it)".into(),
-            });
-        }
-        let null_condition = f.get(NULL_CONDITION_KEY, &[1, 1, d])?;
+        let null_condition = self.null_condition.clone().map_err(|why| {
+            Error::BadRequest(format!(
+                "guidance needs the model's unconditional embedding (base and SFT checkpoints carry it): {why}"
+            ))
+        })?;
         Ok(Some(Guidance { scale, null_condition, interval: (0.0, 1.0) }))
     }
 

@@ -3,9 +3,14 @@
 //!
 //! Config: hidden 256, MLP 768, 4 layers (sliding, full, sliding, full), 4 query
 //! heads / 2 KV heads of 64, patch 2, sliding window 16, the real 192 input and 64
-//! latent channels. Weights: `DecoderWeights::random` with std 0.02, seed `DEMO_SEED`.
+//! latent channels. Weights: `DecoderWeights::random` with std 0.02, seed `DEMO_SEED`;
+//! a null condition embedding of standard normals (as ACE-Step initialises its own),
+//! so CFG dropout can be tried on the demo too.
 
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
 
 use super::{DecoderWeights, DitConfig, LayerType};
 use crate::Result;
@@ -34,6 +39,14 @@ pub fn demo_config() -> DitConfig {
 
 pub fn demo_weights(dtype: DType, device: &Device) -> Result<DecoderWeights> {
     DecoderWeights::random(&demo_config(), DEMO_SEED, 0.02, dtype, device)
+}
+
+/// `[1, 1, E]` f32, the same on every call.
+pub fn demo_null_condition(device: &Device) -> Result<Tensor> {
+    let width = demo_config().encoder_hidden_size;
+    let mut rng = ChaCha8Rng::seed_from_u64(DEMO_SEED ^ 0x4E55_11C0);
+    let values: Vec<f32> = (0..width).map(|_| StandardNormal.sample(&mut rng)).collect();
+    Ok(Tensor::from_vec(values, (1, 1, width), device)?)
 }
 
 #[cfg(test)]

@@ -33,6 +33,8 @@ pub const VAE_DIR: &str = "vae";
 pub const TEXT_DIR: &str = "Qwen3-Embedding-0.6B";
 pub const DIT_PREFIX: &str = "acestep-v15-";
 pub const DEFAULT_DIT: &str = "acestep-v15-turbo";
+/// The unconditional embedding of guidance and CFG dropout, top-level in model.safetensors.
+pub const NULL_CONDITION_KEY: &str = "null_condition_emb";
 /// ACE-Step's text and lyric token lengths.
 pub const TEXT_TOKENS: usize = 256;
 pub const LYRIC_TOKENS: usize = 512;
@@ -49,6 +51,15 @@ impl Variant {
         match self {
             Variant::Turbo => TimestepSampling::Turbo { shift: 3.0 },
             Variant::Base => TimestepSampling::LogitNormal { mu: -0.4, sigma: 1.0, shift: 1.0 },
+        }
+    }
+
+    /// Base and SFT were trained with CFG dropout 0.15 (ACE-Step's corrected trainer
+    /// keeps it); turbo is distilled without guidance.
+    pub fn default_cfg_dropout(self) -> f64 {
+        match self {
+            Variant::Turbo => 0.0,
+            Variant::Base => 0.15,
         }
     }
 
@@ -361,6 +372,17 @@ impl ModelFolder {
 
     pub fn default_timestep_sampling(&self) -> TimestepSampling {
         self.variant.default_timestep_sampling()
+    }
+
+    /// The checkpoint's top-level `null_condition_emb` `[1, 1, E]` (f32), or why there
+    /// is none, naming the file.
+    pub fn null_condition(&self, device: &Device) -> Result<std::result::Result<Tensor, String>> {
+        let path = self.dit_weights();
+        let file = TensorFile::open(&path, device)?;
+        if !file.contains(NULL_CONDITION_KEY) {
+            return Ok(Err(format!("{} has no `{NULL_CONDITION_KEY}`", path.display())));
+        }
+        Ok(Ok(file.get(NULL_CONDITION_KEY, &[1, 1, self.dit.encoder_hidden_size])?))
     }
 
     /// `[frames, C]`, transposed from the file's `[1, C, frames]` as ACE-Step does.

@@ -1,10 +1,10 @@
 //! Where a run's model comes from, and everything that comes with it: the DiT, the
-//! latent encoder and conditioner that turn songs into samples, and the model's
-//! default timestep sampling.
+//! latent encoder and conditioner that turn songs into samples, the model's default
+//! timestep sampling, and its null condition with the default CFG dropout.
 
 use std::path::PathBuf;
 
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::demo;
@@ -29,6 +29,10 @@ pub struct LoadedModel {
     pub encoder: Box<dyn LatentEncoder>,
     pub conditioner: Box<dyn Conditioner>,
     pub default_timesteps: TimestepSampling,
+    /// `[1, 1, E]` f32, the unconditional embedding, or why the model has none.
+    pub null_condition: std::result::Result<Tensor, String>,
+    /// The share of samples trained on the null condition when the config names none.
+    pub default_cfg_dropout: f64,
     /// Parameters of the base model (DiT only).
     pub parameters: u64,
 }
@@ -74,17 +78,32 @@ impl ModelSource {
         })
     }
 
+    /// The null condition embedding (or why there is none) and the default CFG
+    /// dropout: the variant's for a folder, 0 for the turbo-like demo.
+    pub fn guidance(&self, device: &Device) -> Result<(std::result::Result<Tensor, String>, f64)> {
+        Ok(match self {
+            ModelSource::Demo => (Ok(demo::demo_null_condition(device)?), 0.0),
+            ModelSource::Folder { path } => {
+                let folder = ModelFolder::open(path, None)?;
+                (folder.null_condition(device)?, folder.variant.default_cfg_dropout())
+            }
+        })
+    }
+
     /// Everything a run needs.
     pub fn load(&self, dtype: DType, device: &Device) -> Result<LoadedModel> {
         let (cfg, weights) = self.load_decoder(dtype, device)?;
         let parameters = weights.iter().map(|(_, t)| t.elem_count() as u64).sum();
         let dit = DitModel::new(&cfg, &weights)?;
         let (encoder, conditioner, default_timesteps) = self.encoders(device)?;
+        let (null_condition, default_cfg_dropout) = self.guidance(device)?;
         Ok(LoadedModel {
             dit,
             encoder,
             conditioner,
             default_timesteps,
+            null_condition,
+            default_cfg_dropout,
             parameters,
         })
     }

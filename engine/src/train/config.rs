@@ -28,6 +28,9 @@ pub struct RunConfig {
     pub lr_schedule: LrSchedule,
     /// Timestep sampling; `None` takes the model's default (turbo: shift 3).
     pub timesteps: Option<TimestepSampling>,
+    /// Share of samples trained on the model's null condition (CFG dropout), in
+    /// [0, 1]; `None` takes the model's default (base/SFT 0.15, turbo and demo 0).
+    pub cfg_dropout: Option<f64>,
     pub epochs: u64,
     /// Bound on optimizer updates for the whole run (the schedule spans it).
     pub max_steps: Option<u64>,
@@ -72,6 +75,7 @@ impl Default for RunConfig {
             lr: 3e-4,
             lr_schedule: LrSchedule::default(),
             timesteps: None,
+            cfg_dropout: None,
             epochs: 10,
             max_steps: None,
             stop_at_step: None,
@@ -178,6 +182,11 @@ impl RunConfig {
                 return Err(Error::setting(field, format!("{value} must be a positive number")));
             }
         }
+        if let Some(ratio) = self.cfg_dropout {
+            if !(0.0..=1.0).contains(&ratio) {
+                return Err(Error::setting("cfg_dropout", format!("{ratio} must be between 0 and 1")));
+            }
+        }
         crate::lora::validate_config(&self.lora)?;
         self.data.validate()
     }
@@ -223,6 +232,18 @@ mod tests {
         let c = RunConfig { lr: 1e-3, ..a.clone() };
         assert_eq!(a.trajectory_hash(), b.trajectory_hash());
         assert_ne!(a.trajectory_hash(), c.trajectory_hash());
+    }
+
+    #[test]
+    fn cfg_dropout_outside_zero_to_one_is_named() {
+        for ratio in [-0.1, 1.5, f64::NAN] {
+            let c = RunConfig { name: "r".into(), cfg_dropout: Some(ratio), ..Default::default() };
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains("cfg_dropout"), "{err}");
+        }
+        for ratio in [None, Some(0.0), Some(0.15), Some(1.0)] {
+            RunConfig { name: "r".into(), cfg_dropout: ratio, ..Default::default() }.validate().unwrap();
+        }
     }
 
     #[test]

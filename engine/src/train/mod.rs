@@ -1,6 +1,7 @@
 //! Training: the objective, gradients (plain or checkpointed), and the step's
 //! mechanisms (optimizer, schedules, loss scaling), each in its own module.
 
+pub mod cfg_dropout;
 pub mod flow;
 pub mod grads;
 pub mod loss_scale;

@@ -12,6 +12,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use super::cfg_dropout::CfgDropout;
 use super::config::RunConfig;
 use super::flow::Batch;
 use super::loss_scale::{LossScaler, SkipCounter};
@@ -318,8 +319,12 @@ impl Loop {
             encoder,
             conditioner,
             default_timesteps,
+            null_condition,
+            default_cfg_dropout,
             parameters,
         } = config.model.load(dtype, &selected.device)?;
+        let cfg_dropout = config.cfg_dropout.unwrap_or(default_cfg_dropout);
+        let dropout = CfgDropout::for_ratio(cfg_dropout, &null_condition)?;
         let cache = match (&config.latent_cache, &config.cache_dir) {
             (false, _) => None,
             (true, Some(dir)) => Some(LatentCache::new(dir)?),
@@ -399,6 +404,7 @@ impl Loop {
                 max_grad_norm: config.max_grad_norm,
                 timesteps: config.timesteps.clone().unwrap_or(default_timesteps),
                 seed: config.seed,
+                cfg_dropout: dropout,
             },
             lr: LrScheduler::new(config.lr_schedule.clone(), config.lr, total_steps),
             scaler: state.loss_scaler.clone(),
@@ -422,6 +428,7 @@ impl Loop {
                 },
                 trainable_params: trainable,
                 total_params: parameters + trainable,
+                cfg_dropout,
                 dataset: DatasetSummary {
                     files: (data.len() + data.skipped()) as u64,
                     usable: data.len() as u64,

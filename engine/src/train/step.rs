@@ -6,6 +6,7 @@ use candle_core::{DType, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use super::cfg_dropout::CfgDropout;
 use super::flow::{Batch, FlowBatch};
 use super::grads;
 use super::loss_scale::{LossScaler, SkipCounter, SkipVerdict};
@@ -37,6 +38,8 @@ pub struct StepSettings {
     pub max_grad_norm: f64,
     pub timesteps: TimestepSampling,
     pub seed: u64,
+    /// `None` when the ratio is 0: no draws at all, so such runs are unchanged.
+    pub cfg_dropout: Option<CfgDropout>,
 }
 
 /// Everything that changes from step to step, and the model it trains.
@@ -66,7 +69,7 @@ impl Trainer {
         let lr = self.lr.lr_at(self.applied_steps());
         let n = batches.len() as f64;
 
-        // 1-3. Noise and timesteps -> forward -> loss -> backward, summed over batches.
+        // 1-3. Noise, timesteps and CFG dropout -> forward -> loss -> backward, summed over batches.
         let mut loss = 0.0;
         let mut sum: Option<Vec<Tensor>> = None;
         for (micro, batch) in batches.iter().enumerate() {
@@ -74,7 +77,11 @@ impl Trainer {
             let t: Vec<f32> = (0..batch.len())
                 .map(|_| self.settings.timesteps.sample(&mut rng) as f32)
                 .collect();
-            let flow = FlowBatch::new(batch, &t, &mut rng)?;
+            let mut flow = FlowBatch::new(batch, &t, &mut rng)?;
+            if let Some(cfg) = &self.settings.cfg_dropout {
+                let dropped = cfg.draw(batch.len(), mix(self.settings.seed ^ 0xCF6D, attempt, micro as u64));
+                flow.inputs.encoder_hidden_states = cfg.apply(&flow.inputs.encoder_hidden_states, &dropped)?;
+            }
             let mode = LoraMode::Train {
                 dropout_seed: mix(self.settings.seed ^ 0xD20F, attempt, micro as u64),
             };
@@ -164,6 +171,7 @@ mod tests {
                 max_grad_norm: 1.0,
                 timesteps: TimestepSampling::Turbo { shift: 3.0 },
                 seed: 5,
+                cfg_dropout: None,
             },
             attempts: 0,
             adapter,
@@ -204,6 +212,45 @@ mod tests {
         let (first, last) = (mean(&losses[..30]), mean(&losses[270..]));
         println!("mean loss of the first 30 steps {first:.4}, of the last 30 {last:.4}");
         assert!(last < 0.6 * first, "loss fell from {first} to {last}");
+    }
+
+    fn applied_loss(t: &mut Trainer, b: &Batch) -> f64 {
+        match t.step(std::slice::from_ref(b)).unwrap() {
+            StepOutcome::Applied { loss, .. } => loss,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn null_condition() -> Tensor {
+        Tensor::randn(0f32, 1., (1, 1, 64), &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn cfg_dropout_at_ratio_one_is_exactly_the_step_on_a_batch_whose_condition_was_replaced_by_hand() {
+        let null = null_condition();
+        let b = batch(DType::F32);
+        let mut replaced = batch(DType::F32);
+        replaced.target_latents = b.target_latents.clone();
+        replaced.encoder_hidden_states = null.broadcast_as(b.encoder_hidden_states.shape()).unwrap().contiguous().unwrap();
+        let mut dropping = trainer(tiny(DType::F32, 2), 1e-3, LossScaler::disabled());
+        dropping.settings.cfg_dropout = Some(CfgDropout::new(1.0, null));
+        let mut by_hand = trainer(tiny(DType::F32, 2), 1e-3, LossScaler::disabled());
+        for step in 0..3 {
+            assert_eq!(applied_loss(&mut dropping, &b), applied_loss(&mut by_hand, &replaced), "step {step}");
+        }
+        assert_eq!(snapshot(&dropping), snapshot(&by_hand));
+    }
+
+    #[test]
+    fn cfg_dropout_at_ratio_zero_changes_nothing_bit_for_bit() {
+        let b = batch(DType::F32);
+        let mut zero = trainer(tiny(DType::F32, 2), 1e-3, LossScaler::disabled());
+        zero.settings.cfg_dropout = Some(CfgDropout::new(0.0, null_condition()));
+        let mut without = trainer(tiny(DType::F32, 2), 1e-3, LossScaler::disabled());
+        for step in 0..3 {
+            assert_eq!(applied_loss(&mut zero, &b), applied_loss(&mut without, &b), "step {step}");
+        }
+        assert_eq!(snapshot(&zero), snapshot(&without));
     }
 
     #[test]
