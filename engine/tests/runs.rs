@@ -201,6 +201,22 @@ fn previews_are_written_and_leave_training_bit_exact() {
     assert_eq!(steps_of(previews(&run_dir)), steps_of(made), "each preview once across the resume");
 }
 
+/// A stop while the base preview samples (a long one) ends the preview between two
+/// sampler steps: the run stops at step 0, resumable, with no preview written.
+#[test]
+fn a_stop_during_a_preview_ends_it_unwritten() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = RunConfig { preview_every_steps: Some(1), preview_seconds: Some(300.0), ..config(tmp.path(), "stopped") };
+    let handle = Run::start(c).unwrap();
+    let run_dir = handle.run_dir().to_path_buf();
+    assert!(handle.events().iter().any(|e| matches!(e, Event::RunStarted { .. })));
+    handle.stop();
+    assert!(matches!(handle.join().unwrap(), RunEnd::Stopped { steps: 0, adapter: None }));
+    assert!(!run_dir.join("previews/base.wav").exists());
+    let events = read_events(&run_dir.join("events.jsonl")).unwrap();
+    assert!(!events.iter().any(|e| matches!(e, Event::Preview { .. } | Event::Warning { .. })), "{events:?}");
+}
+
 #[test]
 fn same_seed_same_run_and_complete_event_log() {
     let tmp = tempfile::tempdir().unwrap();
