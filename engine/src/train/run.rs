@@ -309,6 +309,8 @@ struct Loop {
     total_steps: u64,
     batches_per_epoch: usize,
     previews: Option<Previews>,
+    /// The step whose preview was last tried: one try per step, however it ended.
+    previewed_step: Option<u64>,
     /// Set by a stop: ends a preview between its sampling steps.
     cancel: Cancel,
 }
@@ -459,6 +461,7 @@ impl Loop {
             total_steps,
             batches_per_epoch,
             previews,
+            previewed_step: None,
             cancel: cancel.clone(),
         })
     }
@@ -646,12 +649,15 @@ impl Loop {
         Ok(RunEnd::Finished { adapter, steps })
     }
 
-    /// Makes the preview due at this step boundary unless it is there already (made
-    /// before a pause, stop or resume). A stop ends it unwritten; a failure is a
+    /// Makes the preview due at this step boundary unless it was tried already or is
+    /// there (made before a stop and resume). A stop ends it unwritten; a failure is a
     /// warning: a preview is never worth the run.
-    fn preview_if_due(&self, sink: &mut Sink) {
+    fn preview_if_due(&mut self, sink: &mut Sink) {
         let step = self.trainer.applied_steps();
         let Some(previews) = &self.previews else { return };
+        if self.previewed_step.replace(step) == Some(step) {
+            return;
+        }
         let Some(rel) = previews.due(step).filter(|rel| !self.run_dir.join(rel).exists()) else { return };
         let parts = Trained {
             model: &self.trainer.model,
