@@ -231,6 +231,16 @@ pub struct TrainArgs {
     pub precision: Option<Precision>,
     #[arg(long)]
     pub crop_seconds: Option<f64>,
+    /// Write a preview song every N steps (and one of the base model before step 1)
+    /// into the run's previews/ folder.
+    #[arg(long, value_name = "N")]
+    pub preview_every_steps: Option<u64>,
+    /// Length of each preview, in seconds (default 10).
+    #[arg(long, value_name = "S")]
+    pub preview_seconds: Option<f64>,
+    /// The previews' caption (default: the first training song's caption).
+    #[arg(long, value_name = "TEXT")]
+    pub preview_caption: Option<String>,
 }
 
 fn on_off(s: &str) -> Result<bool, String> {

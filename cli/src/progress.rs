@@ -237,6 +237,10 @@ fn note(event: &Event) -> Option<String> {
             format!("step {step} skipped: {reason} ({consecutive} in a row)")
         }
         Event::Warning { message } => format!("warning: {message}"),
+        Event::Preview { step, path, took_s, .. } => {
+            let of = if *step == 0 { "the base model".to_string() } else { format!("step {step}") };
+            format!("preview of {of}: {} in the run folder (took {took_s:.1} s)", path.display())
+        }
         Event::Paused { step } => format!("paused at step {step}"),
         Event::Resumed { step } => format!("resumed at step {step}"),
         Event::Stopped { adapter_path: None, .. } => {

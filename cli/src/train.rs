@@ -69,6 +69,9 @@ fn build_config(a: &TrainArgs) -> anyhow::Result<RunConfig> {
     c.cfg_dropout = a.cfg_dropout.or(c.cfg_dropout);
     c.precision = a.precision.unwrap_or(c.precision);
     c.data.crop_seconds = a.crop_seconds.or(c.data.crop_seconds);
+    c.preview_every_steps = a.preview_every_steps.or(c.preview_every_steps);
+    c.preview_seconds = a.preview_seconds.or(c.preview_seconds);
+    c.preview_caption = a.preview_caption.clone().or(c.preview_caption.take());
     c.validate()?;
     Ok(c)
 }

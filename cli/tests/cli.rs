@@ -407,6 +407,37 @@ fn cfg_dropout_is_set_shown_and_checked() {
     assert!(message.contains("model.safetensors has no `null_condition_emb`"), "{message}");
 }
 
+#[test]
+fn train_writes_previews_and_reports_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let flags = ["--max-steps", "4", "--json", "--preview-every-steps", "2", "--preview-seconds", "1", "--preview-caption", "soft bells"];
+    let out = ok(train(tmp.path(), &songs, "previews", &flags).output().unwrap());
+    let previews: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["type"] == "preview")
+        .collect();
+    let steps: Vec<_> = previews.iter().map(|e| e["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, [0, 2, 4]);
+    let run = tmp.path().join("runs/previews");
+    for (e, name) in previews.iter().zip(["base.wav", "step-000002.wav", "step-000004.wav"]) {
+        assert_eq!(e["path"], format!("previews/{name}"));
+        assert_eq!((&e["caption"], &e["seconds"]), (&serde_json::json!("soft bells"), &serde_json::json!(1.0)));
+        assert!(e["seed"].is_u64() && e["took_s"].as_f64().unwrap() > 0.0, "{e}");
+        let audio = ostinato_engine::data::audio::decode(&run.join("previews").join(name)).unwrap();
+        assert_eq!((audio.sample_rate, audio.frames()), (48_000, 25 * 1920), "{name}: 1 s");
+    }
+    let toml = std::fs::read_to_string(run.join("run.toml")).unwrap();
+    assert!(toml.contains("preview_every_steps = 2") && toml.contains("preview_caption = \"soft bells\""), "{toml}");
+
+    let lines = ok(train(tmp.path(), &songs, "lines", &["--max-steps", "1", "--preview-every-steps", "1", "--preview-seconds", "1"]).output().unwrap());
+    let stderr = String::from_utf8_lossy(&lines.stderr);
+    assert!(stderr.contains("preview of the base model: previews/base.wav"), "{stderr}");
+    assert!(stderr.contains("preview of step 1: previews/step-000001.wav"), "{stderr}");
+    fails_with(ostinato().args(["train", songs.to_str().unwrap(), "--preview-seconds", "0"]), "setting `preview_seconds`");
+}
+
 fn tiny_model() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/real/model")
 }

@@ -161,6 +161,22 @@ pub enum Event {
         /// The checkpoint directory.
         path: PathBuf,
     },
+    /// A preview song was written at a step boundary: the base model before step 1,
+    /// then the adapter in training every `preview_every_steps`.
+    Preview {
+        /// Updates applied when it was made (0: the base model).
+        step: u64,
+        /// The WAV file, relative to the run directory (`previews/step-000100.wav`).
+        path: PathBuf,
+        /// The caption it was made from.
+        caption: String,
+        /// The noise seed, the same for every preview of the run.
+        seed: u64,
+        /// Its length.
+        seconds: f64,
+        /// Seconds it took to make (sampling and decoding), outside the training time.
+        took_s: f64,
+    },
     /// The run paused at a step boundary (after writing a checkpoint).
     Paused {
         /// Updates applied so far.
@@ -378,6 +394,14 @@ mod tests {
             Event::CheckpointSaved {
                 step: 1,
                 path: "checkpoints/step-000001".into(),
+            },
+            Event::Preview {
+                step: 2,
+                path: "previews/step-000002.wav".into(),
+                caption: "calm piano".into(),
+                seed: 7,
+                seconds: 1.0,
+                took_s: 0.5,
             },
             Event::Paused { step: 1 },
             Event::Resumed { step: 1 },

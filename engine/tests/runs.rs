@@ -150,6 +150,73 @@ fn cfg_dropout_resumes_bit_exact_and_ratio_zero_changes_nothing() {
     assert!(adapter_bytes(&straight) == adapter_bytes(&run_dir), "identical adapter bytes");
 }
 
+/// Previews every 2 steps, 1 s each: the run's base preview and one every 2 steps,
+/// float WAVs of 1 s; a stopped and resumed run makes the same previews once each and
+/// trains bit-exactly as a run without previews.
+#[test]
+fn previews_are_written_and_leave_training_bit_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let previewing = |name: &str| RunConfig {
+        preview_every_steps: Some(2),
+        preview_seconds: Some(1.0),
+        ..config(tmp.path(), name)
+    };
+    let plain = straight_run(tmp.path());
+    let handle = Run::start(previewing("previewed")).unwrap();
+    let straight = handle.run_dir().to_path_buf();
+    assert!(matches!(handle.join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
+    let first = Run::start(RunConfig { stop_at_step: Some(STEPS / 3), ..previewing("interrupted") }).unwrap();
+    let run_dir = first.run_dir().to_path_buf();
+    assert!(matches!(first.join().unwrap(), RunEnd::Stopped { steps: 3, .. }));
+    assert!(matches!(Run::resume(&run_dir).unwrap().join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
+
+    for dir in [&straight, &run_dir] {
+        assert_eq!(losses(&plain), losses(dir), "previews change no loss");
+        assert!(adapter_bytes(&plain) == adapter_bytes(dir), "previews change no adapter byte");
+    }
+    let files = ["base.wav", "step-000002.wav", "step-000004.wav", "step-000006.wav", "step-000008.wav"];
+    for (dir, name) in [&straight, &run_dir].into_iter().flat_map(|d| files.map(|f| (d, f))) {
+        let reader = hound::WavReader::open(dir.join("previews").join(name)).unwrap();
+        let spec = reader.spec();
+        assert_eq!((spec.channels, spec.sample_rate, spec.sample_format), (2, 48_000, hound::SampleFormat::Float), "{name}");
+        assert!((reader.duration() as f64 / 48_000.0 - 1.0).abs() < 0.05, "{name}: {} samples", reader.duration());
+    }
+    let read = |dir: &Path, name: &str| std::fs::read(dir.join("previews").join(name)).unwrap();
+    assert!(files.iter().all(|f| read(&straight, f) == read(&run_dir, f)), "the same previews after a resume");
+    assert!(read(&straight, "base.wav") != read(&straight, "step-000008.wav"), "training changes the preview");
+
+    let previews = |dir: &Path| -> Vec<Event> {
+        read_events(&dir.join("events.jsonl")).unwrap().into_iter().filter(|e| matches!(e, Event::Preview { .. })).collect()
+    };
+    let made = previews(&straight);
+    assert_eq!(made.len(), files.len());
+    for (event, (step, name)) in made.iter().zip([0, 2, 4, 6, 8].into_iter().zip(files)) {
+        let Event::Preview { step: s, path, caption, seed, seconds, took_s } = event else { unreachable!() };
+        assert_eq!((*s, path.as_path()), (step, Path::new("previews").join(name).as_path()));
+        assert!(caption.contains("instrumental"), "a training clip's caption: {caption}");
+        assert_eq!((*seconds, *seed), (1.0, previewing("x").preview_seed()));
+        assert!(*took_s > 0.0);
+    }
+    let steps_of = |events: Vec<Event>| events.iter().map(|e| match e { Event::Preview { step, .. } => *step, _ => 0 }).collect::<Vec<_>>();
+    assert_eq!(steps_of(previews(&run_dir)), steps_of(made), "each preview once across the resume");
+}
+
+/// A stop while the base preview samples (a long one) ends the preview between two
+/// sampler steps: the run stops at step 0, resumable, with no preview written.
+#[test]
+fn a_stop_during_a_preview_ends_it_unwritten() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = RunConfig { preview_every_steps: Some(1), preview_seconds: Some(300.0), ..config(tmp.path(), "stopped") };
+    let handle = Run::start(c).unwrap();
+    let run_dir = handle.run_dir().to_path_buf();
+    assert!(handle.events().iter().any(|e| matches!(e, Event::RunStarted { .. })));
+    handle.stop();
+    assert!(matches!(handle.join().unwrap(), RunEnd::Stopped { steps: 0, adapter: None }));
+    assert!(!run_dir.join("previews/base.wav").exists());
+    let events = read_events(&run_dir.join("events.jsonl")).unwrap();
+    assert!(!events.iter().any(|e| matches!(e, Event::Preview { .. } | Event::Warning { .. })), "{events:?}");
+}
+
 #[test]
 fn same_seed_same_run_and_complete_event_log() {
     let tmp = tempfile::tempdir().unwrap();

@@ -42,7 +42,10 @@ fn run(f: &Fixture, model: &DitModel, lora: Option<&LoraCtx>) -> (Vec<Tensor>, T
     };
     let mut xs = Vec::new();
     let g = guidance(f);
-    let out = sample(model, lora, f.t("in.noise"), &cond, &schedule, g.as_ref(), |_, x| xs.push(x.clone())).unwrap();
+    let out = sample(model, lora, f.t("in.noise"), &cond, &schedule, g.as_ref(), |_, x| {
+        xs.push(x.clone());
+        Ok(())
+    }).unwrap();
     (xs, out)
 }
 

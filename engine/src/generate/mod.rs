@@ -11,4 +11,4 @@ pub mod song;
 pub mod wav;
 
 pub use decode::{decoder_for, read_latents, LatentDecoder};
-pub use song::{GenerateEvent, GenerateSpec, Generator};
+pub use song::{GenerateEvent, GenerateSpec, Generator, SongModel};

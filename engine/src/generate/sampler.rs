@@ -87,7 +87,8 @@ impl Guidance {
 
 /// Runs the sampler from `x` (the noise at t = `schedule[0]`) and returns the clean
 /// latent `[1, T, C]` (f32). `lora` is the adapter with its strength (None: the base
-/// model). `on_step(k, x_k)` sees x entering step k, before the DiT runs.
+/// model). `on_step(k, x_k)` sees x entering step k, before the DiT runs; an error
+/// from it (a stop request) ends the sampling there.
 pub fn sample(
     model: &DitModel,
     lora: Option<&LoraCtx>,
@@ -95,12 +96,12 @@ pub fn sample(
     cond: &Conditions,
     schedule: &[f32],
     guidance: Option<&Guidance>,
-    mut on_step: impl FnMut(usize, &Tensor),
+    mut on_step: impl FnMut(usize, &Tensor) -> Result<()>,
 ) -> Result<Tensor> {
     let mut x = x.to_dtype(DType::F32)?;
     let mut momentum: Option<Tensor> = None;
     for (k, &t) in schedule.iter().enumerate() {
-        on_step(k, &x);
+        on_step(k, &x)?;
         let v = match guidance {
             Some(g) if g.applies(t) => {
                 let (v_cond, v_uncond) = velocity_pair(model, lora, &x, cond, &g.null_condition, t)?;
@@ -118,10 +119,12 @@ pub fn sample(
 fn velocity(model: &DitModel, lora: Option<&LoraCtx>, x: &Tensor, states: &Tensor, context: &Tensor, t: f32) -> Result<Tensor> {
     let b = x.dim(0)?;
     let t = Tensor::full(t, b, x.device())?;
+    // The model's compute dtype (a training run's model may be bf16); f32 stays as it is.
+    let dtype = model.dtype();
     let inputs = DitInputs {
-        hidden_states: x.clone(),
-        context_latents: context.clone(),
-        encoder_hidden_states: states.clone(),
+        hidden_states: x.to_dtype(dtype)?,
+        context_latents: context.to_dtype(dtype)?,
+        encoder_hidden_states: states.to_dtype(dtype)?,
         timestep: t.clone(),
         timestep_r: t,
     };

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::decode::{decoder_for, LatentDecoder};
 use super::sampler::{self, Conditions, Guidance};
+use crate::cancel::Cancel;
 use crate::data::{Conditioner, SongMeta, StereoAudio, INSTRUMENTAL};
 use crate::lora::{LoraAdapter, LoraMode};
 use crate::model::source::ModelSource;
@@ -95,12 +96,20 @@ impl Generator {
         })
     }
 
+    /// Its parts, borrowed for sampling and decoding.
+    fn parts(&self) -> SongModel<'_> {
+        SongModel {
+            dit: &self.dit,
+            conditioner: self.conditioner.as_ref(),
+            decoder: self.decoder.as_ref(),
+            turbo: self.turbo,
+            null_condition: &self.null_condition,
+        }
+    }
+
     /// Latent frames for a duration: ceil(seconds * frames per second), as diffusers.
     pub fn frames_for(&self, seconds: f64) -> Result<usize> {
-        if !(seconds > 0.0 && seconds <= MAX_SECONDS) {
-            return Err(Error::BadRequest(format!("duration {seconds} s is out of range: it must be more than 0 and at most {MAX_SECONDS} s")));
-        }
-        Ok((seconds * self.decoder.frames_per_second()).ceil() as usize)
+        self.parts().frames_for(seconds)
     }
 
     /// The PEFT adapter at `dir`, checked against this model (shapes and targets).
@@ -112,6 +121,41 @@ impl Generator {
             });
         }
         LoraAdapter::load_peft(dir, &self.dit)
+    }
+
+    /// Makes the clean latents `[T, C]` for `spec` (with its adapter folder, if any),
+    /// reporting progress through `on_event`.
+    pub fn latents(&self, spec: &GenerateSpec, on_event: &mut dyn FnMut(GenerateEvent)) -> Result<Tensor> {
+        let adapter = spec.adapter.as_deref().map(|dir| self.load_adapter(dir)).transpose()?;
+        self.parts().latents(spec, adapter.as_ref(), &Cancel::never(), on_event)
+    }
+
+    /// Decodes latents `[T, C]` to audio.
+    pub fn decode(&self, latents: &Tensor, on_event: &mut dyn FnMut(GenerateEvent)) -> Result<StereoAudio> {
+        self.parts().decode(latents, on_event)
+    }
+}
+
+/// What sampling and decoding need, borrowed: a `Generator`'s own parts, or a
+/// training run's already-loaded model and adapter (its previews load no second copy
+/// of the DiT).
+pub struct SongModel<'a> {
+    pub dit: &'a DitModel,
+    pub conditioner: &'a dyn Conditioner,
+    pub decoder: &'a dyn LatentDecoder,
+    /// Turbo models sample 8 steps without guidance.
+    pub turbo: bool,
+    /// `[1, 1, E]`: the checkpoint's `null_condition_emb`, or why the model has none.
+    pub null_condition: &'a std::result::Result<Tensor, String>,
+}
+
+impl SongModel<'_> {
+    /// Latent frames for a duration: ceil(seconds * frames per second), as diffusers.
+    pub fn frames_for(&self, seconds: f64) -> Result<usize> {
+        if !(seconds > 0.0 && seconds <= MAX_SECONDS) {
+            return Err(Error::BadRequest(format!("duration {seconds} s is out of range: it must be more than 0 and at most {MAX_SECONDS} s")));
+        }
+        Ok((seconds * self.decoder.frames_per_second()).ceil() as usize)
     }
 
     /// Guidance for `spec`, or None (turbo, or a scale of 1).
@@ -139,8 +183,16 @@ impl Generator {
         Ok(Some(Guidance { scale, null_condition, interval: (0.0, 1.0) }))
     }
 
-    /// Makes the clean latents `[T, C]` for `spec`, reporting progress through `on_event`.
-    pub fn latents(&self, spec: &GenerateSpec, on_event: &mut dyn FnMut(GenerateEvent)) -> Result<Tensor> {
+    /// Makes the clean latents `[T, C]` (f32) for `spec` with `adapter` at
+    /// `spec.adapter_scale` (`spec.adapter`, a folder, is the `Generator`'s to load).
+    /// A cancel between sampling steps ends it with `Error::Cancelled`.
+    pub fn latents(
+        &self,
+        spec: &GenerateSpec,
+        adapter: Option<&LoraAdapter>,
+        cancel: &Cancel,
+        on_event: &mut dyn FnMut(GenerateEvent),
+    ) -> Result<Tensor> {
         let frames = self.frames_for(spec.duration_seconds)?;
         let steps = spec.steps.unwrap_or(if self.turbo { TURBO_STEPS } else { BASE_STEPS });
         let shift = spec.shift.unwrap_or(DEFAULT_SHIFT);
@@ -148,7 +200,6 @@ impl Generator {
         if !spec.adapter_scale.is_finite() {
             return Err(Error::BadRequest(format!("adapter scale {} is not a number", spec.adapter_scale)));
         }
-        let adapter = spec.adapter.as_deref().map(|dir| self.load_adapter(dir)).transpose()?;
         let guidance = self.guidance(spec)?;
 
         // The same conditioning as a training sample of this caption and duration.
@@ -167,11 +218,12 @@ impl Generator {
         let noise = sampler::noise(spec.seed, frames, self.dit.config().audio_acoustic_hidden_dim, self.dit.device())?;
         // Strength 0 leaves the adapter out: the base model exactly.
         let ctx = adapter
-            .as_ref()
             .filter(|_| spec.adapter_scale != 0.0)
             .map(|a| a.ctx(LoraMode::Eval, false).with_strength(spec.adapter_scale));
-        let x0 = sampler::sample(&self.dit, ctx.as_ref(), &noise, &cond, &schedule, guidance.as_ref(), |k, _| {
-            on_event(GenerateEvent::Step { step: k + 1, steps })
+        let x0 = sampler::sample(self.dit, ctx.as_ref(), &noise, &cond, &schedule, guidance.as_ref(), |k, _| {
+            cancel.check()?;
+            on_event(GenerateEvent::Step { step: k + 1, steps });
+            Ok(())
         })?;
         Ok(x0.squeeze(0)?)
     }

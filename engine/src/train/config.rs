@@ -9,6 +9,7 @@ use super::optim::AdamWConfig;
 use super::schedule::{LrSchedule, TimestepSampling};
 use crate::data::DataSpec;
 use crate::device::Precision;
+use crate::generate::song::MAX_SECONDS;
 use crate::lora::LoraConfig;
 use crate::model::source::ModelSource;
 use crate::{Error, Result};
@@ -59,6 +60,14 @@ pub struct RunConfig {
     pub save_every_epochs: Option<u64>,
     /// Step checkpoints kept besides `final/`.
     pub keep_checkpoints: usize,
+    /// A preview song every this many applied steps, and one of the base model before
+    /// step 1; `None`: no previews.
+    pub preview_every_steps: Option<u64>,
+    /// Seconds of each preview; `None`: 10. (Optional, as the other preview settings,
+    /// so that run.toml files from before previews keep their trajectory hash.)
+    pub preview_seconds: Option<f64>,
+    /// The previews' caption; `None`: the first usable song's caption.
+    pub preview_caption: Option<String>,
 }
 
 impl Default for RunConfig {
@@ -93,9 +102,15 @@ impl Default for RunConfig {
             save_every_steps: Some(100),
             save_every_epochs: None,
             keep_checkpoints: 3,
+            preview_every_steps: None,
+            preview_seconds: None,
+            preview_caption: None,
         }
     }
 }
+
+/// Seconds of a preview when the config names none.
+pub const DEFAULT_PREVIEW_SECONDS: f64 = 10.0;
 
 /// A new run's name: the UTC date and time, so names sort by age, and a random
 /// suffix, so that runs started in the same second into one folder do not clash
@@ -187,16 +202,34 @@ impl RunConfig {
                 return Err(Error::setting("cfg_dropout", format!("{ratio} must be between 0 and 1")));
             }
         }
+        if self.preview_every_steps == Some(0) {
+            return Err(Error::setting("preview_every_steps", "must be at least 1"));
+        }
+        let seconds = self.preview_seconds();
+        if !(seconds > 0.0 && seconds <= MAX_SECONDS) {
+            return Err(Error::setting("preview_seconds", format!("{seconds} must be more than 0 and at most {MAX_SECONDS}")));
+        }
         crate::lora::validate_config(&self.lora)?;
         self.data.validate()
     }
 
+    pub fn preview_seconds(&self) -> f64 {
+        self.preview_seconds.unwrap_or(DEFAULT_PREVIEW_SECONDS)
+    }
+
+    /// The seed of every preview of this run: fixed, so that previews differ only by
+    /// what training changed; derived from the run seed, never drawn from its streams.
+    pub fn preview_seed(&self) -> u64 {
+        self.seed ^ 0x5052_4556_4945_5753
+    }
+
     /// A stable hash of the settings that determine the training trajectory; resume
     /// refuses a checkpoint written under different ones. `stop_at_step` is excluded:
-    /// it only says where to stop.
+    /// it only says where to stop; so are the previews, which change nothing trained.
     pub fn trajectory_hash(&self) -> String {
         let mut c = self.clone();
         c.stop_at_step = None;
+        (c.preview_every_steps, c.preview_seconds, c.preview_caption) = (None, None, None);
         c.runs_dir = PathBuf::new();
         blake3::hash(c.to_toml().as_bytes()).to_hex()[..16].to_string()
     }
@@ -232,6 +265,25 @@ mod tests {
         let c = RunConfig { lr: 1e-3, ..a.clone() };
         assert_eq!(a.trajectory_hash(), b.trajectory_hash());
         assert_ne!(a.trajectory_hash(), c.trajectory_hash());
+    }
+
+    #[test]
+    fn preview_settings_are_checked_and_leave_the_hash_alone() {
+        let a = RunConfig { name: "r".into(), ..Default::default() };
+        for (c, field) in [
+            (RunConfig { preview_every_steps: Some(0), ..a.clone() }, "preview_every_steps"),
+            (RunConfig { preview_seconds: Some(0.0), ..a.clone() }, "preview_seconds"),
+            (RunConfig { preview_seconds: Some(MAX_SECONDS + 1.0), ..a.clone() }, "preview_seconds"),
+            (RunConfig { preview_seconds: Some(f64::NAN), ..a.clone() }, "preview_seconds"),
+        ] {
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        }
+        let b = RunConfig { preview_every_steps: Some(2), preview_seconds: Some(1.0), preview_caption: Some("x".into()), ..a.clone() };
+        b.validate().unwrap();
+        assert_eq!(a.trajectory_hash(), b.trajectory_hash());
+        let back: RunConfig = toml::from_str(&b.to_toml()).unwrap();
+        assert_eq!(back, b);
     }
 
     #[test]

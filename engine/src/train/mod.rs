@@ -6,6 +6,7 @@ pub mod flow;
 pub mod grads;
 pub mod loss_scale;
 pub mod optim;
+mod preview;
 pub mod schedule;
 pub mod config;
 pub mod run;

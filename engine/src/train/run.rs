@@ -17,7 +17,8 @@ use super::config::RunConfig;
 use super::flow::Batch;
 use super::loss_scale::{LossScaler, SkipCounter};
 use super::optim::AdamW;
-use super::schedule::LrScheduler;
+use super::preview::{Previews, Trained};
+use super::schedule::{LrScheduler, TimestepSampling};
 use super::lock::RunLock;
 use super::state::{self, TrainingState};
 use super::step::{StepOutcome, StepSettings, Trainer};
@@ -307,6 +308,11 @@ struct Loop {
     state: TrainingState,
     total_steps: u64,
     batches_per_epoch: usize,
+    previews: Option<Previews>,
+    /// The step whose preview was last tried: one try per step, however it ended.
+    previewed_step: Option<u64>,
+    /// Set by a stop: ends a preview between its sampling steps.
+    cancel: Cancel,
 }
 
 impl Loop {
@@ -325,6 +331,7 @@ impl Loop {
         } = config.model.load(dtype, &selected.device)?;
         let cfg_dropout = config.cfg_dropout.unwrap_or(default_cfg_dropout);
         let dropout = CfgDropout::for_ratio(cfg_dropout, &null_condition)?;
+        let turbo = matches!(default_timesteps, TimestepSampling::Turbo { .. });
         let cache = match (&config.latent_cache, &config.cache_dir) {
             (false, _) => None,
             (true, Some(dir)) => Some(LatentCache::new(dir)?),
@@ -347,6 +354,8 @@ impl Loop {
                 prepared => prepared?,
             }
         };
+
+        let previews = Previews::new(config, &data, &selected.device, turbo, null_condition)?;
 
         // 2. Schedule length.
         let batches_per_epoch = data.len().div_ceil(config.batch_size);
@@ -451,6 +460,9 @@ impl Loop {
             state,
             total_steps,
             batches_per_epoch,
+            previews,
+            previewed_step: None,
+            cancel: cancel.clone(),
         })
     }
 
@@ -459,8 +471,9 @@ impl Loop {
         let mut rate = RateMeter::new(20);
         while self.state.epoch < self.config.epochs {
             while self.state.batch_in_epoch < self.batches_per_epoch {
-                // Step boundary: the end, a stop point, or a request from the front end.
+                // Step boundary: a preview, the end, a stop point, or a request from the front end.
                 let step = self.trainer.applied_steps();
+                self.preview_if_due(sink);
                 if step >= self.total_steps {
                     return self.finish(sink);
                 }
@@ -623,6 +636,8 @@ impl Loop {
     }
 
     fn finish(&mut self, sink: &mut Sink) -> Result<RunEnd> {
+        // The last step's preview, when the run ends with its epochs.
+        self.preview_if_due(sink);
         self.checkpoint(sink)?;
         let adapter = state::save_final_adapter(&self.run_dir, &self.trainer.adapter)?;
         let steps = self.trainer.applied_steps();
@@ -632,6 +647,28 @@ impl Loop {
             final_loss: self.state.last_loss,
         });
         Ok(RunEnd::Finished { adapter, steps })
+    }
+
+    /// Makes the preview due at this step boundary unless it was tried already or is
+    /// there (made before a stop and resume). A stop ends it unwritten; a failure is a
+    /// warning: a preview is never worth the run.
+    fn preview_if_due(&mut self, sink: &mut Sink) {
+        let step = self.trainer.applied_steps();
+        let Some(previews) = &self.previews else { return };
+        if self.previewed_step.replace(step) == Some(step) {
+            return;
+        }
+        let Some(rel) = previews.due(step).filter(|rel| !self.run_dir.join(rel).exists()) else { return };
+        let parts = Trained {
+            model: &self.trainer.model,
+            adapter: &self.trainer.adapter,
+            conditioner: self.conditioner.as_ref(),
+        };
+        match previews.make(&self.run_dir, &rel, step, &parts, &self.cancel) {
+            Ok(event) => sink.emit(event),
+            Err(Error::Cancelled) => {}
+            Err(e) => sink.emit(Event::Warning { message: format!("the preview at step {step} failed: {e}") }),
+        }
     }
 }
 
