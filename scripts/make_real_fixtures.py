@@ -118,22 +118,28 @@ def build_tokenizer(path):
     return PreTrainedTokenizerFast.from_pretrained(path)
 
 
+# The same tensors under diffusers' names and ACE-Step's checkpoint names.
+NAME_PAIRS = [
+    ("proj_in_conv.", "proj_in.1."),
+    ("proj_out_conv.", "proj_out.1."),
+    (".to_q.", ".q_proj."),
+    (".to_k.", ".k_proj."),
+    (".to_v.", ".v_proj."),
+    (".to_out.0.", ".o_proj."),
+    (".norm_q.", ".q_norm."),
+    (".norm_k.", ".k_norm."),
+]
+
+
+def renamed(key, to_original):
+    for diffusers, original in NAME_PAIRS:
+        key = key.replace(diffusers, original) if to_original else key.replace(original, diffusers)
+    return key
+
+
 def original_names(state, prefix):
     """diffusers' attention names -> ACE-Step's checkpoint names."""
-    out = {}
-    for k, v in state.items():
-        k = (
-            k.replace("proj_in_conv.", "proj_in.1.")
-            .replace("proj_out_conv.", "proj_out.1.")
-            .replace(".to_q.", ".q_proj.")
-            .replace(".to_k.", ".k_proj.")
-            .replace(".to_v.", ".v_proj.")
-            .replace(".to_out.0.", ".o_proj.")
-            .replace(".norm_q.", ".q_norm.")
-            .replace(".norm_k.", ".k_norm.")
-        )
-        out[prefix + k] = v.contiguous()
-    return out
+    return {prefix + renamed(k, True): v.contiguous() for k, v in state.items()}
 
 
 def main():
@@ -319,20 +325,7 @@ def vae_decode_fixture():
 
 def diffusers_names(state):
     """ACE-Step's checkpoint names -> diffusers' (the inverse of `original_names`)."""
-    out = {}
-    for k, v in state.items():
-        k = (
-            k.replace("proj_in.1.", "proj_in_conv.")
-            .replace("proj_out.1.", "proj_out_conv.")
-            .replace(".q_proj.", ".to_q.")
-            .replace(".k_proj.", ".to_k.")
-            .replace(".v_proj.", ".to_v.")
-            .replace(".o_proj.", ".to_out.0.")
-            .replace(".q_norm.", ".norm_q.")
-            .replace(".k_norm.", ".norm_k.")
-        )
-        out[k] = v
-    return out
+    return {renamed(k, False): v for k, v in state.items()}
 
 
 def guided_sample_fixture():
