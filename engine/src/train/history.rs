@@ -181,7 +181,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let runs = tmp.path();
         let stopped = Event::Stopped { step: 2, adapter_path: Some("a".into()) };
-        let finished = Event::Finished { adapter_path: "a".into(), steps: 3, final_loss: Some(0.3) };
+        let finished = Event::Finished { adapter_path: "a".into(), steps: 3, final_loss: Some(0.3), reason: None };
         let failed = Event::Failed { step: 1, reason: "x".into() };
         run(runs, "a-stopped", &[step(1, 0.9), step(2, 0.8), stopped]);
         run(runs, "b-finished", &[step(3, 0.3), finished]);

@@ -19,8 +19,9 @@ use super::loss_scale::{LossScaler, SkipCounter};
 use super::optim::AdamW;
 use super::schedule::LrScheduler;
 use super::lock::RunLock;
-use super::state::{self, TrainingState};
+use super::state::{self, BestValidation, TrainingState};
 use super::step::{StepOutcome, StepSettings, Trainer};
+use super::validation::{self, Validator};
 use crate::data::preprocessed::{is_preprocessed_dir, read_preprocessed_dir};
 use crate::cancel::Cancel;
 use crate::data::{prepare_dataset, DataEvent, FileUse, Issue, LatentCache, PreparedDataset};
@@ -303,6 +304,8 @@ struct Loop {
     encoder: Box<dyn crate::data::LatentEncoder>,
     conditioner: Box<dyn crate::data::Conditioner>,
     data: PreparedDataset,
+    /// Present when clips are held out.
+    validator: Option<Validator>,
     trainer: Trainer,
     state: TrainingState,
     total_steps: u64,
@@ -348,6 +351,14 @@ impl Loop {
             }
         };
 
+        // Held-out clips leave the training set before anything depends on its size.
+        let (data, held_out) = match data.is_empty() {
+            true => (data, PreparedDataset::empty(&config.data)),
+            false => validation::split(data, config)?,
+        };
+        let validator =
+            Validator::new(&held_out, encoder.as_ref(), conditioner.as_ref(), config.seed, dtype, &selected.device)?;
+
         // 2. Schedule length.
         let batches_per_epoch = data.len().div_ceil(config.batch_size);
         let updates_per_epoch = batches_per_epoch.div_ceil(config.grad_accum) as u64;
@@ -389,6 +400,8 @@ impl Loop {
                 loss_scaler,
                 skips: SkipCounter::new(config.max_consecutive_skips),
                 elapsed_s: 0.0,
+                best: None,
+                validations_since_best: 0,
             };
             (adapter, None, state)
         };
@@ -447,6 +460,7 @@ impl Loop {
             encoder,
             conditioner,
             data,
+            validator,
             trainer,
             state,
             total_steps,
@@ -462,7 +476,7 @@ impl Loop {
                 // Step boundary: the end, a stop point, or a request from the front end.
                 let step = self.trainer.applied_steps();
                 if step >= self.total_steps {
-                    return self.finish(sink);
+                    return self.finish(sink, None);
                 }
                 if self.config.stop_at_step.is_some_and(|s| step >= s) || self.wait_if_paused(control, sink)? {
                     return self.stop(sink);
@@ -494,6 +508,11 @@ impl Loop {
                             elapsed_s: self.state.elapsed_s,
                             eta_s: rate.eta_s(self.total_steps.saturating_sub(step)),
                         });
+                        if self.config.val_every_steps.is_some_and(|n| step.is_multiple_of(n)) {
+                            if let Some(reason) = self.validate(sink)? {
+                                return self.finish(sink, Some(reason));
+                            }
+                        }
                         if self.config.save_every_steps.is_some_and(|n| n > 0 && step.is_multiple_of(n)) {
                             self.checkpoint(sink)?;
                         }
@@ -516,7 +535,7 @@ impl Loop {
             }
             self.end_epoch(sink)?;
         }
-        self.finish(sink)
+        self.finish(sink, None)
     }
 
     /// The next `grad_accum` batches of this epoch (fewer at its end: the remainder
@@ -622,7 +641,33 @@ impl Loop {
         Ok(RunEnd::Stopped { adapter, steps })
     }
 
-    fn finish(&mut self, sink: &mut Sink) -> Result<RunEnd> {
+    /// Measures the validation loss; a better one rewrites `best/adapter` (before the
+    /// event, so whoever sees `best` finds it). Returns why to stop once patience runs out.
+    fn validate(&mut self, sink: &mut Sink) -> Result<Option<String>> {
+        let Some(validator) = &self.validator else {
+            return Ok(None);
+        };
+        let step = self.trainer.applied_steps();
+        let loss = device::in_step_scope(|| validator.loss(&self.trainer.model, &self.trainer.adapter))?;
+        let best = self.state.best.is_none_or(|b| loss < b.loss);
+        if best {
+            state::save_best_adapter(&self.run_dir, &self.trainer.adapter)?;
+            self.state.best = Some(BestValidation { step, loss });
+            self.state.validations_since_best = 0;
+        } else {
+            self.state.validations_since_best += 1;
+        }
+        sink.emit(Event::Validation { step, loss, best });
+        let waited = self.state.validations_since_best;
+        Ok(self
+            .config
+            .patience
+            .filter(|&p| waited >= p)
+            .map(|p| format!("no better validation loss in {p} validations (best at step {})", self.state.best.map_or(0, |b| b.step))))
+    }
+
+    /// `reason` says why a run ends before its last step.
+    fn finish(&mut self, sink: &mut Sink, reason: Option<String>) -> Result<RunEnd> {
         self.checkpoint(sink)?;
         let adapter = state::save_final_adapter(&self.run_dir, &self.trainer.adapter)?;
         let steps = self.trainer.applied_steps();
@@ -630,6 +675,7 @@ impl Loop {
             adapter_path: adapter.clone(),
             steps,
             final_loss: self.state.last_loss,
+            reason,
         });
         Ok(RunEnd::Finished { adapter, steps })
     }
