@@ -227,6 +227,18 @@ pub struct TrainArgs {
     pub seed: Option<u64>,
     #[arg(long)]
     pub save_every_steps: Option<u64>,
+    /// Files of the audio folder (relative paths, comma-separated) held out for validation.
+    #[arg(long, value_delimiter = ',', conflicts_with = "val_fraction")]
+    pub val_files: Vec<String>,
+    /// Share of the clips held out for validation (drawn from the seed), e.g. 0.1.
+    #[arg(long)]
+    pub val_fraction: Option<f64>,
+    /// Measure the validation loss every N updates (needed with held-out clips).
+    #[arg(long)]
+    pub val_every_steps: Option<u64>,
+    /// Finish early after K validations without a better loss.
+    #[arg(long)]
+    pub patience: Option<u64>,
     #[arg(long, value_parser = parse_with::<Precision>)]
     pub precision: Option<Precision>,
     #[arg(long)]

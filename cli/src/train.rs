@@ -69,6 +69,12 @@ fn build_config(a: &TrainArgs) -> anyhow::Result<RunConfig> {
     c.cfg_dropout = a.cfg_dropout.or(c.cfg_dropout);
     c.precision = a.precision.unwrap_or(c.precision);
     c.data.crop_seconds = a.crop_seconds.or(c.data.crop_seconds);
+    if !a.val_files.is_empty() {
+        c.val_files = a.val_files.clone();
+    }
+    c.val_fraction = a.val_fraction.or(c.val_fraction);
+    c.val_every_steps = a.val_every_steps.or(c.val_every_steps);
+    c.patience = a.patience.or(c.patience);
     c.validate()?;
     Ok(c)
 }
