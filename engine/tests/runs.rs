@@ -505,7 +505,7 @@ fn validation_is_deterministic_resumes_bit_exact_and_keeps_the_best_adapter() {
     assert_eq!(values, validations(&run_dir), "the same validation curve after resume");
     assert!(adapter_bytes(&straight) == adapter_bytes(&run_dir), "identical adapter bytes");
 
-    let best = values.iter().filter(|(_, (_, best))| *best).map(|(step, _)| *step).last().unwrap();
+    let best = values.iter().filter(|(_, (_, best))| *best).map(|(step, _)| *step).next_back().unwrap();
     let lowest = values.iter().min_by(|a, b| a.1 .0.total_cmp(&b.1 .0)).map(|(step, _)| *step);
     assert_eq!(Some(best), lowest, "the last `best` is the lowest loss");
     let checkpoint = straight.join(format!("checkpoints/step-{best:06}"));
