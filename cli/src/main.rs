@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use ostinato_engine::bench::Preset;
 use ostinato_engine::device::Precision;
-use ostinato_engine::export::ExportFormat;
+use ostinato_engine::export::{ExportFormat, WhichAdapter};
 use ostinato_engine::generate::GenerateSpec;
 use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::runtime;
@@ -58,6 +58,9 @@ enum Command {
         /// Output directory (peft) or .safetensors file (comfyui, merged).
         #[arg(long)]
         to: PathBuf,
+        /// best (lowest validation loss), final (else the newest checkpoint) or step-N.
+        #[arg(long, default_value = "final", value_parser = parse_with::<WhichAdapter>)]
+        which: WhichAdapter,
     },
     /// Time full training steps on fixed shapes with random weights (one configuration
     /// per invocation: peak memory is the process's). Runs on the device `train` would
@@ -227,6 +230,18 @@ pub struct TrainArgs {
     pub seed: Option<u64>,
     #[arg(long)]
     pub save_every_steps: Option<u64>,
+    /// Files of the audio folder (relative paths, comma-separated) held out for validation.
+    #[arg(long, value_delimiter = ',', conflicts_with = "val_fraction")]
+    pub val_files: Vec<String>,
+    /// Share of the clips held out for validation (drawn from the seed), e.g. 0.1.
+    #[arg(long)]
+    pub val_fraction: Option<f64>,
+    /// Measure the validation loss every N updates (needed with held-out clips).
+    #[arg(long)]
+    pub val_every_steps: Option<u64>,
+    /// Finish early after K validations without a better loss.
+    #[arg(long)]
+    pub patience: Option<u64>,
     #[arg(long, value_parser = parse_with::<Precision>)]
     pub precision: Option<Precision>,
     #[arg(long)]
@@ -290,7 +305,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             train::resume(&run_dir, Mode::choose(json, quiet), stop_at_step)
         }
         Command::Runs { runs_dir, json } => report::runs(runs_dir, json).map(|_| 0),
-        Command::Export { run_dir, format, to } => report::export(&run_dir, format, &to).map(|_| 0),
+        Command::Export { run_dir, format, to, which } => report::export(&run_dir, which, format, &to).map(|_| 0),
         Command::Bench { preset, gradient_checkpointing, layers, warmup, steps, cpu, json } => {
             let spec = report::BenchRequest { preset, checkpointing: gradient_checkpointing, layers, warmup, steps, cpu };
             report::bench(&spec, json).map(|_| 0)

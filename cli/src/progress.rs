@@ -243,6 +243,10 @@ fn note(event: &Event) -> Option<String> {
         }
         Event::Paused { step } => format!("paused at step {step}"),
         Event::Resumed { step } => format!("resumed at step {step}"),
+        Event::Validation { step, loss, best } => {
+            format!("validation at step {step}: loss {loss:.4}{}", if *best { " (best so far: best/adapter)" } else { "" })
+        }
+        Event::Finished { reason: Some(reason), .. } => format!("finished early: {reason}"),
         Event::Stopped { adapter_path: None, .. } => {
             "stopped before the first step: no adapter written; the run can be resumed".into()
         }

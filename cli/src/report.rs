@@ -7,7 +7,7 @@ use ostinato_engine::bench::{run_spec, Preset};
 use ostinato_engine::data::preprocessed::preprocess as preprocess_folder;
 use ostinato_engine::data::{DataEvent, DataSpec};
 use ostinato_engine::device::{self, Precision};
-use ostinato_engine::export::{export_run, ExportFormat};
+use ostinato_engine::export::{export_run_adapter, ExportFormat, WhichAdapter};
 use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::model::folder::ModelFolder;
 use ostinato_engine::model::footprint;
@@ -27,16 +27,20 @@ pub fn runs(runs_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
         println!("no runs in {}", dir.display());
         return Ok(());
     }
-    println!("{:<28} {:<12} {:>11} {:>10}  adapter", "run", "status", "steps", "last loss");
+    println!("{:<28} {:<12} {:>11} {:>10} {:>16}  adapter", "run", "status", "steps", "last loss", "best (step)");
     for r in runs {
         let steps = match r.total_steps {
             Some(t) => format!("{}/{t}", r.steps),
             None => r.steps.to_string(),
         };
         let loss = r.last_loss.map(|l| format!("{l:.4}")).unwrap_or_else(|| "-".into());
+        let best = match (r.best_loss, r.best_step) {
+            (Some(l), Some(s)) => format!("{l:.4} ({s})"),
+            _ => "-".into(),
+        };
         let adapter = r.adapter.map(|p| p.display().to_string()).unwrap_or_else(|| "-".into());
         let status = serde_json::to_value(r.status)?.as_str().unwrap_or_default().to_string();
-        println!("{:<28} {:<12} {steps:>11} {loss:>10}  {adapter}", r.name, status);
+        println!("{:<28} {:<12} {steps:>11} {loss:>10} {best:>16}  {adapter}", r.name, status);
         if r.status == RunStatus::Damaged {
             println!("  {}", r.reason.unwrap_or_default());
         }
@@ -44,11 +48,11 @@ pub fn runs(runs_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn export(run_dir: &Path, format: ExportFormat, to: &Path) -> anyhow::Result<()> {
+pub fn export(run_dir: &Path, which: WhichAdapter, format: ExportFormat, to: &Path) -> anyhow::Result<()> {
     if !run_dir.join("run.toml").is_file() {
         bail!("{} is not a run directory (no run.toml)", run_dir.display());
     }
-    let written = export_run(run_dir, format, to)?;
+    let written = export_run_adapter(run_dir, which, format, to)?;
     println!("{}", written.display());
     Ok(())
 }

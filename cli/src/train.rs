@@ -72,6 +72,12 @@ fn build_config(a: &TrainArgs) -> anyhow::Result<RunConfig> {
     c.preview_every_steps = a.preview_every_steps.or(c.preview_every_steps);
     c.preview_seconds = a.preview_seconds.or(c.preview_seconds);
     c.preview_caption = a.preview_caption.clone().or(c.preview_caption.take());
+    if !a.val_files.is_empty() {
+        c.val_files = a.val_files.clone();
+    }
+    c.val_fraction = a.val_fraction.or(c.val_fraction);
+    c.val_every_steps = a.val_every_steps.or(c.val_every_steps);
+    c.patience = a.patience.or(c.patience);
     c.validate()?;
     Ok(c)
 }

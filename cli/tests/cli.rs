@@ -785,3 +785,38 @@ fn bad_generate_and_decode_input_gives_clear_errors_and_writes_nothing() {
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.iter().all(|n| !n.to_string_lossy().ends_with(".tmp")), "{left:?}");
 }
+
+#[test]
+fn validation_flags_best_adapter_in_runs_and_export_which() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let val = ["--val-files", "drum_groove_128.wav", "--val-every-steps", "3", "--max-steps", "6"];
+    ok(train(tmp.path(), &songs, "val", &val).output().unwrap());
+    let run = tmp.path().join("runs/val");
+    let out = ok(ostinato().args(["runs", "--json", "--runs-dir", tmp.path().join("runs").to_str().unwrap()]).output().unwrap());
+    let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let best_step = runs[0]["best_step"].as_u64().expect("a best step");
+    assert!([3, 6].contains(&best_step), "{runs}");
+    assert!(runs[0]["best_loss"].as_f64().is_some(), "{runs}");
+
+    let export = |which: &str, to: &str| {
+        let to = tmp.path().join(to);
+        let mut c = ostinato();
+        c.args(["export", run.to_str().unwrap(), "--format", "peft", "--to", to.to_str().unwrap(), "--which", which]);
+        (c, to)
+    };
+    for (which, from) in [("best", "best/adapter".to_string()), ("final", "final/adapter".into()), ("step-3", "checkpoints/step-000003/adapter".into())] {
+        let (mut c, to) = export(which, which);
+        ok(c.output().unwrap());
+        let file = "adapter_model.safetensors";
+        assert!(std::fs::read(to.join(file)).unwrap() == std::fs::read(run.join(&from).join(file)).unwrap(), "{which}");
+    }
+    fails_with(&mut export("step-4", "x").0, "no checkpoint of step 4");
+    fails_with(&mut export("worst", "x").0, "expected best, final or step-N");
+    // Held out one way only; a run without validation has no best adapter.
+    fails_with(&mut train(tmp.path(), &songs, "both", &["--val-files", "a.wav", "--val-fraction", "0.5"]), "--val-fraction");
+    fails_with(&mut train(tmp.path(), &songs, "noperiod", &["--val-fraction", "0.5"]), "val_every_steps");
+    ok(train(tmp.path(), &songs, "plain", &["--max-steps", "1"]).output().unwrap());
+    let plain = tmp.path().join("runs/plain");
+    fails_with(ostinato().args(["export", plain.to_str().unwrap(), "--format", "peft", "--to", "x", "--which", "best"]), "no best adapter");
+}

@@ -39,6 +39,8 @@ struct Palette {
     text: RGBColor,
     grid: RGBColor,
     series: [RGBColor; 2],
+    /// The validation loss, apart from the training loss's blues.
+    validation: RGBColor,
 }
 
 impl Theme {
@@ -49,12 +51,14 @@ impl Theme {
                 text: RGBColor(40, 40, 40),
                 grid: RGBColor(225, 225, 225),
                 series: [RGBColor(130, 170, 225), RGBColor(20, 90, 200)],
+                validation: RGBColor(225, 110, 20),
             },
             Theme::Dark => Palette {
                 background: RGBColor(30, 30, 32),
                 text: RGBColor(220, 220, 220),
                 grid: RGBColor(60, 60, 64),
                 series: [RGBColor(90, 125, 180), RGBColor(110, 170, 255)],
+                validation: RGBColor(255, 160, 70),
             },
         }
     }
@@ -97,9 +101,7 @@ fn step_points(events: &[Event]) -> Vec<StepPoint> {
             ..
         } = *event
         {
-            while out.last().is_some_and(|p| p.step >= step) {
-                out.pop();
-            }
+            drop_redone(&mut out, step, |p| p.step);
             out.push(StepPoint {
                 step,
                 loss,
@@ -110,6 +112,26 @@ fn step_points(events: &[Event]) -> Vec<StepPoint> {
         }
     }
     out
+}
+
+/// Drops the points a resumed run logs again (from `step` on).
+fn drop_redone<T>(out: &mut Vec<T>, step: u64, step_of: impl Fn(&T) -> u64) {
+    while out.last().is_some_and(|p| step_of(p) >= step) {
+        out.pop();
+    }
+}
+
+/// The validation losses of a replay, redone ones replaced as for steps; `None`
+/// when the run held no clips out.
+fn validation_series(events: &[Event]) -> Option<Series> {
+    let mut points: Vec<(u64, f64)> = Vec::new();
+    for event in events {
+        if let Event::Validation { step, loss, .. } = *event {
+            drop_redone(&mut points, step, |p| p.0);
+            points.push((step, loss));
+        }
+    }
+    (!points.is_empty()).then_some(Series { name: "validation", points })
 }
 
 fn series(chart: Chart, events: &[Event]) -> Vec<Series> {
@@ -200,13 +222,26 @@ fn draw<DB: DrawingBackend>(
     theme: Theme,
 ) -> Result<()> {
     let palette = theme.palette();
-    let lines = series(chart, events);
+    // With two lines the second is the main one (smoothed loss, peak memory): drawn
+    // last, thicker, in the stronger colour. Validation, sparse, is marked on top.
+    let plain = series(chart, events);
+    let colours = &palette.series[palette.series.len() - plain.len()..];
+    let count = plain.len();
+    let mut lines: Vec<(Series, ShapeStyle)> = plain
+        .into_iter()
+        .zip(colours)
+        .enumerate()
+        .map(|(i, (line, &colour))| (line, colour.stroke_width(if i + 1 == count { 2 } else { 1 })))
+        .collect();
+    if let Some(validation) = validation_series(events).filter(|_| chart == Chart::Loss) {
+        lines.push((validation, palette.validation.stroke_width(2)));
+    }
     let (title, y_desc) = match chart {
         Chart::Loss => ("Loss", "loss"),
         Chart::Throughput => ("Throughput", "samples/s"),
         Chart::Memory => ("Memory", "MiB"),
     };
-    let all = || lines.iter().flat_map(|s| s.points.iter());
+    let all = || lines.iter().flat_map(|(s, _)| s.points.iter());
     let x_range = step_range(all().map(|p| p.0));
     let y_range = value_range(all().map(|p| p.1));
     let text = |size: u32| (FONT, size).into_font().color(&palette.text);
@@ -229,13 +264,10 @@ fn draw<DB: DrawingBackend>(
         .light_line_style(palette.background)
         .draw()
         .map_err(chart_error)?;
-    // With two lines the second is the main one (smoothed loss, peak memory): draw it
-    // last, thicker, in the stronger colour.
-    let colours = &palette.series[palette.series.len() - lines.len()..];
-    for (i, (line, &colour)) in lines.iter().zip(colours).enumerate() {
-        let style = colour.stroke_width(if i + 1 == lines.len() { 2 } else { 1 });
-        // A line needs two points: mark a lone first one so it shows.
-        let marker = if line.points.len() == 1 { 3 } else { 0 };
+    for (line, style) in &lines {
+        let style = *style;
+        // A line needs two points: mark a lone first one (and every validation) so it shows.
+        let marker = if line.points.len() == 1 || line.name == "validation" { 3 } else { 0 };
         cc.draw_series(LineSeries::new(thin(&line.points), style).point_size(marker))
             .map_err(chart_error)?
             .label(line.name)
@@ -354,6 +386,22 @@ mod tests {
         let steps: Vec<u64> = loss.iter().map(|p| p.0).collect();
         assert_eq!(steps, [1, 2, 3, 4, 5, 6]);
         assert_eq!(loss[3].1, 0.7);
+    }
+
+    #[test]
+    fn the_loss_chart_shows_the_validation_curve_and_redone_values_are_replaced() {
+        let mut events = run(50);
+        for (step, loss) in [(10, 0.5), (20, 0.4), (30, 0.35), (20, 0.45), (30, 0.3), (40, 0.25)] {
+            events.push(Event::Validation { step, loss, best: true });
+        }
+        let v = validation_series(&events).unwrap();
+        assert_eq!(v.points, [(10, 0.5), (20, 0.45), (30, 0.3), (40, 0.25)]);
+        let svg = render_svg(Chart::Loss, &events, SIZE, Theme::Light).unwrap();
+        let texts: Vec<&str> = (svg.split("</text>")).filter_map(|t| t.rsplit_once('>').map(|(_, text)| text.trim())).collect();
+        assert!(texts.contains(&"validation"), "the legend names it: {texts:?}");
+        assert!(validation_series(&run(5)).is_none());
+        let memory = render_svg(Chart::Memory, &events, SIZE, Theme::Light).unwrap();
+        assert!(!memory.contains("validation"), "only the loss chart shows it");
     }
 
     #[test]

@@ -192,6 +192,15 @@ pub enum Event {
         /// The warning, in words for the user.
         message: String,
     },
+    /// The loss on the held-out clips at fixed timesteps and noise.
+    Validation {
+        /// Updates applied when it was measured.
+        step: u64,
+        loss: f64,
+        /// The lowest so far: `best/adapter` now holds this step's adapter.
+        #[serde(default)]
+        best: bool,
+    },
     /// The run completed all its steps.
     Finished {
         /// The final adapter directory.
@@ -200,6 +209,9 @@ pub enum Event {
         steps: u64,
         /// Loss of the last applied update; absent when none was applied.
         final_loss: Option<f64>,
+        /// Why it ended before its last step (early stopping); absent when it ran to the end.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
     },
     /// The run was stopped before the end (by the user or `stop_at_step`); it can be resumed.
     Stopped {
@@ -412,7 +424,9 @@ mod tests {
                 adapter_path: "final/adapter".into(),
                 steps: 1,
                 final_loss: Some(0.9),
+                reason: None,
             },
+            Event::Validation { step: 1, loss: 0.8, best: true },
             Event::Stopped {
                 step: 1,
                 adapter_path: Some("final/adapter".into()),

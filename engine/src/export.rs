@@ -36,22 +36,43 @@ impl std::str::FromStr for ExportFormat {
     }
 }
 
-/// Writes the run's adapter (its `final/` one, else the newest checkpoint's) to `to`:
-/// a directory for PEFT, a `.safetensors` file otherwise.
+/// Which of a run's adapters to export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WhichAdapter {
+    /// `final/`, else the newest checkpoint's (a run stopped early).
+    #[default]
+    Final,
+    /// `best/`: the lowest validation loss.
+    Best,
+    /// The checkpoint of this step.
+    Step(u64),
+}
+
+impl std::str::FromStr for WhichAdapter {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let step = s.strip_prefix("step-").map(|n| n.parse::<u64>());
+        match (s, step) {
+            ("final", _) => Ok(Self::Final),
+            ("best", _) => Ok(Self::Best),
+            (_, Some(Ok(n))) => Ok(Self::Step(n)),
+            _ => Err(format!("unknown adapter `{s}` (expected best, final or step-N)")),
+        }
+    }
+}
+
+/// Writes the run's final adapter to `to` (see [`export_run_adapter`]).
 pub fn export_run(run_dir: &Path, format: ExportFormat, to: &Path) -> Result<PathBuf> {
+    export_run_adapter(run_dir, WhichAdapter::Final, format, to)
+}
+
+/// Writes the run's `which` adapter to `to`: a directory for PEFT, a `.safetensors`
+/// file otherwise.
+pub fn export_run_adapter(run_dir: &Path, which: WhichAdapter, format: ExportFormat, to: &Path) -> Result<PathBuf> {
     let config = RunConfig::from_toml_file(&run_dir.join("run.toml"))?;
+    let adapter_dir = adapter_dir(run_dir, which)?;
     let (cfg, weights) = config.model.load_decoder(DType::F32, &Device::Cpu)?;
     let model = DitModel::new(&cfg, &weights)?;
-    let final_adapter = run_dir.join("final/adapter");
-    let adapter_dir = if final_adapter.is_dir() {
-        final_adapter
-    } else {
-        let newest = state::list_checkpoints(run_dir)?.into_iter().next().ok_or_else(|| Error::BadFile {
-            path: run_dir.to_path_buf(),
-            reason: "the run has no adapter yet (no final/ and no checkpoint)".into(),
-        })?;
-        newest.join("adapter")
-    };
     let adapter = LoraAdapter::load_peft(&adapter_dir, &model)?;
     match format {
         ExportFormat::Peft => adapter.save_peft(to)?,
@@ -89,6 +110,27 @@ pub fn write_merged(weights: &DecoderWeights, adapter: &LoraAdapter, path: &Path
         out.insert(format!("decoder.{name}"), merged.unwrap_or_else(|| t.clone()));
     }
     save(&out, path)
+}
+
+/// The directory of the run's `which` adapter; an error naming what is missing.
+fn adapter_dir(run_dir: &Path, which: WhichAdapter) -> Result<PathBuf> {
+    let missing = |reason: String| Error::BadFile { path: run_dir.to_path_buf(), reason };
+    match which {
+        WhichAdapter::Final if run_dir.join("final/adapter").is_dir() => Ok(run_dir.join("final/adapter")),
+        WhichAdapter::Final => state::list_checkpoints(run_dir)?
+            .into_iter()
+            .next()
+            .map(|newest| newest.join("adapter"))
+            .ok_or_else(|| missing("the run has no adapter yet (no final/ and no checkpoint)".into())),
+        WhichAdapter::Best => Some(run_dir.join("best/adapter"))
+            .filter(|d| d.is_dir())
+            .ok_or_else(|| missing("the run has no best adapter (it is written by validation: --val-files or --val-fraction)".into())),
+        WhichAdapter::Step(step) => state::list_checkpoints(run_dir)?
+            .into_iter()
+            .find(|d| d.file_name().is_some_and(|n| n == format!("step-{step:06}").as_str()))
+            .map(|d| d.join("adapter"))
+            .ok_or_else(|| missing(format!("the run has no checkpoint of step {step} (older ones are pruned: keep_checkpoints)"))),
+    }
 }
 
 fn save(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {

@@ -519,3 +519,94 @@ fn a_failed_new_run_leaves_no_folder_and_a_resumed_run_keeps_its_checkpoints() {
     assert!(matches!(resumed.join().unwrap(), RunEnd::Stopped { steps: 2, .. }));
     assert_eq!(losses(&run_dir).len(), 2);
 }
+
+/// `config` holding out the drum clip and validating every 2 steps; every checkpoint kept.
+fn validated(dir: &Path, name: &str) -> RunConfig {
+    RunConfig {
+        val_files: vec!["drum_groove_128.wav".into()],
+        val_every_steps: Some(2),
+        keep_checkpoints: 100,
+        ..config(dir, name)
+    }
+}
+
+/// step -> (validation loss, best), as the log holds them.
+fn validations(run_dir: &Path) -> BTreeMap<u64, (f64, bool)> {
+    read_events(&run_dir.join("events.jsonl"))
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Validation { step, loss, best } => Some((step, (loss, best))),
+            _ => None,
+        })
+        .collect()
+}
+
+fn adapter_at(dir: &Path) -> Vec<u8> {
+    std::fs::read(dir.join("adapter/adapter_model.safetensors")).unwrap()
+}
+
+/// Validation is deterministic, leaves training's random streams alone (a stopped and
+/// resumed run matches an uninterrupted one bit for bit, validation values included),
+/// and `best/adapter` is the checkpoint adapter of the best step.
+#[test]
+fn validation_is_deterministic_resumes_bit_exact_and_keeps_the_best_adapter() {
+    let tmp = tempfile::tempdir().unwrap();
+    let finish = |c: RunConfig| {
+        let handle = Run::start(c).unwrap();
+        let run_dir = handle.run_dir().to_path_buf();
+        assert!(matches!(handle.join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
+        run_dir
+    };
+    let straight = finish(validated(tmp.path(), "straight"));
+    let again = finish(validated(tmp.path(), "again"));
+    let values = validations(&straight);
+    assert_eq!(values.keys().copied().collect::<Vec<_>>(), [2, 4, 6, 8]);
+    assert_eq!(values, validations(&again), "two runs, identical validation values");
+
+    let first = Run::start(RunConfig { stop_at_step: Some(STEPS / 3), ..validated(tmp.path(), "interrupted") }).unwrap();
+    let run_dir = first.run_dir().to_path_buf();
+    assert!(matches!(first.join().unwrap(), RunEnd::Stopped { steps: 3, .. }));
+    assert!(matches!(Run::resume(&run_dir).unwrap().join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
+    assert_eq!(losses(&straight), losses(&run_dir), "identical loss sequence");
+    assert_eq!(values, validations(&run_dir), "the same validation curve after resume");
+    assert!(adapter_bytes(&straight) == adapter_bytes(&run_dir), "identical adapter bytes");
+
+    let best = values.iter().filter(|(_, (_, best))| *best).map(|(step, _)| *step).next_back().unwrap();
+    let lowest = values.iter().min_by(|a, b| a.1 .0.total_cmp(&b.1 .0)).map(|(step, _)| *step);
+    assert_eq!(Some(best), lowest, "the last `best` is the lowest loss");
+    let checkpoint = straight.join(format!("checkpoints/step-{best:06}"));
+    assert!(adapter_at(&straight.join("best")) == adapter_at(&checkpoint), "best/adapter is step {best}'s");
+    assert!(adapter_at(&run_dir.join("best")) == adapter_at(&checkpoint), "and survives resume");
+}
+
+/// With patience 1 and a learning rate too small to move the loss in f32, the second
+/// validation does not improve: the run ends there as finished, with the reason.
+#[test]
+fn patience_finishes_early_with_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = RunConfig { patience: Some(1), val_every_steps: Some(1), lr: 1e-30, ..validated(tmp.path(), "patient") };
+    let handle = Run::start(c).unwrap();
+    let run_dir = handle.run_dir().to_path_buf();
+    let RunEnd::Finished { steps, .. } = handle.join().unwrap() else { panic!("finished") };
+    assert_eq!(steps, 2, "stopped early");
+    let values = validations(&run_dir);
+    assert_eq!(values.last_key_value().map(|(step, v)| (*step, v.1)), Some((steps, false)));
+    let reason = read_events(&run_dir.join("events.jsonl")).unwrap().into_iter().find_map(|e| match e {
+        Event::Finished { reason, .. } => reason,
+        _ => None,
+    });
+    assert!(reason.as_deref().is_some_and(|r| r.contains("no better validation loss")), "{reason:?}");
+    assert!(run_dir.join("best/adapter/adapter_model.safetensors").is_file());
+}
+
+#[test]
+fn holding_out_every_clip_is_an_error_naming_the_setting() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = RunConfig {
+        val_files: vec!["drum_groove_128.wav".into(), "pluck_arpeggio_c_major.wav".into()],
+        ..validated(tmp.path(), "all")
+    };
+    let err = Run::start(c).unwrap().join().unwrap_err().to_string();
+    assert!(err.contains("val_files") && err.contains("at least one"), "{err}");
+}

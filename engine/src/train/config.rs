@@ -68,6 +68,18 @@ pub struct RunConfig {
     pub preview_seconds: Option<f64>,
     /// The previews' caption; `None`: the first usable song's caption.
     pub preview_caption: Option<String>,
+    /// Files of the audio folder (paths relative to it) held out for validation.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub val_files: Vec<String>,
+    /// Share of the clips held out for validation, drawn from the run seed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_fraction: Option<f64>,
+    /// Validation loss every this many updates (when clips are held out).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_every_steps: Option<u64>,
+    /// Finish early after this many validations without a better loss.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patience: Option<u64>,
 }
 
 impl Default for RunConfig {
@@ -105,6 +117,10 @@ impl Default for RunConfig {
             preview_every_steps: None,
             preview_seconds: None,
             preview_caption: None,
+            val_files: Vec::new(),
+            val_fraction: None,
+            val_every_steps: None,
+            patience: None,
         }
     }
 }
@@ -209,6 +225,7 @@ impl RunConfig {
         if !(seconds > 0.0 && seconds <= MAX_SECONDS) {
             return Err(Error::setting("preview_seconds", format!("{seconds} must be more than 0 and at most {MAX_SECONDS}")));
         }
+        self.validate_validation()?;
         crate::lora::validate_config(&self.lora)?;
         self.data.validate()
     }
@@ -221,6 +238,31 @@ impl RunConfig {
     /// what training changed; derived from the run seed, never drawn from its streams.
     pub fn preview_seed(&self) -> u64 {
         self.seed ^ 0x5052_4556_4945_5753
+    }
+
+    /// Clips are held out one way only, validation needs a period, patience needs validation.
+    fn validate_validation(&self) -> Result<()> {
+        if !self.val_files.is_empty() && self.val_fraction.is_some() {
+            return Err(Error::setting("val_fraction", "cannot be combined with val_files: hold clips out one way"));
+        }
+        if let Some(f) = self.val_fraction {
+            if !(f > 0.0 && f < 1.0) {
+                return Err(Error::setting("val_fraction", format!("{f} must be between 0 and 1 (exclusive)")));
+            }
+        }
+        let held_out = !self.val_files.is_empty() || self.val_fraction.is_some();
+        for (field, value) in [("val_every_steps", self.val_every_steps), ("patience", self.patience)] {
+            if value == Some(0) {
+                return Err(Error::setting(field, "must be at least 1"));
+            }
+        }
+        if held_out != self.val_every_steps.is_some() {
+            return Err(Error::setting("val_every_steps", "is needed exactly when clips are held out (val_files or val_fraction)"));
+        }
+        if self.patience.is_some() && !held_out {
+            return Err(Error::setting("patience", "needs validation (val_files or val_fraction)"));
+        }
+        Ok(())
     }
 
     /// A stable hash of the settings that determine the training trajectory; resume
@@ -296,6 +338,26 @@ mod tests {
         for ratio in [None, Some(0.0), Some(0.15), Some(1.0)] {
             RunConfig { name: "r".into(), cfg_dropout: ratio, ..Default::default() }.validate().unwrap();
         }
+    }
+
+    #[test]
+    fn validation_settings_are_checked_and_named() {
+        let base = RunConfig { name: "r".into(), ..Default::default() };
+        let cases = [
+            (RunConfig { val_files: vec!["a.wav".into()], val_fraction: Some(0.2), val_every_steps: Some(1), ..base.clone() }, "val_fraction"),
+            (RunConfig { val_fraction: Some(1.0), val_every_steps: Some(1), ..base.clone() }, "val_fraction"),
+            (RunConfig { val_fraction: Some(0.2), ..base.clone() }, "val_every_steps"),
+            (RunConfig { val_every_steps: Some(2), ..base.clone() }, "val_every_steps"),
+            (RunConfig { val_fraction: Some(0.2), val_every_steps: Some(0), ..base.clone() }, "val_every_steps"),
+            (RunConfig { patience: Some(2), ..base.clone() }, "patience"),
+        ];
+        for (c, field) in cases {
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        }
+        RunConfig { val_fraction: Some(0.25), val_every_steps: Some(2), patience: Some(3), ..base.clone() }.validate().unwrap();
+        // Runs without validation write no new keys: their trajectory hash is unchanged.
+        assert!(!base.to_toml().contains("val_"), "{}", base.to_toml());
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub struct RunSummary {
     pub last_loss: Option<f64>,
     /// The final adapter, once written.
     pub adapter: Option<PathBuf>,
+    /// The step and loss of the lowest validation loss (`best/adapter`), once measured.
+    pub best_step: Option<u64>,
+    pub best_loss: Option<f64>,
     /// Whether [`Run::resume`](crate::train::Run::resume) can continue it: it has a
     /// checkpoint, is not finished, and is not in the hands of a live process.
     pub resumable: bool,
@@ -76,6 +79,8 @@ pub fn summarise(dir: &Path) -> RunSummary {
         total_steps: None,
         last_loss: None,
         adapter: Some(dir.join("final/adapter")).filter(|p| p.is_dir()),
+        best_step: None,
+        best_loss: None,
         resumable: false,
         reason: None,
         updated_unix: modified_unix(&log).or_else(|| modified_unix(&dir.join("run.toml"))),
@@ -109,6 +114,7 @@ fn replay(s: &mut RunSummary, events: &[Event]) {
                 s.steps = *step;
                 s.last_loss = Some(*loss);
             }
+            Event::Validation { step, loss, best: true } => (s.best_step, s.best_loss) = (Some(*step), Some(*loss)),
             Event::Paused { .. } => s.status = RunStatus::Paused,
             Event::Resumed { .. } => s.status = RunStatus::Interrupted,
             Event::Stopped { step, .. } => (s.status, s.steps) = (RunStatus::Stopped, *step),
@@ -181,7 +187,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let runs = tmp.path();
         let stopped = Event::Stopped { step: 2, adapter_path: Some("a".into()) };
-        let finished = Event::Finished { adapter_path: "a".into(), steps: 3, final_loss: Some(0.3) };
+        let finished = Event::Finished { adapter_path: "a".into(), steps: 3, final_loss: Some(0.3), reason: None };
         let failed = Event::Failed { step: 1, reason: "x".into() };
         run(runs, "a-stopped", &[step(1, 0.9), step(2, 0.8), stopped]);
         run(runs, "b-finished", &[step(3, 0.3), finished]);

@@ -12,6 +12,7 @@ pub mod config;
 pub mod run;
 pub mod state;
 pub mod step;
+pub mod validation;
 
 pub use config::RunConfig;
 pub use run::{Run, RunControl, RunEnd, RunHandle};

@@ -20,8 +20,9 @@ use super::optim::AdamW;
 use super::preview::{Previews, Trained};
 use super::schedule::{LrScheduler, TimestepSampling};
 use super::lock::RunLock;
-use super::state::{self, TrainingState};
+use super::state::{self, BestValidation, TrainingState};
 use super::step::{StepOutcome, StepSettings, Trainer};
+use super::validation::{self, Validator};
 use crate::data::preprocessed::{is_preprocessed_dir, read_preprocessed_dir};
 use crate::cancel::Cancel;
 use crate::data::{prepare_dataset, DataEvent, FileUse, Issue, LatentCache, PreparedDataset};
@@ -304,6 +305,8 @@ struct Loop {
     encoder: Box<dyn crate::data::LatentEncoder>,
     conditioner: Box<dyn crate::data::Conditioner>,
     data: PreparedDataset,
+    /// Present when clips are held out.
+    validator: Option<Validator>,
     trainer: Trainer,
     state: TrainingState,
     total_steps: u64,
@@ -355,6 +358,13 @@ impl Loop {
             }
         };
 
+        // Held-out clips leave the training set before anything depends on its size.
+        let (data, held_out) = match data.is_empty() {
+            true => (data, PreparedDataset::empty(&config.data)),
+            false => validation::split(data, config)?,
+        };
+        let validator =
+            Validator::new(&held_out, encoder.as_ref(), conditioner.as_ref(), config.seed, dtype, &selected.device)?;
         let previews = Previews::new(config, &data, &selected.device, turbo, null_condition)?;
 
         // 2. Schedule length.
@@ -398,6 +408,8 @@ impl Loop {
                 loss_scaler,
                 skips: SkipCounter::new(config.max_consecutive_skips),
                 elapsed_s: 0.0,
+                best: None,
+                validations_since_best: 0,
             };
             (adapter, None, state)
         };
@@ -456,6 +468,7 @@ impl Loop {
             encoder,
             conditioner,
             data,
+            validator,
             trainer,
             state,
             total_steps,
@@ -475,7 +488,7 @@ impl Loop {
                 let step = self.trainer.applied_steps();
                 self.preview_if_due(sink);
                 if step >= self.total_steps {
-                    return self.finish(sink);
+                    return self.finish(sink, None);
                 }
                 if self.config.stop_at_step.is_some_and(|s| step >= s) || self.wait_if_paused(control, sink)? {
                     return self.stop(sink);
@@ -507,6 +520,11 @@ impl Loop {
                             elapsed_s: self.state.elapsed_s,
                             eta_s: rate.eta_s(self.total_steps.saturating_sub(step)),
                         });
+                        if self.config.val_every_steps.is_some_and(|n| step.is_multiple_of(n)) {
+                            if let Some(reason) = self.validate(sink)? {
+                                return self.finish(sink, Some(reason));
+                            }
+                        }
                         if self.config.save_every_steps.is_some_and(|n| n > 0 && step.is_multiple_of(n)) {
                             self.checkpoint(sink)?;
                         }
@@ -529,7 +547,7 @@ impl Loop {
             }
             self.end_epoch(sink)?;
         }
-        self.finish(sink)
+        self.finish(sink, None)
     }
 
     /// The next `grad_accum` batches of this epoch (fewer at its end: the remainder
@@ -635,7 +653,33 @@ impl Loop {
         Ok(RunEnd::Stopped { adapter, steps })
     }
 
-    fn finish(&mut self, sink: &mut Sink) -> Result<RunEnd> {
+    /// Measures the validation loss; a better one rewrites `best/adapter` (before the
+    /// event, so whoever sees `best` finds it). Returns why to stop once patience runs out.
+    fn validate(&mut self, sink: &mut Sink) -> Result<Option<String>> {
+        let Some(validator) = &self.validator else {
+            return Ok(None);
+        };
+        let step = self.trainer.applied_steps();
+        let loss = device::in_step_scope(|| validator.loss(&self.trainer.model, &self.trainer.adapter))?;
+        let best = self.state.best.is_none_or(|b| loss < b.loss);
+        if best {
+            state::save_best_adapter(&self.run_dir, &self.trainer.adapter)?;
+            self.state.best = Some(BestValidation { step, loss });
+            self.state.validations_since_best = 0;
+        } else {
+            self.state.validations_since_best += 1;
+        }
+        sink.emit(Event::Validation { step, loss, best });
+        let waited = self.state.validations_since_best;
+        Ok(self
+            .config
+            .patience
+            .filter(|&p| waited >= p)
+            .map(|p| format!("no better validation loss in {p} validations (best at step {})", self.state.best.map_or(0, |b| b.step))))
+    }
+
+    /// `reason` says why a run ends before its last step.
+    fn finish(&mut self, sink: &mut Sink, reason: Option<String>) -> Result<RunEnd> {
         // The last step's preview, when the run ends with its epochs.
         self.preview_if_due(sink);
         self.checkpoint(sink)?;
@@ -645,6 +689,7 @@ impl Loop {
             adapter_path: adapter.clone(),
             steps,
             final_loss: self.state.last_loss,
+            reason,
         });
         Ok(RunEnd::Finished { adapter, steps })
     }

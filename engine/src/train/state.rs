@@ -55,6 +55,19 @@ pub struct TrainingState {
     pub skips: SkipCounter,
     /// Training seconds so far, pauses excluded.
     pub elapsed_s: f64,
+    /// The lowest validation loss so far, whose adapter is `best/adapter`.
+    #[serde(default)]
+    pub best: Option<BestValidation>,
+    /// Validations since the best one, for early stopping.
+    #[serde(default)]
+    pub validations_since_best: u64,
+}
+
+/// The step and loss of the best validation so far.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BestValidation {
+    pub step: u64,
+    pub loss: f64,
 }
 
 /// A checkpoint read back: its state, adapter tensors and optimizer tensors.
@@ -98,7 +111,16 @@ pub fn save_checkpoint(
 
 /// Writes the run's `final/adapter` (replacing an older one) the same crash-safe way.
 pub fn save_final_adapter(run_dir: &Path, adapter: &LoraAdapter) -> Result<PathBuf> {
-    let target = run_dir.join("final");
+    save_named_adapter(run_dir, "final", adapter)
+}
+
+/// Writes the run's `best/adapter` (replacing an older one) the same crash-safe way.
+pub fn save_best_adapter(run_dir: &Path, adapter: &LoraAdapter) -> Result<PathBuf> {
+    save_named_adapter(run_dir, "best", adapter)
+}
+
+fn save_named_adapter(run_dir: &Path, name: &str, adapter: &LoraAdapter) -> Result<PathBuf> {
+    let target = run_dir.join(name);
     write_atomically(run_dir, &target, |tmp| adapter.save_peft(&tmp.join("adapter")))?;
     Ok(target.join("adapter"))
 }

@@ -128,7 +128,7 @@ impl Trainer {
 }
 
 /// A well-mixed seed from (seed, attempt, micro-batch).
-fn mix(seed: u64, attempt: u64, micro: u64) -> u64 {
+pub(super) fn mix(seed: u64, attempt: u64, micro: u64) -> u64 {
     let mut h = seed ^ 0x243F_6A88_85A3_08D3;
     for v in [attempt, micro] {
         h = (h ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
