@@ -29,7 +29,7 @@ enum Command {
     /// Train a new adapter on a folder of audio.
     // Negative numbers are values (`--lr -1`), for the engine to judge.
     #[command(allow_negative_numbers = true)]
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Continue a paused, stopped or interrupted run.
     Resume {
         run_dir: PathBuf,
@@ -300,7 +300,7 @@ fn causes_once(e: &anyhow::Error) -> String {
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::Train(args) => train::train(args),
+        Command::Train(args) => train::train(*args),
         Command::Resume { run_dir, json, quiet, stop_at_step } => {
             train::resume(&run_dir, Mode::choose(json, quiet), stop_at_step)
         }

@@ -117,17 +117,19 @@ fn stop_resume_pause_resume_is_bit_exact() {
     assert!(adapter_bytes(&straight) == adapter_bytes(&run_dir), "identical adapter bytes");
 }
 
+/// Trains `c` to its end (all `STEPS`); the run directory.
+fn finish(c: RunConfig) -> PathBuf {
+    let handle = Run::start(c).unwrap();
+    let run_dir = handle.run_dir().to_path_buf();
+    assert!(matches!(handle.join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
+    run_dir
+}
+
 /// The demo carries a null condition: with CFG dropout on, a stopped and resumed run
 /// is still bit-exact, and the draws change the run; at ratio 0 nothing changes.
 #[test]
 fn cfg_dropout_resumes_bit_exact_and_ratio_zero_changes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let finish = |c: RunConfig| {
-        let handle = Run::start(c).unwrap();
-        let run_dir = handle.run_dir().to_path_buf();
-        assert!(matches!(handle.join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
-        run_dir
-    };
     let plain = straight_run(tmp.path());
     let zero = finish(RunConfig { cfg_dropout: Some(0.0), ..config(tmp.path(), "zero") });
     assert_eq!(losses(&plain), losses(&zero), "ratio 0: the same losses");
@@ -552,12 +554,6 @@ fn adapter_at(dir: &Path) -> Vec<u8> {
 #[test]
 fn validation_is_deterministic_resumes_bit_exact_and_keeps_the_best_adapter() {
     let tmp = tempfile::tempdir().unwrap();
-    let finish = |c: RunConfig| {
-        let handle = Run::start(c).unwrap();
-        let run_dir = handle.run_dir().to_path_buf();
-        assert!(matches!(handle.join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
-        run_dir
-    };
     let straight = finish(validated(tmp.path(), "straight"));
     let again = finish(validated(tmp.path(), "again"));
     let values = validations(&straight);
