@@ -46,7 +46,9 @@ fn fixture_models_same_gradients_with_and_without_checkpointing() {
             encoder_hidden_states: inputs.encoder_hidden_states,
             context_latents: inputs.context_latents,
         };
-        let flow = FlowBatch::new(&batch, &[0.9, 0.3], &mut ChaCha8Rng::seed_from_u64(5)).unwrap();
+        // The fixture's own timesteps: one per sample, whatever its batch size.
+        let t = f.t("in.timestep").to_vec1::<f32>().unwrap();
+        let flow = FlowBatch::new(&batch, &t, &mut ChaCha8Rng::seed_from_u64(5)).unwrap();
         assert_same_gradients(&f.name, &model, &adapter, &flow, LoraMode::Eval);
     }
 }

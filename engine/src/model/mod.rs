@@ -179,15 +179,6 @@ impl DitModel {
             .collect()
     }
 
-    /// The frozen `[out, in]` weight of a layer linear module, by name.
-    pub fn linear_weight(&self, name: &str) -> Option<&Tensor> {
-        self.layers
-            .iter()
-            .flat_map(|l| l.linears())
-            .find(|lin| lin.name == name)
-            .map(|lin| lin.weight())
-    }
-
     /// Patchify, embed time and condition: everything before layer 0.
     pub fn prepare(&self, inputs: &DitInputs) -> Result<Prepared> {
         let cfg = &self.cfg;
