@@ -51,6 +51,10 @@ impl Linear {
         }
     }
 
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
     /// `(in, out)` features.
     pub fn features(&self) -> (usize, usize) {
         let (out, inp) = self.weight.dims2().expect("linear weights are 2-D");
