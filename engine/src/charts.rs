@@ -6,7 +6,7 @@
 //! draws it with its own sans-serif font.
 
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
@@ -14,7 +14,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
-use crate::events::{drop_redone, Event};
+use crate::events::{drop_redone, read_events, Event};
 use crate::metrics::LossSmoother;
 use crate::noise_levels::loss_by_noise_level;
 use crate::{Error, Result};
@@ -30,6 +30,21 @@ pub enum Chart {
     Memory,
     /// Mean loss per timestep bucket, first epoch against the latest (`noise_levels`).
     NoiseLevel,
+}
+
+impl Chart {
+    /// Every chart, in the order the app and reports show them.
+    pub const ALL: [Chart; 4] = [Chart::Loss, Chart::NoiseLevel, Chart::Throughput, Chart::Memory];
+
+    /// The file name a report gives it (without extension).
+    pub fn file_stem(self) -> &'static str {
+        match self {
+            Chart::Loss => "loss",
+            Chart::Throughput => "throughput",
+            Chart::Memory => "memory",
+            Chart::NoiseLevel => "noise-levels",
+        }
+    }
 }
 
 /// Colours to match the app's light or dark appearance.
@@ -370,6 +385,32 @@ pub fn render_png(
     ensure_font()?;
     let root = BitMapBackend::new(path, size).into_drawing_area();
     draw(&root, chart, events, theme).map_err(|e| Error::Chart(format!("{}: {e}", path.display())))
+}
+
+/// Size of the charts `write_run_charts` writes.
+pub const REPORT_SIZE: (u32, u32) = (960, 400);
+
+/// Every chart of a run, replayed from its `events.jsonl`, into `out` as PNG and SVG
+/// (`loss.png`, `loss.svg`, `noise-levels.png`, ...); each file is written to a
+/// temporary name and renamed into place. Returns the files written.
+pub fn write_run_charts(run_dir: &Path, out: &Path) -> Result<Vec<PathBuf>> {
+    let events = read_events(&run_dir.join("events.jsonl"))?;
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let mut written = Vec::new();
+    for chart in Chart::ALL {
+        let stem = chart.file_stem();
+        let png = out.join(format!("{stem}.png"));
+        // The temporary name keeps the extension: the encoder is chosen by it.
+        let tmp = out.join(format!(".{stem}.tmp.png"));
+        render_png(chart, &events, REPORT_SIZE, Theme::Light, &tmp)?;
+        std::fs::rename(&tmp, &png).map_err(|e| Error::io(&png, e))?;
+        let svg = out.join(format!("{stem}.svg"));
+        let tmp = out.join(format!(".{stem}.tmp.svg"));
+        std::fs::write(&tmp, render_svg(chart, &events, REPORT_SIZE, Theme::Light)?).map_err(|e| Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, &svg).map_err(|e| Error::io(&svg, e))?;
+        written.extend([png, svg]);
+    }
+    Ok(written)
 }
 
 #[cfg(test)]
