@@ -36,6 +36,15 @@ impl Chart {
     /// Every chart, in the order the app and reports show them.
     pub const ALL: [Chart; 4] = [Chart::Loss, Chart::NoiseLevel, Chart::Throughput, Chart::Memory];
 
+    fn title_and_unit(self) -> (&'static str, &'static str) {
+        match self {
+            Chart::Loss => ("Loss", "loss"),
+            Chart::Throughput => ("Throughput", "samples/s"),
+            Chart::Memory => ("Memory", "MiB"),
+            Chart::NoiseLevel => ("Loss by noise level", "mean loss"),
+        }
+    }
+
     /// The file name a report gives it (without extension).
     pub fn file_stem(self) -> &'static str {
         match self {
@@ -267,11 +276,7 @@ fn step_figure(chart: Chart, events: &[Event], palette: &Palette) -> Figure<u64>
     if let Some(v) = validation_series(events).filter(|_| chart == Chart::Loss) {
         lines.push(Line { name: v.name.into(), points: v.points, style: palette.validation.stroke_width(2), marker: 3 });
     }
-    let (title, y_desc) = match chart {
-        Chart::Loss => ("Loss", "loss"),
-        Chart::Throughput => ("Throughput", "samples/s"),
-        _ => ("Memory", "MiB"),
-    };
+    let (title, y_desc) = chart.title_and_unit();
     Figure {
         title,
         x_desc: "step",
@@ -294,10 +299,11 @@ fn noise_level_figure(events: &[Event], palette: &Palette) -> Figure<f64> {
             marker: 3,
         })
         .collect();
+    let (title, y_desc) = Chart::NoiseLevel.title_and_unit();
     Figure {
-        title: "Loss by noise level",
+        title,
         x_desc: if by_level.fixed { "timestep t (the run's levels; 1 = noise)" } else { "timestep t (1 = noise)" },
-        y_desc: "mean loss",
+        y_desc,
         // Room for the markers at t = 1 and near 0.
         x_range: -0.03..1.03,
         lines,
@@ -443,6 +449,11 @@ mod tests {
 
     const SIZE: (u32, u32) = (640, 360);
 
+    /// The texts of an SVG (title, axis labels, legend).
+    fn texts(svg: &str) -> Vec<&str> {
+        (svg.split("</text>")).filter_map(|t| t.rsplit_once('>').map(|(_, text)| text.trim())).collect()
+    }
+
     #[test]
     fn svg_contains_every_series() {
         let events = run(50);
@@ -458,9 +469,7 @@ mod tests {
                 .filter(|el| el.split("/>").next().unwrap().matches(',').count() == 50)
                 .count();
             assert_eq!(data_lines, names.len(), "{chart:?}");
-            let texts: Vec<&str> = (svg.split("</text>"))
-                .filter_map(|t| t.rsplit_once('>').map(|(_, text)| text.trim()))
-                .collect();
+            let texts = texts(&svg);
             for name in names {
                 assert!(texts.contains(name), "{chart:?}: {name} in {texts:?}");
             }
@@ -497,15 +506,11 @@ mod tests {
         let v = validation_series(&events).unwrap();
         assert_eq!(v.points, [(10, 0.5), (20, 0.45), (30, 0.3), (40, 0.25)]);
         let svg = render_svg(Chart::Loss, &events, SIZE, Theme::Light).unwrap();
-        let texts: Vec<&str> = (svg.split("</text>")).filter_map(|t| t.rsplit_once('>').map(|(_, text)| text.trim())).collect();
+        let texts = texts(&svg);
         assert!(texts.contains(&"validation"), "the legend names it: {texts:?}");
         assert!(validation_series(&run(5)).is_none());
         let memory = render_svg(Chart::Memory, &events, SIZE, Theme::Light).unwrap();
         assert!(!memory.contains("validation"), "only the loss chart shows it");
-    }
-
-    fn texts(svg: &str) -> Vec<&str> {
-        (svg.split("</text>")).filter_map(|t| t.rsplit_once('>').map(|(_, text)| text.trim())).collect()
     }
 
     #[test]
