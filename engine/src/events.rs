@@ -58,8 +58,8 @@ pub struct DatasetSummary {
 pub struct SampleLoss {
     /// The flow-matching timestep t the sample was noised at (1: pure noise).
     pub t: f32,
-    /// The sample's MSE over its valid frames; the step's loss is the mean of these
-    /// weighted by valid frames, over its accumulated batches.
+    /// The sample's MSE over its valid frames. A batch's loss is the mean of its
+    /// samples' weighted by valid frames; the step's, the mean of its batches'.
     pub loss: f32,
 }
 
