@@ -43,12 +43,17 @@ enum Command {
         #[arg(long)]
         stop_at_step: Option<u64>,
     },
-    /// List runs with their status.
+    /// List runs with their status, or write one run's charts.
     Runs {
         #[arg(long)]
         runs_dir: Option<PathBuf>,
         #[arg(long)]
         json: bool,
+        /// Write this run's charts (loss with validation, loss by noise level,
+        /// throughput, memory) as PNG and SVG into its charts/ folder, replayed from
+        /// its events.jsonl.
+        #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["runs_dir", "json"])]
+        charts: Option<PathBuf>,
     },
     /// Export a run's adapter.
     Export {
@@ -304,7 +309,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Resume { run_dir, json, quiet, stop_at_step } => {
             train::resume(&run_dir, Mode::choose(json, quiet), stop_at_step)
         }
-        Command::Runs { runs_dir, json } => report::runs(runs_dir, json).map(|_| 0),
+        Command::Runs { charts: Some(run_dir), .. } => report::charts(&run_dir).map(|_| 0),
+        Command::Runs { runs_dir, json, charts: None } => report::runs(runs_dir, json).map(|_| 0),
         Command::Export { run_dir, format, to, which } => report::export(&run_dir, which, format, &to).map(|_| 0),
         Command::Bench { preset, gradient_checkpointing, layers, warmup, steps, cpu, json } => {
             let spec = report::BenchRequest { preset, checkpointing: gradient_checkpointing, layers, warmup, steps, cpu };

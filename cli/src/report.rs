@@ -1,9 +1,10 @@
-//! `runs`, `export` and `inspect`: read what the engine wrote or can tell, and print it.
+//! `runs` (and their charts), `export` and `inspect`: read what the engine wrote or can tell, and print it.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use ostinato_engine::bench::{run_spec, Preset};
+use ostinato_engine::charts::write_run_charts;
 use ostinato_engine::data::preprocessed::preprocess as preprocess_folder;
 use ostinato_engine::data::{DataEvent, DataSpec};
 use ostinato_engine::device::{self, Precision};
@@ -44,6 +45,17 @@ pub fn runs(runs_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
         if r.status == RunStatus::Damaged {
             println!("  {}", r.reason.unwrap_or_default());
         }
+    }
+    Ok(())
+}
+
+/// Writes a run's charts into `<run>/charts/` and prints each file.
+pub fn charts(run_dir: &Path) -> anyhow::Result<()> {
+    if !run_dir.join("run.toml").is_file() {
+        bail!("{} is not a run directory (no run.toml)", run_dir.display());
+    }
+    for path in write_run_charts(run_dir, &run_dir.join("charts"))? {
+        println!("{}", path.display());
     }
     Ok(())
 }

@@ -820,3 +820,36 @@ fn validation_flags_best_adapter_in_runs_and_export_which() {
     let plain = tmp.path().join("runs/plain");
     fails_with(ostinato().args(["export", plain.to_str().unwrap(), "--format", "peft", "--to", "x", "--which", "best"]), "no best adapter");
 }
+
+/// `runs --charts` replays a trained run's log into PNG and SVG charts: the loss with
+/// its validation curve, and the loss by noise level, first epoch against the latest.
+#[test]
+fn runs_charts_writes_every_chart_of_a_trained_run_with_loss_by_noise_level() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let val = ["--val-files", "drum_groove_128.wav", "--val-every-steps", "2", "--epochs", "3"];
+    ok(train(tmp.path(), &songs, "charted", &val).output().unwrap());
+    let run = tmp.path().join("runs/charted");
+    let out = ok(ostinato().args(["runs", "--charts", run.to_str().unwrap()]).output().unwrap());
+    let listed: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout).lines().map(PathBuf::from).collect();
+    let charts = run.join("charts");
+    for stem in ["loss", "noise-levels", "throughput", "memory"] {
+        for ext in ["png", "svg"] {
+            let file = charts.join(format!("{stem}.{ext}"));
+            assert!(listed.contains(&file), "{} in {listed:?}", file.display());
+        }
+        assert_eq!(&std::fs::read(charts.join(format!("{stem}.png"))).unwrap()[1..4], b"PNG");
+    }
+    assert_eq!(listed.len(), 8, "{listed:?}");
+    let svg = |stem: &str| std::fs::read_to_string(charts.join(format!("{stem}.svg"))).unwrap();
+    let texts = |stem: &str| -> Vec<String> {
+        svg(stem).split("</text>").filter_map(|t| t.rsplit_once('>').map(|(_, text)| text.trim().to_string())).collect()
+    };
+    for text in ["Loss by noise level", "epoch 1", "epoch 3"] {
+        assert!(texts("noise-levels").iter().any(|t| t == text), "{text} in {:?}", texts("noise-levels"));
+    }
+    assert!(texts("loss").iter().any(|t| t == "validation"), "{:?}", texts("loss"));
+    let left: Vec<_> = std::fs::read_dir(&charts).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    assert!(left.iter().all(|n| !n.starts_with('.')), "no temporary files left: {left:?}");
+    fails_with(ostinato().args(["runs", "--charts", tmp.path().to_str().unwrap()]), "not a run directory");
+}

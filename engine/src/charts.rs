@@ -5,15 +5,18 @@
 //! so no system fonts are needed. SVGs name the font family `sans-serif`; the viewer
 //! draws it with its own sans-serif font.
 
-use std::path::Path;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
-use crate::events::Event;
+use crate::events::{drop_redone, read_events, Event};
 use crate::metrics::LossSmoother;
+use crate::noise_levels::loss_by_noise_level;
 use crate::{Error, Result};
 
 /// Which metric a chart shows.
@@ -25,6 +28,32 @@ pub enum Chart {
     Throughput,
     /// Memory in use now and at peak, in MiB.
     Memory,
+    /// Mean loss per timestep bucket, first epoch against the latest (`noise_levels`).
+    NoiseLevel,
+}
+
+impl Chart {
+    /// Every chart, in the order the app and reports show them.
+    pub const ALL: [Chart; 4] = [Chart::Loss, Chart::NoiseLevel, Chart::Throughput, Chart::Memory];
+
+    fn title_and_unit(self) -> (&'static str, &'static str) {
+        match self {
+            Chart::Loss => ("Loss", "loss"),
+            Chart::Throughput => ("Throughput", "samples/s"),
+            Chart::Memory => ("Memory", "MiB"),
+            Chart::NoiseLevel => ("Loss by noise level", "mean loss"),
+        }
+    }
+
+    /// The file name a report gives it (without extension).
+    pub fn file_stem(self) -> &'static str {
+        match self {
+            Chart::Loss => "loss",
+            Chart::Throughput => "throughput",
+            Chart::Memory => "memory",
+            Chart::NoiseLevel => "noise-levels",
+        }
+    }
 }
 
 /// Colours to match the app's light or dark appearance.
@@ -114,13 +143,6 @@ fn step_points(events: &[Event]) -> Vec<StepPoint> {
     out
 }
 
-/// Drops the points a resumed run logs again (from `step` on).
-fn drop_redone<T>(out: &mut Vec<T>, step: u64, step_of: impl Fn(&T) -> u64) {
-    while out.last().is_some_and(|p| step_of(p) >= step) {
-        out.pop();
-    }
-}
-
 /// The validation losses of a replay, redone ones replaced as for steps; `None`
 /// when the run held no clips out.
 fn validation_series(events: &[Event]) -> Option<Series> {
@@ -159,11 +181,13 @@ fn series(chart: Chart, events: &[Event]) -> Vec<Series> {
             line("now", |p| p.memory_now_mib),
             line("peak", |p| p.memory_peak_mib),
         ],
+        // Not a chart over steps: `noise_level_figure` draws it.
+        Chart::NoiseLevel => Vec::new(),
     }
 }
 
 /// Every n-th point so that at most `MAX_POINTS` remain, plus the last.
-fn thin(points: &[(u64, f64)]) -> Vec<(u64, f64)> {
+fn thin<X: Copy + PartialEq>(points: &[(X, f64)]) -> Vec<(X, f64)> {
     let stride = points.len().div_ceil(MAX_POINTS).max(1);
     let mut out: Vec<_> = points.iter().copied().step_by(stride).collect();
     if let (Some(&last), Some(&kept)) = (points.last(), out.last()) {
@@ -215,48 +239,107 @@ fn ensure_font() -> Result<()> {
         .ok_or_else(|| Error::Chart("the embedded font could not be loaded".into()))
 }
 
-fn draw<DB: DrawingBackend>(
-    root: &DrawingArea<DB, Shift>,
-    chart: Chart,
-    events: &[Event],
-    theme: Theme,
-) -> Result<()> {
-    let palette = theme.palette();
-    // With two lines the second is the main one (smoothed loss, peak memory): drawn
-    // last, thicker, in the stronger colour. Validation, sparse, is marked on top.
+/// One line of a figure, with its look.
+struct Line<X> {
+    name: String,
+    points: Vec<(X, f64)>,
+    style: ShapeStyle,
+    /// Marker radius; 0 for none.
+    marker: u32,
+}
+
+/// What a chart draws and how it is framed; x is a step or a timestep.
+struct Figure<X> {
+    title: &'static str,
+    x_desc: &'static str,
+    y_desc: &'static str,
+    x_range: Range<X>,
+    lines: Vec<Line<X>>,
+    legend: SeriesLabelPosition,
+}
+
+/// Line styles for `count` lines: the last is the main one (smoothed loss, peak memory,
+/// the latest epoch), drawn last, thicker, in the stronger colour.
+fn styles(palette: &Palette, count: usize) -> impl Iterator<Item = ShapeStyle> + '_ {
+    let colours = &palette.series[palette.series.len() - count.min(palette.series.len())..];
+    colours.iter().enumerate().map(move |(i, colour)| colour.stroke_width(if i + 1 == colours.len() { 2 } else { 1 }))
+}
+
+/// A chart over steps; validation, sparse, is marked on top of the loss.
+fn step_figure(chart: Chart, events: &[Event], palette: &Palette) -> Figure<u64> {
     let plain = series(chart, events);
-    let colours = &palette.series[palette.series.len() - plain.len()..];
     let count = plain.len();
-    let mut lines: Vec<(Series, ShapeStyle)> = plain
-        .into_iter()
-        .zip(colours)
-        .enumerate()
-        .map(|(i, (line, &colour))| (line, colour.stroke_width(if i + 1 == count { 2 } else { 1 })))
+    let mut lines: Vec<Line<u64>> = (plain.into_iter().zip(styles(palette, count)))
+        // A line needs two points: mark a lone first one so it shows.
+        .map(|(s, style)| Line { name: s.name.into(), marker: if s.points.len() == 1 { 3 } else { 0 }, points: s.points, style })
         .collect();
-    if let Some(validation) = validation_series(events).filter(|_| chart == Chart::Loss) {
-        lines.push((validation, palette.validation.stroke_width(2)));
+    if let Some(v) = validation_series(events).filter(|_| chart == Chart::Loss) {
+        lines.push(Line { name: v.name.into(), points: v.points, style: palette.validation.stroke_width(2), marker: 3 });
     }
-    let (title, y_desc) = match chart {
-        Chart::Loss => ("Loss", "loss"),
-        Chart::Throughput => ("Throughput", "samples/s"),
-        Chart::Memory => ("Memory", "MiB"),
-    };
-    let all = || lines.iter().flat_map(|(s, _)| s.points.iter());
-    let x_range = step_range(all().map(|p| p.0));
-    let y_range = value_range(all().map(|p| p.1));
+    let (title, y_desc) = chart.title_and_unit();
+    Figure {
+        title,
+        x_desc: "step",
+        y_desc,
+        x_range: step_range(lines.iter().flat_map(|l| l.points.iter().map(|p| p.0))),
+        lines,
+        // Away from where the lines usually run: loss falls, memory climbs.
+        legend: if chart == Chart::Memory { SeriesLabelPosition::LowerRight } else { SeriesLabelPosition::UpperRight },
+    }
+}
+
+/// The mean loss per noise level, first epoch against the latest.
+fn noise_level_figure(events: &[Event], palette: &Palette) -> Figure<f64> {
+    let by_level = loss_by_noise_level(events);
+    let lines = (by_level.epochs.iter().zip(styles(palette, by_level.epochs.len())))
+        .map(|(e, style)| Line {
+            name: format!("epoch {}", e.epoch + 1),
+            points: by_level.levels.iter().zip(&e.means).filter_map(|(&t, m)| m.map(|m| (t, m))).collect(),
+            style,
+            marker: 3,
+        })
+        .collect();
+    let (title, y_desc) = Chart::NoiseLevel.title_and_unit();
+    Figure {
+        title,
+        x_desc: if by_level.fixed { "timestep t (the run's levels; 1 = noise)" } else { "timestep t (1 = noise)" },
+        y_desc,
+        // Room for the markers at t = 1 and near 0.
+        x_range: -0.03..1.03,
+        lines,
+        legend: SeriesLabelPosition::UpperRight,
+    }
+}
+
+fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: Chart, events: &[Event], theme: Theme) -> Result<()> {
+    let palette = theme.palette();
+    match chart {
+        Chart::NoiseLevel => plot(root, noise_level_figure(events, &palette), &palette),
+        _ => plot(root, step_figure(chart, events, &palette), &palette),
+    }
+}
+
+fn plot<DB, X>(root: &DrawingArea<DB, Shift>, figure: Figure<X>, palette: &Palette) -> Result<()>
+where
+    DB: DrawingBackend,
+    X: Copy + PartialEq + 'static,
+    Range<X>: AsRangedCoord<Value = X>,
+    <Range<X> as AsRangedCoord>::CoordDescType: ValueFormatter<X>,
+{
+    let y_range = value_range(figure.lines.iter().flat_map(|l| l.points.iter().map(|p| p.1)));
     let text = |size: u32| (FONT, size).into_font().color(&palette.text);
 
     root.fill(&palette.background).map_err(chart_error)?;
     let mut cc = ChartBuilder::on(root)
-        .caption(title, text(16))
+        .caption(figure.title, text(16))
         .margin(10)
         .x_label_area_size(32)
         .y_label_area_size(56)
-        .build_cartesian_2d(x_range, y_range)
+        .build_cartesian_2d(figure.x_range, y_range)
         .map_err(chart_error)?;
     cc.configure_mesh()
-        .x_desc("step")
-        .y_desc(y_desc)
+        .x_desc(figure.x_desc)
+        .y_desc(figure.y_desc)
         .label_style(text(12))
         .axis_desc_style(text(12))
         .axis_style(palette.text)
@@ -264,21 +347,15 @@ fn draw<DB: DrawingBackend>(
         .light_line_style(palette.background)
         .draw()
         .map_err(chart_error)?;
-    for (line, style) in &lines {
-        let style = *style;
-        // A line needs two points: mark a lone first one (and every validation) so it shows.
-        let marker = if line.points.len() == 1 || line.name == "validation" { 3 } else { 0 };
-        cc.draw_series(LineSeries::new(thin(&line.points), style).point_size(marker))
+    for line in &figure.lines {
+        let style = line.style;
+        cc.draw_series(LineSeries::new(thin(&line.points), style).point_size(line.marker))
             .map_err(chart_error)?
-            .label(line.name)
+            .label(line.name.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
     }
     cc.configure_series_labels()
-        // Away from where the lines usually run: loss falls, memory climbs.
-        .position(match chart {
-            Chart::Memory => SeriesLabelPosition::LowerRight,
-            _ => SeriesLabelPosition::UpperRight,
-        })
+        .position(figure.legend)
         .label_font(text(12))
         .background_style(palette.background.mix(0.8))
         .border_style(palette.grid)
@@ -316,14 +393,42 @@ pub fn render_png(
     draw(&root, chart, events, theme).map_err(|e| Error::Chart(format!("{}: {e}", path.display())))
 }
 
+/// Size of the charts `write_run_charts` writes.
+pub const REPORT_SIZE: (u32, u32) = (960, 400);
+
+/// Every chart of a run, replayed from its `events.jsonl`, into `out` as PNG and SVG
+/// (`loss.png`, `loss.svg`, `noise-levels.png`, ...); each file is written to a
+/// temporary name and renamed into place. Returns the files written.
+pub fn write_run_charts(run_dir: &Path, out: &Path) -> Result<Vec<PathBuf>> {
+    let events = read_events(&run_dir.join("events.jsonl"))?;
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let mut written = Vec::new();
+    for chart in Chart::ALL {
+        let stem = chart.file_stem();
+        let png = out.join(format!("{stem}.png"));
+        // The temporary name keeps the extension: the encoder is chosen by it.
+        let tmp = out.join(format!(".{stem}.tmp.png"));
+        render_png(chart, &events, REPORT_SIZE, Theme::Light, &tmp)?;
+        std::fs::rename(&tmp, &png).map_err(|e| Error::io(&png, e))?;
+        let svg = out.join(format!("{stem}.svg"));
+        let tmp = out.join(format!(".{stem}.tmp.svg"));
+        std::fs::write(&tmp, render_svg(chart, &events, REPORT_SIZE, Theme::Light)?).map_err(|e| Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, &svg).map_err(|e| Error::io(&svg, e))?;
+        written.extend([png, svg]);
+    }
+    Ok(written)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::SampleLoss;
 
+    /// Ten steps an epoch, each of one sample at t in the middle of span `step % 8`.
     fn step(step: u64, loss: f64) -> Event {
         Event::Step {
             step,
-            epoch: 0,
+            epoch: (step - 1) / 10,
             loss,
             lr: 1e-4,
             grad_norm: 1.0,
@@ -332,6 +437,7 @@ mod tests {
             memory_peak_bytes: (120 + step) << 20,
             elapsed_s: step as f64,
             eta_s: Some(10.0),
+            samples: vec![SampleLoss { t: (step % 8) as f32 / 8.0 + 0.0625, loss: loss as f32 }],
         }
     }
 
@@ -342,6 +448,11 @@ mod tests {
     }
 
     const SIZE: (u32, u32) = (640, 360);
+
+    /// The texts of an SVG (title, axis labels, legend).
+    fn texts(svg: &str) -> Vec<&str> {
+        (svg.split("</text>")).filter_map(|t| t.rsplit_once('>').map(|(_, text)| text.trim())).collect()
+    }
 
     #[test]
     fn svg_contains_every_series() {
@@ -358,9 +469,7 @@ mod tests {
                 .filter(|el| el.split("/>").next().unwrap().matches(',').count() == 50)
                 .count();
             assert_eq!(data_lines, names.len(), "{chart:?}");
-            let texts: Vec<&str> = (svg.split("</text>"))
-                .filter_map(|t| t.rsplit_once('>').map(|(_, text)| text.trim()))
-                .collect();
+            let texts = texts(&svg);
             for name in names {
                 assert!(texts.contains(name), "{chart:?}: {name} in {texts:?}");
             }
@@ -370,7 +479,7 @@ mod tests {
     #[test]
     fn empty_and_single_point_inputs_render() {
         for events in [vec![], run(1)] {
-            for chart in [Chart::Loss, Chart::Throughput, Chart::Memory] {
+            for chart in [Chart::Loss, Chart::Throughput, Chart::Memory, Chart::NoiseLevel] {
                 let svg = render_svg(chart, &events, SIZE, Theme::Dark).unwrap();
                 assert!(svg.contains("</svg>"));
             }
@@ -397,11 +506,44 @@ mod tests {
         let v = validation_series(&events).unwrap();
         assert_eq!(v.points, [(10, 0.5), (20, 0.45), (30, 0.3), (40, 0.25)]);
         let svg = render_svg(Chart::Loss, &events, SIZE, Theme::Light).unwrap();
-        let texts: Vec<&str> = (svg.split("</text>")).filter_map(|t| t.rsplit_once('>').map(|(_, text)| text.trim())).collect();
+        let texts = texts(&svg);
         assert!(texts.contains(&"validation"), "the legend names it: {texts:?}");
         assert!(validation_series(&run(5)).is_none());
         let memory = render_svg(Chart::Memory, &events, SIZE, Theme::Light).unwrap();
         assert!(!memory.contains("validation"), "only the loss chart shows it");
+    }
+
+    #[test]
+    fn the_noise_level_chart_compares_the_first_epoch_with_the_latest() {
+        // Five epochs of ten steps; each epoch has samples in all eight spans.
+        let events = run(50);
+        let figure = noise_level_figure(&events, &Theme::Light.palette());
+        let names: Vec<&str> = figure.lines.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["epoch 1", "epoch 5"]);
+        // Epoch 1's span 0 holds step 8 alone (loss 1/8); epoch 5's holds step 48.
+        assert_eq!(figure.lines[0].points[0], (0.0625, 0.125));
+        assert_eq!(figure.lines[1].points[0], (0.0625, (1.0f32 / 48.0) as f64));
+        let svg = render_svg(Chart::NoiseLevel, &events, SIZE, Theme::Light).unwrap();
+        let data_lines = (svg.split("<polyline").skip(1))
+            .filter(|el| el.split("/>").next().unwrap().matches(',').count() == 8)
+            .count();
+        assert_eq!(data_lines, 2, "one line of 8 buckets per epoch");
+        let texts = texts(&svg);
+        for text in ["Loss by noise level", "epoch 1", "epoch 5"] {
+            assert!(texts.contains(&text), "{text} in {texts:?}");
+        }
+        // A run in its first epoch has one line; a log without samples none.
+        assert_eq!(noise_level_figure(&run(5), &Theme::Dark.palette()).lines.len(), 1);
+        let old: Vec<Event> = run(5)
+            .into_iter()
+            .map(|mut e| {
+                if let Event::Step { samples, .. } = &mut e {
+                    samples.clear();
+                }
+                e
+            })
+            .collect();
+        assert!(noise_level_figure(&old, &Theme::Dark.palette()).lines.is_empty());
     }
 
     #[test]

@@ -13,8 +13,9 @@ pub use crate::data::IssueKind;
 use crate::{Error, Result};
 
 /// The schema version written on every line (`"v"`). Bump it when a field changes
-/// meaning or a required field is added. (`dataset_file`, `DatasetIssue::kind` and
-/// `DatasetSummary::seconds_in_files` came later, optional: older logs still read.)
+/// meaning or a required field is added. (`dataset_file`, `DatasetIssue::kind`,
+/// `DatasetSummary::seconds_in_files`, `RunStarted::timestep_levels` and `Step::samples` came
+/// later, optional: older logs still read.)
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// Which memory-saving mechanisms a run uses.
@@ -51,6 +52,17 @@ pub struct DatasetSummary {
     pub seconds_in_files: Option<f64>,
 }
 
+/// One sample of a step: the noise level it was trained at and its own loss, so a
+/// replay can tell which noise levels the adapter learns.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SampleLoss {
+    /// The flow-matching timestep t the sample was noised at (1: pure noise).
+    pub t: f32,
+    /// The sample's MSE over its valid frames. A batch's loss is the mean of its
+    /// samples' weighted by valid frames; the step's, the mean of its batches'.
+    pub loss: f32,
+}
+
 /// One thing that happened in a run. Serialized with `"type"` as the tag, in
 /// snake_case (`run_started`, `step`, ...). Numbers are finite: a non-finite step is
 /// reported by `step_skipped`, never by `step`.
@@ -75,6 +87,11 @@ pub enum Event {
         /// from the model's default when the config names none; 0 in older logs.
         #[serde(default)]
         cfg_dropout: f64,
+        /// The timesteps samples are drawn from when the run draws from a fixed set
+        /// (turbo: its 8-step schedule), as the trainer uses them (f32); absent when t is
+        /// drawn from a continuous distribution (base/SFT), and in older logs.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timestep_levels: Option<Vec<f32>>,
         /// What the dataset preparation found.
         dataset: DatasetSummary,
         /// Optimizer updates the whole run will apply (the schedule's length).
@@ -133,6 +150,9 @@ pub enum Event {
         elapsed_s: f64,
         /// Estimated seconds to the end of the run; absent until there is a rate to go by.
         eta_s: Option<f64>,
+        /// Each sample's timestep and loss, in training order; absent in older logs.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        samples: Vec<SampleLoss>,
     },
     /// An update was not applied because its loss or gradients were not finite.
     StepSkipped {
@@ -306,6 +326,15 @@ pub fn read_events(path: &Path) -> Result<Vec<Event>> {
     Ok(events)
 }
 
+/// For a replay: drops what a resumed run logs again, from `step` on. After a crash
+/// the run resumes from its last checkpoint and logs some steps (and validations)
+/// again; the later replace the earlier.
+pub(crate) fn drop_redone<T>(out: &mut Vec<T>, step: u64, step_of: impl Fn(&T) -> u64) {
+    while out.last().is_some_and(|p| step_of(p) >= step) {
+        out.pop();
+    }
+}
+
 /// One event as its log line (without the newline): `{"v":1,"type":...}`.
 pub fn to_json_line(event: &Event) -> String {
     serde_json::to_string(&Line {
@@ -342,6 +371,7 @@ mod tests {
             memory_peak_bytes: 2 << 20,
             elapsed_s: n as f64,
             eta_s: None,
+            samples: vec![SampleLoss { t: 0.75, loss: loss as f32 }],
         }
     }
 
@@ -359,6 +389,7 @@ mod tests {
                 trainable_params: 1000,
                 total_params: 100_000,
                 cfg_dropout: 0.15,
+                timestep_levels: Some(vec![1.0, 0.5, 0.3]),
                 dataset: DatasetSummary {
                     files: 3,
                     usable: 2,
@@ -540,7 +571,8 @@ mod tests {
     }
 
     /// Older logs: issues without a kind were skipped files; the summary had no
-    /// `seconds_in_files`; run_started had no `cfg_dropout` (they trained without).
+    /// `seconds_in_files`; run_started had no `cfg_dropout` (they trained without) and
+    /// no `timestep_levels`; steps had no per-sample `samples`.
     #[test]
     fn older_dataset_events_still_read() {
         let dir = tempfile::tempdir().unwrap();
@@ -550,13 +582,17 @@ mod tests {
         let started = format!(
             r#"{{"v":1,"type":"run_started","config":{{}},"device":"cpu","precision":"f32","memory":{{"gradient_checkpointing":true,"block_input_grad_path":true,"latent_cache":true}},"trainable_params":1,"total_params":2,"dataset":{summary},"total_steps":3}}"#
         );
-        std::fs::write(&path, format!("{issue}\n{started}\n")).unwrap();
+        let step = r#"{"v":1,"type":"step","step":1,"epoch":0,"loss":0.5,"lr":0.001,"grad_norm":1.0,"samples_per_sec":2.0,"memory_now_bytes":1,"memory_peak_bytes":2,"elapsed_s":3.0,"eta_s":null}"#;
+        std::fs::write(&path, format!("{issue}\n{started}\n{step}\n")).unwrap();
         let events = read_events(&path).unwrap();
         assert!(matches!(&events[0], Event::DatasetIssue { kind: IssueKind::Skipped, .. }));
         assert!(matches!(
             &events[1],
             Event::RunStarted { dataset: DatasetSummary { seconds_in_files: None, total_seconds, .. }, .. } if *total_seconds == 12.5
         ));
-        assert!(matches!(&events[1], Event::RunStarted { cfg_dropout, .. } if *cfg_dropout == 0.0));
+        assert!(matches!(&events[1], Event::RunStarted { cfg_dropout, timestep_levels: None, .. } if *cfg_dropout == 0.0));
+        assert!(matches!(&events[2], Event::Step { samples, loss, .. } if samples.is_empty() && *loss == 0.5));
+        // And a new step line without samples is the old line.
+        assert!(!to_json_line(&events[2]).contains("samples\""), "{}", to_json_line(&events[2]));
     }
 }

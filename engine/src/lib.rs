@@ -14,6 +14,7 @@ pub mod heap;
 pub mod lora;
 pub mod metrics;
 pub mod model;
+pub mod noise_levels;
 pub mod runtime;
 pub mod train;
 

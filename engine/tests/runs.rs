@@ -125,6 +125,38 @@ fn finish(c: RunConfig) -> PathBuf {
     run_dir
 }
 
+/// Every step event says at which t each sample trained and its own loss; the t are
+/// the run's turbo levels (in run_started), the losses average to the step's loss,
+/// and the replayed log buckets them by noise level, first epoch against the latest.
+#[test]
+fn step_events_carry_each_samples_timestep_and_loss_and_replay_by_noise_level() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Both 2 s clips in one batch: one step an epoch.
+    let run_dir = finish(RunConfig { batch_size: 2, ..config(tmp.path(), "samples") });
+    let events = read_events(&run_dir.join("events.jsonl")).unwrap();
+    let levels = events.iter().find_map(|e| match e {
+        Event::RunStarted { timestep_levels, .. } => timestep_levels.clone(),
+        _ => None,
+    });
+    let levels = levels.expect("the demo draws turbo timesteps");
+    assert_eq!(levels.len(), 8);
+    let mut steps = 0;
+    for event in &events {
+        if let Event::Step { loss, samples, .. } = event {
+            steps += 1;
+            assert_eq!(samples.len(), 2, "{samples:?}");
+            assert!(samples.iter().all(|s| levels.contains(&s.t)), "{samples:?} on {levels:?}");
+            let mean = samples.iter().map(|s| s.loss as f64).sum::<f64>() / 2.0;
+            assert!((mean - loss).abs() <= 1e-6 * loss, "{mean} vs {loss}");
+        }
+    }
+    assert_eq!(steps, STEPS);
+    let by_level = ostinato_engine::noise_levels::loss_by_noise_level(&events);
+    assert!(by_level.fixed);
+    let epochs: Vec<(u64, u64)> = by_level.epochs.iter().map(|e| (e.epoch, e.counts.iter().sum())).collect();
+    assert_eq!(epochs, [(0, 2), (STEPS - 1, 2)]);
+}
+
 /// The demo carries a null condition: with CFG dropout on, a stopped and resumed run
 /// is still bit-exact, and the draws change the run; at ratio 0 nothing changes.
 #[test]

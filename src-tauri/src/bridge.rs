@@ -99,6 +99,8 @@ pub struct Charts {
     pub throughput: String,
     /// Memory now and peak.
     pub memory: String,
+    /// Mean loss by noise level (timestep), first epoch against the latest.
+    pub noise_levels: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -389,9 +391,10 @@ impl AppState {
         self.lock().settings.clone()
     }
 
-    /// Validates, persists and adopts new settings.
+    /// Validates (the run settings by the engine), persists and adopts new settings.
     pub fn save_settings(&self, new: Settings) -> Result<Settings, BridgeError> {
         new.validate().map_err(BridgeError::InvalidSettings)?;
+        engine::check_run_settings(&new, &self.0.runs_dir)?;
         settings::save(&self.0.config_dir, &new)
             .map_err(|source| BridgeError::Io { context: format!("saving settings in {}", self.0.config_dir.display()), source })?;
         let mut g = self.lock();
@@ -665,6 +668,7 @@ mod engine {
     pub use ostinato_engine::train::history::RunSummary;
     use ostinato_engine::train::config::default_run_name;
     use ostinato_engine::train::{history, Run, RunConfig, RunControl, RunHandle};
+    use ostinato_engine::Error as EngineError;
     use crate::settings::{ModelChoice, Precision};
 
     fn engine_err(e: impl std::fmt::Display) -> BridgeError {
@@ -741,6 +745,13 @@ mod engine {
             grad_accum: s.grad_accumulation as usize,
             save_every_steps: Some(s.save_every as u64),
             seed: s.seed,
+            cfg_dropout: s.cfg_dropout,
+            val_fraction: s.val_fraction,
+            val_every_steps: s.val_every_steps,
+            patience: s.patience,
+            preview_every_steps: s.preview_every_steps,
+            preview_seconds: s.preview_seconds,
+            preview_caption: s.preview_caption.clone(),
             ..RunConfig::default()
         };
         c.data.folder = req.dataset_dir.clone();
@@ -748,6 +759,25 @@ mod engine {
         c.lora.alpha = s.alpha;
         c.lora.dropout = s.dropout;
         c
+    }
+
+    /// The engine's judgement of the settings a run would get; a setting it refuses is
+    /// marked on its field.
+    pub fn check_run_settings(settings: &Settings, runs_dir: &Path) -> Result<(), BridgeError> {
+        let req = StartRequest { settings: settings.clone(), dataset_dir: PathBuf::new(), runs_dir: runs_dir.to_path_buf() };
+        match run_config(&req).validate() {
+            Ok(()) => Ok(()),
+            Err(EngineError::Setting { field, reason }) => {
+                let field = match field.as_str() {
+                    "lr" => "learning_rate",
+                    "grad_accum" => "grad_accumulation",
+                    "save_every_steps" => "save_every",
+                    other => other,
+                };
+                Err(BridgeError::InvalidSettings([(field.to_string(), reason)].into()))
+            }
+            Err(e) => Err(BridgeError::Invalid(e.to_string())),
+        }
     }
 
     struct Handle {
@@ -808,13 +838,13 @@ mod engine {
         history::list_runs(runs_dir).map_err(engine_err)
     }
 
-    /// The three charts, drawn by the engine from the run's events.
+    /// The charts, drawn by the engine from the run's events.
     pub fn render_charts(events: &[Value], dark: bool) -> Result<Charts, BridgeError> {
         let events: Vec<Event> = events.iter().filter_map(|v| serde_json::from_value(v.clone()).ok()).collect();
         draw_charts(&events, dark)
     }
 
-    /// The three charts of a past run, replayed from its `events.jsonl`.
+    /// The charts of a past run, replayed from its `events.jsonl`.
     pub fn replay_charts(log: &Path, dark: bool) -> Result<Charts, BridgeError> {
         draw_charts(&read_events(log).map_err(engine_err)?, dark)
     }
@@ -826,6 +856,7 @@ mod engine {
             loss: draw(Chart::Loss)?,
             throughput: draw(Chart::Throughput)?,
             memory: draw(Chart::Memory)?,
+            noise_levels: draw(Chart::NoiseLevel)?,
         })
     }
 

@@ -48,6 +48,22 @@ pub struct Settings {
     /// Save a checkpoint every this many optimizer steps.
     pub save_every: u32,
     pub seed: u64,
+    // The run settings below are passed to the engine as they are: `None` takes the
+    // engine's default, and the engine judges the values (`RunConfig::validate`).
+    /// Share of samples trained on the model's null condition (CFG dropout).
+    pub cfg_dropout: Option<f64>,
+    /// Share of the songs held out for validation.
+    pub val_fraction: Option<f64>,
+    /// Validation loss every this many steps (with songs held out).
+    pub val_every_steps: Option<u64>,
+    /// Finish after this many validations without a better loss.
+    pub patience: Option<u64>,
+    /// A preview song every this many steps (and one of the base model first).
+    pub preview_every_steps: Option<u64>,
+    /// Seconds of each preview.
+    pub preview_seconds: Option<f64>,
+    /// The previews' caption.
+    pub preview_caption: Option<String>,
 }
 
 impl Default for Settings {
@@ -68,6 +84,13 @@ impl Default for Settings {
             grad_accumulation: 1,
             save_every: 200,
             seed: 42,
+            cfg_dropout: None,
+            val_fraction: None,
+            val_every_steps: None,
+            patience: None,
+            preview_every_steps: None,
+            preview_seconds: None,
+            preview_caption: None,
         }
     }
 }

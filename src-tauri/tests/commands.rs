@@ -107,6 +107,29 @@ fn invalid_settings_are_rejected_field_by_field_and_not_saved() {
     assert!(!dir.path().join("config/settings.json").exists(), "nothing was written");
     assert_eq!(app.invoke("get_state", json!({})).unwrap()["settings"]["rank"], 64);
 
+    // The run settings the engine owns are judged by it, each named on its field.
+    for (field, value, named) in [
+        ("cfg_dropout", json!(1.5), "cfg_dropout"),
+        ("val_fraction", json!(0.3), "val_every_steps"),
+        ("patience", json!(2), "patience"),
+        ("preview_seconds", json!(0.0), "preview_seconds"),
+        ("preview_every_steps", json!(0), "preview_every_steps"),
+    ] {
+        let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+        s[field] = value;
+        let err = app.invoke("save_settings", json!({ "settings": s })).unwrap_err();
+        assert_eq!(err["kind"], "invalid_settings", "{field}: {err}");
+        assert!(err["fields"][named].as_str().is_some_and(|m| !m.is_empty()), "{field}: {err}");
+    }
+    assert!(!dir.path().join("config/settings.json").exists(), "nothing was written");
+    let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+    assert_eq!((s["cfg_dropout"].clone(), s["val_fraction"].clone(), s["preview_caption"].clone()), (Value::Null, Value::Null, Value::Null), "the engine's defaults");
+    s["val_fraction"] = json!(0.3);
+    s["val_every_steps"] = json!(5);
+    s["patience"] = json!(2);
+    assert_eq!(app.invoke("save_settings", json!({ "settings": s })).unwrap()["patience"], 2);
+    app.invoke("reset_settings", json!({})).unwrap();
+
     // A value of the wrong type is refused by deserialization, with a message.
     let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
     s["rank"] = json!("lots");
@@ -156,6 +179,13 @@ fn scan_start_follow_and_export_a_demo_run() {
     s["epochs"] = json!(1);
     s["rank"] = json!(4);
     s["alpha"] = json!(8.0);
+    // The run settings the engine takes as they are: CFG dropout, validation, previews.
+    s["cfg_dropout"] = json!(0.25);
+    s["val_fraction"] = json!(0.5);
+    s["val_every_steps"] = json!(1);
+    s["preview_every_steps"] = json!(100);
+    s["preview_seconds"] = json!(1.0);
+    s["preview_caption"] = json!("a test caption");
     app.invoke("save_settings", json!({ "settings": s })).unwrap();
     app.invoke("start_run", json!({})).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
@@ -175,10 +205,21 @@ fn scan_start_follow_and_export_a_demo_run() {
     assert_eq!(runs[0]["resumable"], false);
     assert!(runs[0]["adapter"].is_string(), "the final adapter: {runs}");
     let run_dir = runs[0]["dir"].clone();
+    let config = ostinato_engine::train::RunConfig::from_toml_file(&Path::new(run_dir.as_str().unwrap()).join("run.toml")).unwrap();
+    assert_eq!((config.cfg_dropout, config.val_fraction, config.val_every_steps), (Some(0.25), Some(0.5), Some(1)));
+    assert_eq!((config.preview_every_steps, config.preview_seconds), (Some(100), Some(1.0)));
+    assert_eq!(config.preview_caption.as_deref(), Some("a test caption"));
+    let events = state["run"]["recent_events"].as_array().unwrap();
+    let started = events.iter().find(|e| e["type"] == "run_started").unwrap();
+    assert_eq!(started["cfg_dropout"], 0.25);
+    assert!(events.iter().any(|e| e["type"] == "validation"), "validation on the held-out song");
+    assert!(events.iter().any(|e| e["type"] == "preview" && e["caption"] == "a test caption" && e["step"] == 0), "the base preview");
     let charts = app.invoke("run_charts", json!({"dir": run_dir})).unwrap();
-    for chart in ["loss", "throughput", "memory"] {
+    for chart in ["loss", "noise_levels", "throughput", "memory"] {
         assert!(charts[chart].as_str().unwrap().contains("<svg"), "{chart}");
     }
+    assert!(charts["loss"].as_str().unwrap().contains("validation"), "the validation curve");
+    assert!(charts["noise_levels"].as_str().unwrap().contains("epoch 1"), "the first epoch's losses by noise level");
     let written = app.invoke("export_run", json!({"dir": run_dir, "format": "comfyui", "to": dir.path()})).unwrap();
     let written = std::path::PathBuf::from(written.as_str().unwrap());
     assert!(written.is_file() && written.starts_with(dir.path()), "{}", written.display());

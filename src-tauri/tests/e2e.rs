@@ -228,7 +228,9 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     assert_eq!(c.title().await.unwrap(), "Ostinato");
     for id in [
         "panel-dataset", "dropzone", "choose-dataset", "panel-model", "panel-settings", "panel-run",
-        "panel-charts", "chart-loss", "chart-throughput", "chart-memory", "panel-files", "panel-history",
+        "panel-charts", "chart-loss", "chart-noise-levels", "chart-throughput", "chart-memory", "panel-files", "panel-history",
+        "set-cfg-dropout", "set-val-fraction", "set-val-every-steps", "set-patience", "set-preview-every-steps",
+        "set-preview-seconds", "set-preview-caption",
         "start", "pause", "resume", "stop", "statusbar", "run-status",
     ] {
         c.find(Locator::Css(&format!("[data-testid='{id}']"))).await.unwrap_or_else(|_| panic!("no element {id}"));
@@ -279,6 +281,20 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     c.find(Locator::Id("h-settings")).await.unwrap().click().await.unwrap();
     wait_js(&c, "return document.getElementById('settings-status').dataset.state === 'saved'", "epochs to save").await;
 
+    // Hold songs out for validation: the engine judges the settings, and names the
+    // missing period on its field until it is given.
+    let share = c.find(Locator::Id("set-val-fraction")).await.unwrap();
+    share.send_keys("0.2").await.unwrap();
+    c.find(Locator::Id("h-settings")).await.unwrap().click().await.unwrap();
+    wait_js(&c, "return document.querySelector('[data-error-for=val_every_steps]').textContent.length > 0", "the engine's validation error").await;
+    assert!(text(&c, "[data-error-for=val_every_steps]").await.contains("held out"));
+    let every = c.find(Locator::Id("set-val-every-steps")).await.unwrap();
+    every.send_keys("2").await.unwrap();
+    c.find(Locator::Id("h-settings")).await.unwrap().click().await.unwrap();
+    wait_js(&c, "return document.getElementById('settings-status').dataset.state === 'saved'", "validation to save").await;
+    let on_disk: Value = serde_json::from_slice(&std::fs::read(config.join("settings.json")).unwrap()).unwrap();
+    assert_eq!((on_disk["val_fraction"].as_f64(), on_disk["val_every_steps"].as_u64()), (Some(0.2), Some(2)));
+
     // Start: the step counter and the loss chart advance.
     let step = step_js("");
     c.find(Locator::Id("btn-start")).await.unwrap().click().await.unwrap();
@@ -288,6 +304,12 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     let points = "return Math.max(...[...document.querySelectorAll('#chart-loss svg polyline')].map(p => p.getAttribute('points').trim().split(/\\s+/).length))";
     let before = js(&c, points).await.as_u64().unwrap();
     wait_js_for(&c, &format!("{points} > {before}"), "the loss chart to grow", ENGINE_WAIT).await;
+    // The validation curve beside the loss, and the loss by noise level, drawn live.
+    let legend = |chart: &str, name: &str| {
+        format!("return [...document.querySelectorAll('#{chart} svg text')].some(t => t.textContent.trim() === '{name}')")
+    };
+    wait_js_for(&c, &legend("chart-loss", "validation"), "the validation curve", ENGINE_WAIT).await;
+    wait_js_for(&c, &legend("chart-noise-levels", "epoch 1"), "the noise-level chart", ENGINE_WAIT).await;
     screenshot(&c, "03-training.png").await;
 
     // Pause: the counter stops.
@@ -317,6 +339,11 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     wait_js(&c, "return document.querySelector('#runs-body tr[data-run] .badge.stopped') !== null", "the stopped run in the history").await;
     assert_eq!(text(&c, "#runs-body tr[data-run] td.num").await, text(&c, "#sb-step").await.split(' ').nth(1).unwrap());
     assert!(c.find(Locator::Css("#runs-body [data-testid='run-resume']")).await.unwrap().is_enabled().await.unwrap());
+    // Its charts replay from its log, the noise-level chart among them.
+    c.find(Locator::Css("#runs-body [data-testid='run-charts']")).await.unwrap().click().await.unwrap();
+    wait_js(&c, &legend("history-noise-levels", "epoch 1"), "the past run's noise-level chart").await;
+    wait_js(&c, &legend("history-loss", "validation"), "the past run's validation curve").await;
+    screenshot(&c, "04b-history-charts.png").await;
     c.find(Locator::Id("tab-charts")).await.unwrap().click().await.unwrap();
     c.close().await.unwrap();
     drop(driver);

@@ -19,6 +19,9 @@ const ui = {
   saveChain: Promise.resolve(),
 };
 
+// The charts the backend draws (keys of its Charts), in the order they are shown.
+const CHARTS = ['loss', 'noise_levels', 'throughput', 'memory'];
+
 const ACTIVE = new Set(['running', 'pausing', 'paused', 'stopping']);
 const STATUS_TEXT = {
   idle: 'Idle', running: 'Running', pausing: 'Pausing…', paused: 'Paused',
@@ -62,7 +65,7 @@ function showSettings(s) {
     const v = s[el.dataset.setting];
     if (el.dataset.kind === 'bool') el.checked = Boolean(v);
     else if (el.dataset.kind === 'enum') el.value = v;
-    else if (document.activeElement !== el) el.value = v;
+    else if (document.activeElement !== el) el.value = v ?? '';
   }
   const folder = s.model && s.model.kind === 'folder';
   $('model-demo').checked = !folder;
@@ -79,13 +82,16 @@ function readSettings() {
   for (const el of settingInputs()) {
     const key = el.dataset.setting;
     const kind = el.dataset.kind;
+    const raw = el.value.trim();
+    // Optional settings (opt*): empty is null, the engine's default or off.
     if (kind === 'bool') s[key] = el.checked;
     else if (kind === 'enum') s[key] = el.value;
+    else if (kind.startsWith('opt') && raw === '') s[key] = null;
+    else if (kind === 'opttext') s[key] = raw;
     else {
-      const raw = el.value.trim();
       const v = Number(raw);
       if (raw === '' || !Number.isFinite(v)) errors[key] = 'enter a number';
-      else if (kind === 'int' && (!Number.isInteger(v) || v < 0)) errors[key] = 'enter a whole number';
+      else if (kind.endsWith('int') && (!Number.isInteger(v) || v < 0)) errors[key] = 'enter a whole number';
       else s[key] = v;
     }
   }
@@ -328,8 +334,8 @@ function onEngineEvent(ev) {
 
 function showCharts(charts, prefix = 'chart') {
   if (!charts) return;
-  for (const key of ['loss', 'throughput', 'memory']) {
-    const el = $(`${prefix}-${key}`);
+  for (const key of CHARTS) {
+    const el = $(`${prefix}-${key.replace('_', '-')}`);
     if (el && charts[key]) {
       setSvg(el, charts[key]);
       el.dataset.updated = String(Date.now());
@@ -421,14 +427,15 @@ async function historyCharts(r) {
   const box = $('history-charts');
   box.hidden = false;
   box.replaceChildren();
-  for (const key of ['loss', 'throughput', 'memory']) {
+  for (const key of CHARTS) {
     const fig = document.createElement('figure');
     fig.className = 'chart-card';
     const cap = document.createElement('figcaption');
-    cap.textContent = `${r.name} · ${key}`;
+    cap.textContent = `${r.name} · ${key.replace('_', ' ')}`;
     const div = document.createElement('div');
     div.className = 'chart';
-    div.id = `history-${key}`;
+    div.id = `history-${key.replace('_', '-')}`;
+    div.dataset.testid = `history-chart-${key.replace('_', '-')}`;
     div.innerHTML = '<p class="empty">Drawing…</p>';
     fig.append(cap, div);
     box.append(fig);

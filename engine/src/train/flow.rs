@@ -90,16 +90,32 @@ impl FlowBatch {
         })
     }
 
-    /// Mean squared error in f32 over valid frames; equals the plain mean when no frame
-    /// is padding. Keeps the graph of `prediction`.
-    pub fn loss(&self, prediction: &Tensor) -> Result<Tensor> {
+    /// Mean squared error in f32 over valid frames (equal to the plain mean when no
+    /// frame is padding), keeping the graph of `prediction`, and each sample's own MSE
+    /// over its valid frames.
+    pub fn loss(&self, prediction: &Tensor) -> Result<Loss> {
         let diff = ops::sub(&prediction.to_dtype(DType::F32)?, &self.target)?;
         let mask = self.frame_mask.unsqueeze(2)?;
         let squared = ops::mul(&diff.sqr()?, &mask)?;
         let channels = self.target.dim(2)? as f64;
-        let valid = self.frame_mask.sum_all()?.to_scalar::<f32>()? as f64;
-        Ok((squared.sum_all()? / (valid.max(1.0) * channels))?)
+        let per_sample = squared.sum((1, 2))?; // (B)
+        let valid: Vec<f32> = self.frame_mask.sum(1)?.to_vec1()?;
+        let all_valid: f64 = valid.iter().map(|&v| v as f64).sum();
+        let mean = (per_sample.sum_all()? / (all_valid.max(1.0) * channels))?;
+        let per_sample = (per_sample.detach().to_vec1::<f32>()?.iter().zip(&valid))
+            .map(|(&sum, &frames)| (sum as f64 / (frames.max(1.0) as f64 * channels)) as f32)
+            .collect();
+        Ok(Loss { mean, per_sample })
     }
+}
+
+/// A batch's flow-matching loss.
+pub struct Loss {
+    /// The scalar the gradients come from: MSE over every valid frame of the batch.
+    pub mean: Tensor,
+    /// Each sample's MSE over its own valid frames (weighted by those frames, their
+    /// mean is `mean`).
+    pub per_sample: Vec<f32>,
 }
 
 #[cfg(test)]
@@ -137,13 +153,37 @@ mod tests {
         let full = FlowBatch::new(&batch(&[1.0; 4]), &[0.5], &mut ChaCha8Rng::seed_from_u64(2))?;
         let pred = Tensor::randn(0f32, 1., (1, 4, 4), &Device::Cpu)?;
         let plain = (&pred - &full.target)?.sqr()?.mean_all()?.to_scalar::<f32>()?;
-        assert!((full.loss(&pred)?.to_scalar::<f32>()? - plain).abs() < 1e-6);
+        assert!((full.loss(&pred)?.mean.to_scalar::<f32>()? - plain).abs() < 1e-6);
 
         let mut padded = FlowBatch::new(&batch(&[1.0, 1.0, 0.0, 0.0]), &[0.5], &mut ChaCha8Rng::seed_from_u64(2))?;
         padded.target = full.target.clone();
         let first_two = (pred.narrow(1, 0, 2)? - full.target.narrow(1, 0, 2)?)?.sqr()?.mean_all()?.to_scalar::<f32>()?;
         let pred_bad_tail = Tensor::cat(&[pred.narrow(1, 0, 2)?, (pred.narrow(1, 2, 2)? * 1e6)?], 1)?;
-        assert!((padded.loss(&pred_bad_tail)?.to_scalar::<f32>()? - first_two).abs() < 1e-5);
+        assert!((padded.loss(&pred_bad_tail)?.mean.to_scalar::<f32>()? - first_two).abs() < 1e-5);
+        Ok(())
+    }
+
+    #[test]
+    fn each_samples_loss_is_over_its_own_valid_frames_and_they_weight_to_the_mean() -> Result<()> {
+        let dev = Device::Cpu;
+        let batch = Batch {
+            target_latents: Tensor::randn(0f32, 1., (2, 4, 3), &dev)?,
+            frame_mask: Tensor::from_slice(&[1f32, 1., 1., 1., 1., 0., 0., 0.], (2, 4), &dev)?,
+            encoder_hidden_states: Tensor::zeros((2, 2, 4), DType::F32, &dev)?,
+            context_latents: Tensor::zeros((2, 4, 8), DType::F32, &dev)?,
+        };
+        let flow = FlowBatch::new(&batch, &[0.3, 0.9], &mut ChaCha8Rng::seed_from_u64(3))?;
+        let pred = Tensor::randn(0f32, 1., (2, 4, 3), &dev)?;
+        let loss = flow.loss(&pred)?;
+        let own = |i: usize, frames: usize| -> Result<f32> {
+            let d = (pred.narrow(0, i, 1)?.narrow(1, 0, frames)? - flow.target.narrow(0, i, 1)?.narrow(1, 0, frames)?)?;
+            Ok(d.sqr()?.mean_all()?.to_scalar::<f32>()?)
+        };
+        for (i, frames) in [(0, 4), (1, 1)] {
+            assert!((loss.per_sample[i] - own(i, frames)?).abs() < 1e-6, "sample {i}");
+        }
+        let weighted = (4.0 * loss.per_sample[0] + loss.per_sample[1]) / 5.0;
+        assert!((loss.mean.to_scalar::<f32>()? - weighted).abs() < 1e-6);
         Ok(())
     }
 }

@@ -17,6 +17,8 @@ use crate::Result;
 pub struct Gradients {
     /// The unscaled loss (f32).
     pub loss: f32,
+    /// Each sample's own loss (`flow::Loss::per_sample`).
+    pub sample_losses: Vec<f32>,
     /// One detached f32 gradient per `LoraAdapter::vars()` entry, in that order,
     /// multiplied by the loss scale.
     pub grads: Vec<Tensor>,
@@ -52,11 +54,12 @@ pub fn compute(
 fn plain(model: &DitModel, adapter: &LoraAdapter, batch: &FlowBatch, mode: LoraMode, loss_scale: f64, vars: &[Var]) -> Result<Gradients> {
     let ctx = adapter.ctx(mode, true);
     let loss = batch.loss(&model.forward(&batch.inputs, Some(&ctx))?)?;
-    let store = (&loss * loss_scale)?.backward()?;
+    let store = (&loss.mean * loss_scale)?.backward()?;
     let mut acc = Accumulator::new(vars);
     acc.add(vars, &store)?;
     Ok(Gradients {
-        loss: loss.to_scalar::<f32>()?,
+        loss: loss.mean.to_scalar::<f32>()?,
+        sample_losses: loss.per_sample,
         grads: acc.finish(vars)?,
     })
 }
@@ -99,10 +102,10 @@ fn checkpointed(
     let head_in = Var::from_tensor(&x)?;
     drop(x);
     let loss_graph = batch.loss(&model.head(head_in.as_tensor(), &prep)?)?;
-    let store = (&loss_graph * loss_scale)?.backward()?;
+    let store = (&loss_graph.mean * loss_scale)?.backward()?;
     let mut grad_out = store.get(&head_in).expect("head input is on the graph").clone();
-    let loss = loss_graph.to_scalar::<f32>()?;
-    drop((store, head_in, loss_graph));
+    let (loss, sample_losses) = (loss_graph.mean.to_scalar::<f32>()?, loss_graph.per_sample);
+    drop((store, head_in, loss_graph.mean));
 
     // 3. Block by block from the last: recompute, backpropagate.
     let mut acc = Accumulator::new(vars);
@@ -114,7 +117,7 @@ fn checkpointed(
             grad_out = store.get(&leaf).expect("block input is on the graph").clone();
         }
     }
-    Ok(Gradients { loss, grads: acc.finish(vars)? })
+    Ok(Gradients { loss, sample_losses, grads: acc.finish(vars)? })
 }
 
 /// Block `index`'s input for a tracked forward: a leaf whose gradient is read back (a

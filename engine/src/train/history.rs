@@ -179,6 +179,7 @@ mod tests {
             memory_peak_bytes: 0,
             elapsed_s: 1.0,
             eta_s: None,
+            samples: Vec::new(),
         }
     }
 

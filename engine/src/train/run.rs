@@ -450,6 +450,7 @@ impl Loop {
                 trainable_params: trainable,
                 total_params: parameters + trainable,
                 cfg_dropout,
+                timestep_levels: trainer.settings.timesteps.levels().map(|l| l.iter().map(|&t| t as f32).collect()),
                 dataset: DatasetSummary {
                     files: (data.len() + data.skipped()) as u64,
                     usable: data.len() as u64,
@@ -496,13 +497,13 @@ impl Loop {
 
                 let started = Instant::now();
                 let group = self.next_group()?;
-                let samples: u64 = group.iter().map(|b| b.len() as u64).sum();
+                let sample_count: u64 = group.iter().map(|b| b.len() as u64).sum();
                 let outcome = device::in_step_scope(|| self.trainer.step(&group))?;
                 let seconds = started.elapsed().as_secs_f64();
                 self.state.elapsed_s += seconds;
                 match outcome {
-                    StepOutcome::Applied { loss, lr, grad_norm } => {
-                        rate.record(samples, seconds);
+                    StepOutcome::Applied { loss, lr, grad_norm, samples } => {
+                        rate.record(sample_count, seconds);
                         self.state.epoch_loss_sum += loss;
                         self.state.epoch_loss_count += 1;
                         self.state.last_loss = Some(loss);
@@ -519,6 +520,7 @@ impl Loop {
                             memory_peak_bytes: memory.peak_bytes,
                             elapsed_s: self.state.elapsed_s,
                             eta_s: rate.eta_s(self.total_steps.saturating_sub(step)),
+                            samples,
                         });
                         if self.config.val_every_steps.is_some_and(|n| step.is_multiple_of(n)) {
                             if let Some(reason) = self.validate(sink)? {

@@ -103,6 +103,14 @@ pub fn turbo_timesteps(shift: f64) -> [f64; 8] {
 }
 
 impl TimestepSampling {
+    /// The fixed set of timesteps drawn from, when there is one (turbo).
+    pub fn levels(&self) -> Option<[f64; 8]> {
+        match *self {
+            TimestepSampling::Turbo { shift } => Some(turbo_timesteps(shift)),
+            TimestepSampling::LogitNormal { .. } => None,
+        }
+    }
+
     /// Draws one timestep.
     pub fn sample(&self, rng: &mut ChaCha8Rng) -> f64 {
         match *self {

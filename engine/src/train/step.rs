@@ -12,6 +12,7 @@ use super::grads;
 use super::loss_scale::{LossScaler, SkipCounter, SkipVerdict};
 use super::optim::{self, AdamW};
 use super::schedule::{LrScheduler, TimestepSampling};
+use crate::events::SampleLoss;
 use crate::lora::{LoraAdapter, LoraMode};
 use crate::model::DitModel;
 use crate::Result;
@@ -19,8 +20,9 @@ use crate::Result;
 /// What one call of `Trainer::step` did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StepOutcome {
-    /// The update was applied.
-    Applied { loss: f64, lr: f64, grad_norm: f64 },
+    /// The update was applied. `samples`: each sample's timestep and loss, in the
+    /// order the batches were trained.
+    Applied { loss: f64, lr: f64, grad_norm: f64, samples: Vec<SampleLoss> },
     /// Loss or gradients were not finite: nothing was applied.
     Skipped {
         reason: String,
@@ -71,6 +73,7 @@ impl Trainer {
 
         // 1-3. Noise, timesteps and CFG dropout -> forward -> loss -> backward, summed over batches.
         let mut loss = 0.0;
+        let mut samples = Vec::new();
         let mut sum: Option<Vec<Tensor>> = None;
         for (micro, batch) in batches.iter().enumerate() {
             let mut rng = ChaCha8Rng::seed_from_u64(mix(self.settings.seed, attempt, micro as u64));
@@ -94,6 +97,7 @@ impl Trainer {
                 self.scaler.scale(),
             )?;
             loss += g.loss as f64 / n;
+            samples.extend(t.iter().zip(&g.sample_losses).map(|(&t, &loss)| SampleLoss { t, loss }));
             sum = Some(match sum {
                 None => g.grads,
                 Some(acc) => acc.iter().zip(&g.grads).map(|(a, b)| a + b).collect::<candle_core::Result<_>>()?,
@@ -123,7 +127,7 @@ impl Trainer {
         self.optimizer.step(&grads, lr)?;
         self.scaler.update(true);
         self.skips.applied();
-        Ok(StepOutcome::Applied { loss, lr, grad_norm })
+        Ok(StepOutcome::Applied { loss, lr, grad_norm, samples })
     }
 }
 
@@ -251,6 +255,38 @@ mod tests {
             assert_eq!(applied_loss(&mut zero, &b), applied_loss(&mut without, &b), "step {step}");
         }
         assert_eq!(snapshot(&zero), snapshot(&without));
+    }
+
+    /// The step reports the t each sample was trained at and that sample's own loss:
+    /// replaying the step's stream gives the same t, and the same forward at those t
+    /// gives the same per-sample losses (at other t, others); weighted by frames (equal
+    /// here) they average to the step's loss, over accumulated batches too.
+    #[test]
+    fn the_reported_samples_are_the_timesteps_trained_and_their_losses_average_to_the_step_loss() {
+        let (b, other) = (batch(DType::F32), batch(DType::F32));
+        let mut t = trainer(tiny(DType::F32, 2), 1e-3, LossScaler::disabled());
+        let StepOutcome::Applied { loss, samples, .. } = t.step(&[b, other]).unwrap() else { panic!("applied") };
+        assert_eq!(samples.len(), 4, "two samples in each of two batches");
+        let mean = samples.iter().map(|s| s.loss as f64).sum::<f64>() / 4.0;
+        println!("step loss {loss:.7}, mean of the per-sample losses {mean:.7}");
+        assert!((mean - loss).abs() <= 1e-6 * loss, "{mean} vs {loss}");
+
+        let fresh = trainer(tiny(DType::F32, 2), 1e-3, LossScaler::disabled());
+        let b = batch(DType::F32);
+        let mut t = trainer(tiny(DType::F32, 2), 1e-3, LossScaler::disabled());
+        let StepOutcome::Applied { samples, .. } = t.step(std::slice::from_ref(&b)).unwrap() else { panic!("applied") };
+        let mut rng = ChaCha8Rng::seed_from_u64(mix(t.settings.seed, 0, 0));
+        let drawn: Vec<f32> = (0..2).map(|_| t.settings.timesteps.sample(&mut rng) as f32).collect();
+        assert_eq!(samples.iter().map(|s| s.t).collect::<Vec<_>>(), drawn);
+        let losses_at = |t_used: &[f32]| {
+            let mut rng = rng.clone();
+            let flow = FlowBatch::new(&b, t_used, &mut rng).unwrap();
+            let mode = LoraMode::Train { dropout_seed: mix(fresh.settings.seed ^ 0xD20F, 0, 0) };
+            grads::compute(&fresh.model, &fresh.adapter, &flow, mode, true, 1.0).unwrap().sample_losses
+        };
+        assert_eq!(losses_at(&drawn), samples.iter().map(|s| s.loss).collect::<Vec<_>>());
+        let elsewhere: Vec<f32> = drawn.iter().map(|&t| if t > 0.6 { 0.3 } else { 1.0 }).collect();
+        assert_ne!(losses_at(&elsewhere), losses_at(&drawn), "the losses depend on t");
     }
 
     #[test]

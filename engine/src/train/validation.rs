@@ -109,7 +109,7 @@ impl Validator {
                 let mut rng = ChaCha8Rng::seed_from_u64(mix(self.seed ^ NOISE_SALT, c as u64, k as u64));
                 let flow = FlowBatch::new(batch, &[t as f32], &mut rng)?;
                 let prediction = model.forward(&flow.inputs, Some(&ctx))?;
-                sum += flow.loss(&prediction)?.to_scalar::<f32>()? as f64;
+                sum += flow.loss(&prediction)?.mean.to_scalar::<f32>()? as f64;
             }
         }
         Ok(sum / (self.batches.len() * self.timesteps.len()) as f64)
