@@ -27,7 +27,10 @@ impl ModelPlaces {
     /// `ACESTEP_CHECKPOINTS_DIR`, `./checkpoints` and `~/ACE-Step-1.5/checkpoints`, and
     /// the added folders of `models.json`.
     pub fn from_env() -> Result<Self> {
-        let mut checkpoints: Vec<PathBuf> = std::env::var_os("ACESTEP_CHECKPOINTS_DIR").map(PathBuf::from).into_iter().collect();
+        let mut checkpoints: Vec<PathBuf> = std::env::var_os("ACESTEP_CHECKPOINTS_DIR")
+            .map(PathBuf::from)
+            .into_iter()
+            .collect();
         if let Ok(cwd) = std::env::current_dir() {
             checkpoints.push(cwd.join("checkpoints"));
         }
@@ -78,7 +81,9 @@ impl AddedFolders {
         match std::fs::read(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
             Err(e) => Err(Error::io(&path, e)),
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|cause| Error::Json { path, cause }),
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes).map_err(|cause| Error::Json { path, cause })
+            }
         }
     }
 
