@@ -23,10 +23,18 @@ pub struct ModelPlaces {
 }
 
 impl ModelPlaces {
-    /// The platform's places: the hub cache (`HF_HUB_CACHE`, `HF_HOME`), ACE-Step's
-    /// `ACESTEP_CHECKPOINTS_DIR`, `./checkpoints` and `~/ACE-Step-1.5/checkpoints`, and
-    /// the added folders of `models.json`.
+    /// The platform's places and the added folders of `models.json` (see `system`).
     pub fn from_env() -> Result<Self> {
+        Ok(Self {
+            added: AddedFolders::load(&config_dir())?.folders,
+            ..Self::system()
+        })
+    }
+
+    /// The platform's places, without added folders: the hub cache (`HF_HUB_CACHE`,
+    /// `HF_HOME`), ACE-Step's `ACESTEP_CHECKPOINTS_DIR`, `./checkpoints` and
+    /// `~/ACE-Step-1.5/checkpoints`, and the downloads folder.
+    pub fn system() -> Self {
         let mut checkpoints: Vec<PathBuf> = std::env::var_os("ACESTEP_CHECKPOINTS_DIR")
             .map(PathBuf::from)
             .into_iter()
@@ -37,12 +45,12 @@ impl ModelPlaces {
         if let Some(d) = directories::BaseDirs::new() {
             checkpoints.push(d.home_dir().join("ACE-Step-1.5").join("checkpoints"));
         }
-        Ok(Self {
+        Self {
             downloads: default_downloads_dir(),
             hub_cache: hf_cache_dir(),
             checkpoints,
-            added: AddedFolders::load(&config_dir())?.folders,
-        })
+            added: Vec::new(),
+        }
     }
 }
 
