@@ -297,6 +297,18 @@ fn a_quit_download_resumes_from_its_incomplete_blob() {
     );
     assert_eq!(s.resolve_requests(TURBO_WEIGHTS).last(), Some(&Some(half)));
     assert!(!partial.exists());
+    // Progress counts what this run fetched, up to exactly what it planned to.
+    let planned = match events[0] {
+        DownloadEvent::Planned { missing_bytes, .. } => missing_bytes,
+        _ => unreachable!(),
+    };
+    let last = events.iter().rev().find_map(|e| match e {
+        DownloadEvent::Progress {
+            total_done, total, ..
+        } => Some((*total_done, *total)),
+        _ => None,
+    });
+    assert_eq!(last, Some((planned, planned)));
 }
 
 #[test]
@@ -482,10 +494,7 @@ fn checkpoints_and_added_folders_are_found_with_what_is_missing() {
     let other = dir.path().join("elsewhere");
     copy_dir(&fixture(), &other);
     let added = AddedFolders::add(&config, &other).unwrap();
-    assert_eq!(
-        AddedFolders::load(&config).unwrap().folders,
-        [added.clone()]
-    );
+    assert_eq!(AddedFolders::load(&config).unwrap().folders, [added]);
     let err = AddedFolders::add(&config, dir.path())
         .unwrap_err()
         .to_string();

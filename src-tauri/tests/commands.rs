@@ -383,7 +383,12 @@ fn the_model_picker_lists_hub_cache_and_added_models() {
     let m = &list[0];
     assert_eq!((&m["variant"], &m["complete"], &m["origin"]), (&json!("turbo"), &json!(true), &json!("hub_cache")));
     assert_eq!(m["path"], json!(repo.join("snapshots/abc123/acestep-v15-turbo")));
-    assert!(m["bytes"].as_u64().unwrap() > 1_000_000, "{m}");
+    let fixture_bytes: u64 = ["acestep-v15-turbo", "vae", "Qwen3-Embedding-0.6B"]
+        .iter()
+        .flat_map(|p| std::fs::read_dir(repo.join("snapshots/abc123").join(p)).unwrap().flatten())
+        .map(|f| f.metadata().unwrap().len())
+        .sum();
+    assert_eq!(m["bytes"], json!(fixture_bytes));
 
     // An added folder without its VAE weights: listed, incomplete, the file named.
     let other = dir.path().join("other");

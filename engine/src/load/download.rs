@@ -189,7 +189,6 @@ impl Downloader<'_> {
         let url = self.hub.file_url(job.repo, job.commit, &file.path);
         let (mut failures, mut delay) = (0, self.hub.retry_delay);
         let mut have = self.partial_len(job).min(file.size);
-        total.done += have;
         loop {
             if have == file.size {
                 break;
@@ -206,7 +205,8 @@ impl Downloader<'_> {
                     // 206 continues the partial file; a 200 (Range ignored) starts over.
                     let resumed = resp.status().as_u16() == 206 && starts_at(&resp, have);
                     if !resumed {
-                        total.done -= have;
+                        // The bytes kept are fetched again.
+                        total.of += have;
                         have = 0;
                     }
                     let mut out = open_partial(&partial, resumed)?;
