@@ -1,7 +1,8 @@
-//! `ostinato`: train, resume, list, export, generate, decode, benchmark and inspect
-//! from the command line. Parsing, wiring and reporting only; the engine does the work.
+//! `ostinato`: train, resume, list, export, generate, decode, benchmark, inspect and
+//! find or download models from the command line. Parsing, wiring and reporting only; the engine does the work.
 
 mod generate;
+mod models;
 mod progress;
 mod report;
 mod train;
@@ -90,6 +91,9 @@ enum Command {
     },
     /// Print a model folder's config, parameter counts and a training-memory estimate.
     Inspect { model_dir: PathBuf },
+    /// Find, add, download and verify ACE-Step 1.5 models.
+    #[command(subcommand)]
+    Models(models::ModelsCommand),
     /// Encode a folder of songs once into ACE-Step's preprocessed tensors, which
     /// `train` accepts in place of audio.
     Preprocess {
@@ -317,6 +321,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             report::bench(&spec, json).map(|_| 0)
         }
         Command::Inspect { model_dir } => report::inspect(&model_dir).map(|_| 0),
+        Command::Models(command) => models::run(command),
         Command::Preprocess { audio_dir, model, out, crop_seconds } => {
             report::preprocess(&audio_dir, model, &out, crop_seconds).map(|_| 0)
         }

@@ -14,7 +14,7 @@ use crate::progress::{Mode, Progress};
 use crate::TrainArgs;
 
 /// Exit code after a stop by Ctrl-C or SIGTERM (128 + SIGINT).
-const INTERRUPTED: i32 = 130;
+pub const INTERRUPTED: i32 = 130;
 
 pub fn train(args: TrainArgs) -> anyhow::Result<i32> {
     let config = build_config(&args)?;

@@ -853,3 +853,69 @@ fn runs_charts_writes_every_chart_of_a_trained_run_with_loss_by_noise_level() {
     assert!(left.iter().all(|n| !n.starts_with('.')), "no temporary files left: {left:?}");
     fails_with(ostinato().args(["runs", "--charts", tmp.path().to_str().unwrap()]), "not a run directory");
 }
+
+#[path = "../../engine/tests/hub_server/mod.rs"]
+mod hub_server;
+
+/// `ostinato models ...` with every place it looks (hub cache, config, home, working
+/// folder) inside `dir`, against the test hub.
+fn models_cmd(dir: &Path, hub: &hub_server::FakeHub, args: &[&str]) -> Command {
+    let mut c = ostinato();
+    c.arg("models")
+        .args(args)
+        .current_dir(dir)
+        .env("HOME", dir.join("home"))
+        .env("XDG_DATA_HOME", dir.join("data"))
+        .env("HF_HUB_CACHE", dir.join("hub"))
+        .env("HF_ENDPOINT", &hub.url)
+        .env("OSTINATO_CONFIG_DIR", dir.join("config"))
+        .env_remove("ACESTEP_CHECKPOINTS_DIR")
+        .env_remove("HF_TOKEN")
+        .env_remove("HF_HOME");
+    c
+}
+
+#[test]
+fn models_download_list_verify_add_and_remove() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let hub = hub_server::FakeHub::start();
+    hub.add_folder("ACE-Step/Ace-Step1.5", "0ddba11", &tiny_model(), "");
+    let run = |args: &[&str]| ok(models_cmd(dir, &hub, args).output().unwrap());
+    let text = |out: Output| String::from_utf8_lossy(&out.stdout).into_owned();
+
+    let empty = text(run(&["list"]));
+    assert!(empty.contains("no ACE-Step 1.5 model found") && empty.contains("models download turbo"), "{empty}");
+
+    // Download: JSON events, the last one the model folder in the hub cache.
+    let events = text(run(&["download", "turbo", "--json"]));
+    let events: Vec<serde_json::Value> = events.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(events[0]["type"], "planned");
+    assert!(events.iter().any(|e| e["type"] == "progress"));
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "finished");
+    let model = PathBuf::from(last["model"].as_str().unwrap());
+    assert_eq!(model, dir.join("hub/models--ACE-Step--Ace-Step1.5/snapshots/0ddba11/acestep-v15-turbo"));
+
+    // Listed complete, verified, and opened by `inspect`.
+    let list: serde_json::Value = serde_json::from_str(&text(run(&["list", "--json"]))).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    assert_eq!((&list[0]["variant"], &list[0]["complete"], &list[0]["origin"]), (&"turbo".into(), &true.into(), &"hub_cache".into()));
+    assert_eq!(list[0]["path"], model.to_str().unwrap());
+    let verified = text(run(&["verify", "turbo"]));
+    assert!(verified.starts_with("ok ") && verified.contains("9 files match their hub checksums"), "{verified}");
+    ok(ostinato().args(["inspect", model.to_str().unwrap()]).output().unwrap());
+
+    // A folder added is listed (and remembered) until removed.
+    let added = text(run(&["add", tiny_model().to_str().unwrap()]));
+    assert!(added.starts_with("added "), "{added}");
+    let table = text(run(&["list"]));
+    assert!(table.contains("added") && table.contains("hub cache") && table.contains("complete"), "{table}");
+    run(&["remove", tiny_model().to_str().unwrap()]);
+    assert_eq!(text(run(&["list"])).lines().count(), 2, "header and the downloaded model");
+
+    // A variant the hub does not have: the repository is named.
+    let out = models_cmd(dir, &hub, &["download", "sft"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("ACE-Step/acestep-v15-sft"), "{stderr}");
+}

@@ -111,6 +111,11 @@ pub enum Error {
     #[error("generate: {0}")]
     BadRequest(String),
 
+    /// A model download, or the hub it comes from: `what` names the repository and the
+    /// file (or the folder) at fault.
+    #[error("{what}: {reason}")]
+    Download { what: String, reason: String },
+
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }
@@ -126,6 +131,13 @@ impl Error {
         Error::Io {
             path: path.into(),
             cause,
+        }
+    }
+
+    pub fn download(what: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Download {
+            what: what.into(),
+            reason: reason.into(),
         }
     }
 

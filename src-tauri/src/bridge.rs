@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::models::Models;
 use crate::settings::{self, FieldErrors, Settings};
+use ostinato_engine::load::ModelPlaces;
 
 pub use engine::RunSummary;
 
@@ -336,6 +338,7 @@ struct Shared {
     inner: Mutex<Inner>,
     config_dir: PathBuf,
     runs_dir: PathBuf,
+    models: Models,
 }
 
 /// The backend state. Cheap to clone (one `Arc`); managed by tauri and shared with the
@@ -344,14 +347,26 @@ struct Shared {
 pub struct AppState(Arc<Shared>);
 
 impl AppState {
-    /// Loads settings from `config_dir`; runs live under `runs_dir`.
+    /// Loads settings from `config_dir`; runs live under `runs_dir`; models are looked
+    /// for in the system's places.
     pub fn new(config_dir: PathBuf, runs_dir: PathBuf) -> Self {
+        Self::with_model_places(config_dir, runs_dir, ModelPlaces::system())
+    }
+
+    /// As `new`, looking for models in `places` (and the folders added in `config_dir`).
+    pub fn with_model_places(config_dir: PathBuf, runs_dir: PathBuf, places: ModelPlaces) -> Self {
         let (settings, notice) = settings::load(&config_dir);
         AppState(Arc::new(Shared {
             inner: Mutex::new(Inner { settings, dataset: None, run: CurrentRun::idle(), notice, next_generation: 1, views: 0, dark: false }),
+            models: Models::new(places, config_dir.clone()),
             config_dir,
             runs_dir,
         }))
+    }
+
+    /// The model picker: models found, added folders, the download.
+    pub fn models(&self) -> &Models {
+        &self.0.models
     }
 
     /// The platform's config dir and runs dir (or `OSTINATO_CONFIG_DIR` / `OSTINATO_RUNS_DIR`).

@@ -15,4 +15,9 @@ pub const COMMANDS: &[&str] = &[
     "resume_past_run",
     "run_charts",
     "export_run",
+    "list_models",
+    "add_model_folder",
+    "remove_model_folder",
+    "download_model",
+    "cancel_download",
 ];

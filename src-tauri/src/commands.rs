@@ -9,6 +9,7 @@ use tauri::{AppHandle, Runtime, State};
 
 use crate::bridge::{AppState, BridgeError, Charts, DatasetView, ExportFormat, HistoryEntry, RunView, StateView};
 use crate::settings::{FieldErrors, Settings};
+use ostinato_engine::load::{DitVariant, FoundModel, Hub};
 
 /// What a failed command rejects with in JS: `{kind, message, fields?}`.
 #[derive(Debug, Serialize)]
@@ -126,4 +127,40 @@ pub async fn run_charts(state: State<'_, AppState>, dir: Option<String>) -> Res<
 pub async fn export_run(state: State<'_, AppState>, dir: String, format: ExportFormat, to: String) -> Res<String> {
     let state = state.inner().clone();
     blocking(move || state.export(&PathBuf::from(dir), format, &PathBuf::from(to)).map(|p| p.display().to_string())).await
+}
+
+/// The ACE-Step models found on this machine (hub cache, ACE-Step checkpoints, added
+/// folders): variant, size on disk, complete or what is missing.
+#[tauri::command]
+pub async fn list_models(state: State<'_, AppState>) -> Res<Vec<FoundModel>> {
+    let state = state.inner().clone();
+    blocking(move || state.models().list()).await
+}
+
+/// Remembers a folder that holds a model; the new list.
+#[tauri::command]
+pub async fn add_model_folder(state: State<'_, AppState>, path: String) -> Res<Vec<FoundModel>> {
+    let state = state.inner().clone();
+    blocking(move || state.models().add(&PathBuf::from(path))).await
+}
+
+/// Forgets an added folder (nothing is deleted); the new list.
+#[tauri::command]
+pub async fn remove_model_folder(state: State<'_, AppState>, path: String) -> Res<Vec<FoundModel>> {
+    let state = state.inner().clone();
+    blocking(move || state.models().remove(&PathBuf::from(path))).await
+}
+
+/// Starts downloading a variant (turbo, base, sft) into the Hugging Face cache; its
+/// progress arrives as `model-download` events.
+#[tauri::command]
+pub fn download_model<R: Runtime>(app: AppHandle<R>, state: State<'_, AppState>, variant: String) -> Res<()> {
+    let variant: DitVariant = variant.parse().map_err(|e: String| CommandError::from(BridgeError::Invalid(e)))?;
+    Ok(state.models().start_download(variant, Hub::from_env(), app)?)
+}
+
+/// Cancels the download in progress; whether there was one.
+#[tauri::command]
+pub fn cancel_download(state: State<'_, AppState>) -> bool {
+    state.models().cancel_download()
 }

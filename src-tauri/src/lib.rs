@@ -4,6 +4,7 @@
 pub mod bridge;
 pub mod command_list;
 pub mod commands;
+pub mod models;
 pub mod settings;
 
 pub use bridge::AppState;
@@ -26,6 +27,11 @@ pub fn app_builder<R: tauri::Runtime>(builder: tauri::Builder<R>, state: AppStat
         commands::resume_past_run,
         commands::run_charts,
         commands::export_run,
+        commands::list_models,
+        commands::add_model_folder,
+        commands::remove_model_folder,
+        commands::download_model,
+        commands::cancel_download,
     ])
 }
 

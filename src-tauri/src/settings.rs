@@ -154,15 +154,11 @@ impl Settings {
     }
 }
 
-/// Where settings live. `OSTINATO_CONFIG_DIR` overrides the platform config dir
-/// (tests use it to stay out of the real one).
+/// Where settings live: the engine's config folder (`OSTINATO_CONFIG_DIR` overrides the
+/// platform's; tests use it to stay out of the real one), where the CLI keeps the
+/// model folders the user added too.
 pub fn default_config_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("OSTINATO_CONFIG_DIR") {
-        return PathBuf::from(dir);
-    }
-    directories::ProjectDirs::from("app", "Ostinato", "Ostinato")
-        .map(|d| d.config_dir().to_path_buf())
-        .unwrap_or_else(|| std::env::temp_dir().join("ostinato-config"))
+    ostinato_engine::load::places::config_dir()
 }
 
 pub fn settings_path(config_dir: &Path) -> PathBuf {

@@ -18,7 +18,10 @@ struct TestApp {
 
 impl TestApp {
     fn new(dir: &Path) -> Self {
-        let state = AppState::new(dir.join("config"), dir.join("runs"));
+        Self::with_state(AppState::new(dir.join("config"), dir.join("runs")))
+    }
+
+    fn with_state(state: AppState) -> Self {
         let app = ostinato_app::app_builder(mock_builder(), state)
             .build(tauri::generate_context!(test = true))
             .expect("building the mock app");
@@ -388,4 +391,70 @@ fn stop_while_the_dataset_is_prepared_ends_the_run_untrained_and_resumable() {
     assert!(!run_dir.join("final").exists(), "no untrained final adapter");
     let log = std::fs::read_to_string(run_dir.join("events.jsonl")).unwrap();
     assert!(!log.contains(r#""type":"step""#), "{log}");
+}
+
+/// Copies the engine's tiny real-layout model into `to`.
+fn copy_tiny_model(to: &Path) {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/real/model");
+    for part in ["acestep-v15-turbo", "vae", "Qwen3-Embedding-0.6B"] {
+        std::fs::create_dir_all(to.join(part)).unwrap();
+        for f in std::fs::read_dir(from.join(part)).unwrap().flatten() {
+            std::fs::copy(f.path(), to.join(part).join(f.file_name())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn the_model_picker_lists_hub_cache_and_added_models() {
+    let dir = tempfile::tempdir().unwrap();
+    // The hub cache's layout: models--org--name/snapshots/<commit>, refs/main.
+    let repo = dir.path().join("hub/models--ACE-Step--Ace-Step1.5");
+    copy_tiny_model(&repo.join("snapshots/abc123"));
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "abc123").unwrap();
+    let places = ostinato_engine::load::ModelPlaces {
+        hub_cache: Some(dir.path().join("hub")),
+        downloads: dir.path().join("models"),
+        ..Default::default()
+    };
+    let app = TestApp::with_state(AppState::with_model_places(dir.path().join("config"), dir.path().join("runs"), places));
+
+    let list = app.invoke("list_models", json!({})).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    let m = &list[0];
+    assert_eq!((&m["variant"], &m["complete"], &m["origin"]), (&json!("turbo"), &json!(true), &json!("hub_cache")));
+    assert_eq!(m["path"], json!(repo.join("snapshots/abc123/acestep-v15-turbo")));
+    let fixture_bytes: u64 = ["acestep-v15-turbo", "vae", "Qwen3-Embedding-0.6B"]
+        .iter()
+        .flat_map(|p| std::fs::read_dir(repo.join("snapshots/abc123").join(p)).unwrap().flatten())
+        .map(|f| f.metadata().unwrap().len())
+        .sum();
+    assert_eq!(m["bytes"], json!(fixture_bytes));
+
+    // An added folder without its VAE weights: listed, incomplete, the file named.
+    let other = dir.path().join("other");
+    copy_tiny_model(&other);
+    std::fs::remove_file(other.join("vae/diffusion_pytorch_model.safetensors")).unwrap();
+    let list = app.invoke("add_model_folder", json!({ "path": other })).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 2, "{list}");
+    let added = &list[1];
+    assert_eq!((&added["origin"], &added["complete"]), (&json!("added"), &json!(false)));
+    assert!(added["problems"].to_string().contains("vae/diffusion_pytorch_model.safetensors"), "{added}");
+    // Remembered across launches (models.json in the config folder).
+    let again = TestApp::with_state(AppState::with_model_places(
+        dir.path().join("config"),
+        dir.path().join("runs"),
+        ostinato_engine::load::ModelPlaces::default(),
+    ));
+    assert_eq!(again.invoke("list_models", json!({})).unwrap().as_array().unwrap().len(), 1);
+
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let err = app.invoke("add_model_folder", json!({ "path": empty })).unwrap_err();
+    assert!(err["message"].as_str().unwrap().contains("no ACE-Step model"), "{err}");
+    let list = app.invoke("remove_model_folder", json!({ "path": other })).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(app.invoke("cancel_download", json!({})).unwrap(), json!(false));
+    let err = app.invoke("download_model", json!({ "variant": "xl" })).unwrap_err();
+    assert!(err["message"].as_str().unwrap().contains("turbo, base or sft"), "{err}");
 }

@@ -7,6 +7,7 @@
 import { invoke, listen, onDragDrop, errorText, available } from './api.js';
 import * as fmt from './format.js';
 import { setSvg } from './svg.js';
+import { setupModels, refreshModels } from './models.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -551,6 +552,13 @@ async function chooseModel() {
   } catch (e) { say(errorText(e), { error: true }); }
 }
 
+/** A model from the picker (or a finished download) becomes the model choice. */
+async function useModel(path) {
+  $('model-path').value = path;
+  $('model-folder').checked = true;
+  await saveSettings();
+}
+
 async function setupDragDrop() {
   const zone = $('dropzone');
   await onDragDrop((p) => {
@@ -578,6 +586,7 @@ async function init() {
     listen('run-state', setRun),
     listen('charts', (c) => showCharts(c)),
     setupDragDrop(),
+    setupModels({ pick: useModel, error: (m) => say(m, { error: true }) }),
   ]);
   const dark = window.matchMedia('(prefers-color-scheme: dark)');
   await invoke('set_appearance', { dark: dark.matches }).catch(() => {});
@@ -597,6 +606,7 @@ async function init() {
   for (const ev of s.run.recent_events || []) if (ev.type !== 'step') onEngineEvent(ev);
   setSaveStatus('');
   refreshRuns();
+  refreshModels();
   setInterval(tick, 500);
   document.body.dataset.ready = 'true';
 }

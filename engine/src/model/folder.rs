@@ -117,11 +117,11 @@ pub fn hf_cache_dir() -> Option<PathBuf> {
     directories::BaseDirs::new().map(|d| d.home_dir().join(".cache").join("huggingface").join("hub"))
 }
 
-fn is_root(p: &Path) -> bool {
+pub(crate) fn is_root(p: &Path) -> bool {
     p.join(VAE_DIR).is_dir() || p.join(TEXT_DIR).is_dir() || dit_dirs(p).next().is_some()
 }
 
-fn dit_dirs(root: &Path) -> impl Iterator<Item = PathBuf> {
+pub(crate) fn dit_dirs(root: &Path) -> impl Iterator<Item = PathBuf> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
         .into_iter()
         .flatten()
