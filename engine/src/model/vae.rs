@@ -12,6 +12,11 @@
 //! Convolutions are weight-normalised in the checkpoint (`weight_g`, `weight_v`); the
 //! weight g * v / |v| is folded once at load.
 //!
+//! On the CPU (f32) the convolutions, with the Snake before each fused in, run on the
+//! direct kernels of [`crate::kernels::conv1d`] (no im2col copies); on Metal and CUDA
+//! they stay candle's `conv1d` / `conv_transpose1d` (im2col / col2im) after a separate
+//! Snake.
+//!
 //! Long songs go through either half in chunks of latent frames with enough overlap to
 //! cover its receptive field, so a chunked pass equals the whole-song pass up to float
 //! rounding while memory stays bounded by the chunk length.
@@ -23,8 +28,10 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::Deserialize;
 
+use super::cpu_gemm::host_f32;
 use super::tensors::TensorFile;
 use crate::cancel::Cancel;
+use crate::kernels::conv1d as kernel;
 use crate::data::encode::LatentEncoder;
 use crate::data::StereoAudio;
 use crate::{Error, Result};
@@ -143,10 +150,34 @@ fn folded_weight(f: &TensorFile, name: &str, shape: [usize; 3]) -> Result<Tensor
     Ok(v.broadcast_mul(&g.broadcast_div(&norm)?)?)
 }
 
-/// A 1-D convolution with its folded weight `[out, in, k]`.
+/// Whether `x` goes through the direct CPU kernels: f32 on the host.
+fn on_host(x: &Tensor) -> bool {
+    x.device().is_cpu() && x.dtype() == DType::F32
+}
+
+/// Calls `f` with the values of contiguous f32 CPU tensors.
+fn with_values<R, const N: usize>(ts: [&Tensor; N], f: impl FnOnce([&[f32]; N]) -> R) -> Result<R> {
+    let guards = ts.map(|t| t.storage_and_layout());
+    let mut values: [&[f32]; N] = [&[]; N];
+    for (v, (storage, layout)) in values.iter_mut().zip(&guards) {
+        let (start, end) = layout
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("vae: a strided tensor reached the CPU conv kernel".into()))?;
+        *v = &host_f32(storage, "vae conv")?[start..end];
+    }
+    Ok(f(values))
+}
+
+/// `[1, C, n]` on the host from a kernel's output.
+fn host_tensor(values: Vec<f32>, channels: usize, len: usize) -> Result<Tensor> {
+    Ok(Tensor::from_vec(values, (1, channels, len), &Device::Cpu)?)
+}
+
+/// A 1-D convolution with its folded weight `[out, in, k]` and bias `[1, out, 1]`
+/// (zeros where the checkpoint has none).
 struct Conv {
     w: Tensor,
-    b: Option<Tensor>,
+    b: Tensor,
     padding: usize,
     stride: usize,
     dilation: usize,
@@ -169,12 +200,13 @@ impl Geometry {
 impl Conv {
     /// The folded weight (see [`folded_weight`]) and, with `bias`, `name.bias` `[out]`.
     fn load(f: &TensorFile, name: &str, (cin, cout, k): (usize, usize, usize), g: Geometry, bias: bool) -> Result<Self> {
+        let w = folded_weight(f, name, [cout, cin, k])?;
         let b = match bias {
-            true => Some(f.get(&format!("{name}.bias"), &[cout])?.reshape((1, cout, 1))?),
-            false => None,
+            true => f.get(&format!("{name}.bias"), &[cout])?.reshape((1, cout, 1))?,
+            false => Tensor::zeros((1, cout, 1), w.dtype(), w.device())?,
         };
         Ok(Self {
-            w: folded_weight(f, name, [cout, cin, k])?,
+            w,
             b,
             padding: g.padding,
             stride: g.stride,
@@ -182,13 +214,30 @@ impl Conv {
         })
     }
 
-    /// `[1, in, n] -> [1, out, n']`
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.conv1d(&self.w, self.padding, self.stride, self.dilation, 1)?;
-        Ok(match &self.b {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        })
+    /// The kernel's view of this conv over the weight and bias values `w`, `b`.
+    fn on<'a>(&self, w: &'a [f32], b: &'a [f32]) -> kernel::Conv<'a> {
+        let (cout, cin, k) = self.w.dims3().expect("a conv weight is [out, in, k]");
+        kernel::Conv { weight: w, bias: Some(b), cin, cout, k, stride: self.stride, dilation: self.dilation, padding: self.padding }
+    }
+
+    /// `conv(snake(x))`, or `conv(x)` without a Snake: `[1, in, n] -> [1, out, n']`.
+    fn forward(&self, x: &Tensor, snake: Option<&Snake>) -> Result<Tensor> {
+        if on_host(x) {
+            let x = x.contiguous()?;
+            let n = x.dim(2)?;
+            let (y, n_out) = match snake {
+                Some(s) => with_values([&x, &self.w, &self.b, &s.alpha, &s.inv_beta], |[x, w, b, alpha, inv_beta]| {
+                    kernel::conv1d(x, n, &self.on(w, b), Some(kernel::Snake { alpha, inv_beta }))
+                })?,
+                None => with_values([&x, &self.w, &self.b], |[x, w, b]| kernel::conv1d(x, n, &self.on(w, b), None))?,
+            };
+            return host_tensor(y, self.w.dim(0)?, n_out);
+        }
+        let x = match snake {
+            Some(s) => s.forward(x)?,
+            None => x.clone(),
+        };
+        Ok(x.conv1d(&self.w, self.padding, self.stride, self.dilation, 1)?.broadcast_add(&self.b)?)
     }
 }
 
@@ -209,11 +258,19 @@ impl ConvTranspose {
         })
     }
 
-    /// `[1, in, n] -> [1, out, n * s]` (even s). Padding p crops p samples off each end
-    /// of the unpadded output, which candle computes as one matmul (col2im).
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// `snake(x) [1, in, n] -> [1, out, n * s]` (even s). Padding p crops p samples off
+    /// each end of the unpadded output (candle: one matmul, col2im, then the crop).
+    fn forward(&self, x: &Tensor, snake: &Snake) -> Result<Tensor> {
         let (s, n) = (self.stride, x.dim(2)?);
-        let y = x.conv_transpose1d(&self.w, 0, 0, s, 1, 1)?; // (1, out, (n + 1) s)
+        let (cin, cout, _) = self.w.dims3()?;
+        if on_host(x) {
+            let x = x.contiguous()?;
+            let y = with_values([&x, &self.w, &self.b, &snake.alpha, &snake.inv_beta], |[x, w, b, alpha, inv_beta]| {
+                kernel::conv_transpose1d(x, n, w, b, (cin, cout, s), Some(kernel::Snake { alpha, inv_beta }))
+            })?;
+            return host_tensor(y, cout, n * s);
+        }
+        let y = snake.forward(x)?.conv_transpose1d(&self.w, 0, 0, s, 1, 1)?; // (1, out, (n + 1) s)
         Ok(y.narrow(2, s.div_ceil(2), n * s)?.broadcast_add(&self.b)?)
     }
 }
@@ -258,8 +315,23 @@ impl ResidualUnit {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.conv1.forward(&self.snake1.forward(x)?)?;
-        let y = self.conv2.forward(&self.snake2.forward(&y)?)?;
+        if on_host(x) {
+            let x = x.contiguous()?;
+            let (c, n) = (x.dim(1)?, x.dim(2)?);
+            let (s1, s2) = (&self.snake1, &self.snake2);
+            let (c1, c2) = (&self.conv1, &self.conv2);
+            let y = with_values(
+                [&x, &s1.alpha, &s1.inv_beta, &c1.w, &c1.b, &s2.alpha, &s2.inv_beta, &c2.w, &c2.b],
+                |[x, a1, ib1, w1, b1, a2, ib2, w2, b2]| {
+                    let snake1 = kernel::Snake { alpha: a1, inv_beta: ib1 };
+                    let snake2 = kernel::Snake { alpha: a2, inv_beta: ib2 };
+                    kernel::residual_unit(x, n, snake1, &c1.on(w1, b1), snake2, &c2.on(w2, b2))
+                },
+            )?;
+            return host_tensor(y, c, n);
+        }
+        let y = self.conv1.forward(x, Some(&self.snake1))?;
+        let y = self.conv2.forward(&y, Some(&self.snake2))?;
         Ok((x + y)?) // same length: the padding keeps it
     }
 }
@@ -276,7 +348,7 @@ impl Block {
         for u in &self.units {
             x = u.forward(&x)?;
         }
-        self.conv.forward(&self.snake.forward(&x)?)
+        self.conv.forward(&x, Some(&self.snake))
     }
 }
 
@@ -351,11 +423,11 @@ impl OobleckEncoder {
 
     /// `audio [2, N]` -> `[2C, N / hop]` (mean rows, then scale rows).
     fn forward(&self, audio: &Tensor) -> Result<Tensor> {
-        let mut x = self.conv1.forward(&audio.unsqueeze(0)?)?;
+        let mut x = self.conv1.forward(&audio.unsqueeze(0)?, None)?;
         for b in &self.blocks {
             x = b.forward(&x)?;
         }
-        Ok(self.conv2.forward(&self.snake.forward(&x)?)?.squeeze(0)?)
+        Ok(self.conv2.forward(&x, Some(&self.snake))?.squeeze(0)?)
     }
 
     /// The posterior of `audio [2, N]`, encoded in chunks of at most `chunk_frames`
@@ -416,7 +488,7 @@ struct UpBlock {
 
 impl UpBlock {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut x = self.conv_t.forward(&self.snake.forward(x)?)?;
+        let mut x = self.conv_t.forward(x, &self.snake)?;
         for u in &self.units {
             x = u.forward(&x)?;
         }
@@ -476,11 +548,11 @@ impl OobleckDecoder {
 
     /// `z [1, C, T] -> [1, 2, T * hop]`
     fn forward(&self, z: &Tensor) -> Result<Tensor> {
-        let mut x = self.conv1.forward(z)?;
+        let mut x = self.conv1.forward(z, None)?;
         for b in &self.blocks {
             x = b.forward(&x)?;
         }
-        self.conv2.forward(&self.snake.forward(&x)?)
+        self.conv2.forward(&x, Some(&self.snake))
     }
 
     /// `latents [T, C]` -> audio `[2, T * hop]` (f32, unclipped), decoded in chunks of at
