@@ -15,7 +15,7 @@
 
 use rayon::prelude::*;
 
-use crate::model::cpu_gemm::{matmul_into, matmul_into_strided, Mat, Threads};
+use crate::model::cpu_gemm::{matmul_into_strided, Mat, Threads};
 use crate::model::simd;
 
 /// Snake's per-channel parameters as the model folds them: `e^alpha` and
@@ -75,13 +75,64 @@ fn bias_rows(bias: Option<&[f32]>, rows: usize, len: usize) -> Vec<f32> {
     out
 }
 
+/// One tap of a convolution: its weight `[cout, cin]` (a view) and where it reads the
+/// input, `x[:, shift + t * stride]` for output column t.
+struct Tap<'a> {
+    weight: Mat<'a>,
+    shift: usize,
+}
+
+/// Where the output columns go: `cols` columns of `out` (rows `rs` apart), column t
+/// at `offset + t * cs`.
+#[derive(Clone, Copy)]
+struct Columns {
+    offset: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+/// `out += sum over taps of W_tap X_tap`, X_tap the strided, shifted view of `x [cin,
+/// width]`. The output's rows are split between the threads; each goes along time in
+/// blocks of `BLOCK_COLS` columns and first copies the input block all taps read into a
+/// compact buffer: the GEMM reads that operand in place (it packs only the weight),
+/// and straight from a long signal its rows would lie a whole signal apart.
+fn accumulate(out: &mut [f32], dst: Columns, x: &[f32], width: usize, stride: usize, taps: &[Tap]) {
+    let (cout, cin) = (taps[0].weight.rows, taps[0].weight.cols);
+    let reach = taps.iter().map(|t| t.shift).max().unwrap_or(0);
+    let span = (BLOCK_COLS - 1) * stride + reach + 1;
+    let rows_per = cout.div_ceil(rayon::current_num_threads().max(1));
+    out.par_chunks_mut(rows_per * dst.rs).enumerate().for_each(|(part, out)| {
+        let rows = out.len().div_ceil(dst.rs).min(cout - part * rows_per);
+        let mut block = vec![0f32; cin * span];
+        for t0 in (0..dst.cols).step_by(BLOCK_COLS) {
+            let cols = BLOCK_COLS.min(dst.cols - t0);
+            let used = (cols - 1) * stride + reach + 1;
+            for (c, row) in block.chunks_exact_mut(span).enumerate() {
+                row[..used].copy_from_slice(&x[c * width + t0 * stride..][..used]);
+            }
+            for tap in taps {
+                let w = tap.weight.row_range(part * rows_per, rows);
+                let xb = Mat { data: &block, offset: tap.shift, rows: cin, cols, rs: span, cs: stride };
+                matmul_into_strided(out, dst.offset + t0 * dst.cs, (dst.rs, dst.cs), w, xb, true, Threads::Calling);
+            }
+        }
+    });
+}
+
+/// Output columns per block: the block of the output and the input it reads stay in
+/// L2 while all taps accumulate into it.
+const BLOCK_COLS: usize = 512;
+
 /// `out [cout, n_out] += conv(xp)` over the already padded input `xp [cin, width]`.
 fn accumulate_taps(out: &mut [f32], n_out: usize, xp: &[f32], width: usize, conv: &Conv) {
-    for j in 0..conv.k {
-        let w = Mat { data: conv.weight, offset: j, rows: conv.cout, cols: conv.cin, rs: conv.cin * conv.k, cs: conv.k };
-        let x = Mat { data: xp, offset: j * conv.dilation, rows: conv.cin, cols: n_out, rs: width, cs: conv.stride };
-        matmul_into(out, 0, n_out, w, x, true, Threads::Pool);
-    }
+    let taps: Vec<Tap> = (0..conv.k)
+        .map(|j| Tap {
+            weight: Mat { data: conv.weight, offset: j, rows: conv.cout, cols: conv.cin, rs: conv.cin * conv.k, cs: conv.k },
+            shift: j * conv.dilation,
+        })
+        .collect();
+    accumulate(out, Columns { offset: 0, cols: n_out, rs: n_out, cs: 1 }, xp, width, conv.stride, &taps);
 }
 
 /// `conv(snake(x))` (or `conv(x)`) of `x [cin, len]`: `([cout, n_out], n_out)`.
@@ -130,13 +181,11 @@ pub(crate) fn conv_transpose1d(x: &[f32], len: usize, weight: &[f32], bias: &[f3
         if last < first {
             continue;
         }
-        let cols = last - first + 1;
-        for (tap, shift) in [(r, 1), (r + s, 0)] {
-            // W_tap^T [cout, cin]: element (o, c) of the weight at c cout k + o k + tap.
-            let w = Mat { data: weight, offset: tap, rows: cout, cols: cin, rs: k, cs: cout * k };
-            let xq = Mat::rows(&xp, first + shift, cin, cols, width);
-            matmul_into_strided(&mut out, first * s + r - p, (n_out, s), w, xq, true, Threads::Pool);
-        }
+        // W_tap^T [cout, cin]: element (o, c) of the weight at c cout k + o k + tap.
+        let w = |tap: usize| Mat { data: weight, offset: tap, rows: cout, cols: cin, rs: k, cs: cout * k };
+        let taps = [Tap { weight: w(r), shift: first + 1 }, Tap { weight: w(r + s), shift: first }];
+        let dst = Columns { offset: first * s + r - p, cols: last - first + 1, rs: n_out, cs: s };
+        accumulate(&mut out, dst, &xp, width, 1, &taps);
     }
     out
 }

@@ -134,10 +134,56 @@ impl VaeConfig {
     }
 }
 
+/// Where the VAE's loaders read their tensors: a checkpoint ([`TensorFile`]), or
+/// [`RandomVaeTensors`] for the benches.
+pub trait VaeTensors {
+    fn contains(&self, key: &str) -> bool;
+    /// `key` as f32, checked against `shape`.
+    fn get(&self, key: &str, shape: &[usize]) -> Result<Tensor>;
+}
+
+impl VaeTensors for TensorFile {
+    fn contains(&self, key: &str) -> bool {
+        TensorFile::contains(self, key)
+    }
+
+    fn get(&self, key: &str, shape: &[usize]) -> Result<Tensor> {
+        TensorFile::get(self, key, shape)
+    }
+}
+
+/// Seeded random VAE weights of whatever shapes the loaders ask for, for benches at
+/// the real model's size without its checkpoint: plain `weight`s (no weight-norm
+/// pairs) scaled by 1 / sqrt(the product of all but the first dimension), biases and
+/// Snake's log-parameters small. Each tensor's values depend on the seed and its name
+/// only.
+pub struct RandomVaeTensors {
+    pub seed: u64,
+    pub device: Device,
+}
+
+impl VaeTensors for RandomVaeTensors {
+    fn contains(&self, _key: &str) -> bool {
+        false
+    }
+
+    fn get(&self, key: &str, shape: &[usize]) -> Result<Tensor> {
+        let name_hash = u64::from_le_bytes(blake3::hash(key.as_bytes()).as_bytes()[..8].try_into().expect("8 bytes"));
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed ^ name_hash);
+        let scale = match key.ends_with(".weight") {
+            true => 1.0 / (shape[1..].iter().product::<usize>() as f32).sqrt(),
+            false => 0.1,
+        };
+        let n = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| scale * <StandardNormal as Distribution<f32>>::sample(&StandardNormal, &mut rng)).collect();
+        Ok(Tensor::from_vec(v, shape, &self.device)?)
+    }
+}
+
 /// `name.weight_g` `[a, 1, 1]` and `name.weight_v` `[a, b, k]` folded to g * v / |v|
 /// with the norm over (b, k) (torch's `weight_norm` on dim 0), or its parametrization
 /// names, or a plain `weight`.
-fn folded_weight(f: &TensorFile, name: &str, shape: [usize; 3]) -> Result<Tensor> {
+fn folded_weight(f: &dyn VaeTensors, name: &str, shape: [usize; 3]) -> Result<Tensor> {
     let v_keys = [format!("{name}.weight_v"), format!("{name}.parametrizations.weight.original1")];
     let g_keys = [format!("{name}.weight_g"), format!("{name}.parametrizations.weight.original0")];
     let Some(v_key) = v_keys.iter().find(|k| f.contains(k)) else {
@@ -199,7 +245,7 @@ impl Geometry {
 
 impl Conv {
     /// The folded weight (see [`folded_weight`]) and, with `bias`, `name.bias` `[out]`.
-    fn load(f: &TensorFile, name: &str, (cin, cout, k): (usize, usize, usize), g: Geometry, bias: bool) -> Result<Self> {
+    fn load(f: &dyn VaeTensors, name: &str, (cin, cout, k): (usize, usize, usize), g: Geometry, bias: bool) -> Result<Self> {
         let w = folded_weight(f, name, [cout, cin, k])?;
         let b = match bias {
             true => f.get(&format!("{name}.bias"), &[cout])?.reshape((1, cout, 1))?,
@@ -250,7 +296,7 @@ struct ConvTranspose {
 }
 
 impl ConvTranspose {
-    fn load(f: &TensorFile, name: &str, cin: usize, cout: usize, stride: usize) -> Result<Self> {
+    fn load(f: &dyn VaeTensors, name: &str, cin: usize, cout: usize, stride: usize) -> Result<Self> {
         Ok(Self {
             w: folded_weight(f, name, [cin, cout, 2 * stride])?,
             b: f.get(&format!("{name}.bias"), &[cout])?.reshape((1, cout, 1))?,
@@ -284,7 +330,7 @@ struct Snake {
 }
 
 impl Snake {
-    fn load(f: &TensorFile, name: &str, c: usize) -> Result<Self> {
+    fn load(f: &dyn VaeTensors, name: &str, c: usize) -> Result<Self> {
         let alpha = f.get(&format!("{name}.alpha"), &[1, c, 1])?.exp()?;
         let inv_beta = (f.get(&format!("{name}.beta"), &[1, c, 1])?.exp()? + 1e-9)?.recip()?;
         Ok(Self { alpha, inv_beta })
@@ -305,7 +351,7 @@ struct ResidualUnit {
 }
 
 impl ResidualUnit {
-    fn load(f: &TensorFile, name: &str, c: usize, dilation: usize) -> Result<Self> {
+    fn load(f: &dyn VaeTensors, name: &str, c: usize, dilation: usize) -> Result<Self> {
         Ok(Self {
             snake1: Snake::load(f, &format!("{name}.snake1"), c)?,
             conv1: Conv::load(f, &format!("{name}.conv1"), (c, c, 7), Geometry::same(7, dilation), true)?,
@@ -388,7 +434,7 @@ impl Posterior {
 
 impl OobleckEncoder {
     /// Loads the `encoder.*` tensors of `diffusion_pytorch_model.safetensors`.
-    pub fn load(cfg: &VaeConfig, f: &TensorFile) -> Result<Self> {
+    pub fn load(cfg: &VaeConfig, f: &dyn VaeTensors) -> Result<Self> {
         let h = cfg.encoder_hidden_size;
         let mut mult = vec![1];
         mult.extend(&cfg.channel_multiples);
@@ -432,8 +478,8 @@ impl OobleckEncoder {
 
     /// The posterior of `audio [2, N]`, encoded in chunks of at most `chunk_frames`
     /// latent frames (plus overlap on each side). T = floor(N / hop). `cancel` is
-    /// looked at before each chunk.
-    pub fn encode(&self, audio: &Tensor, chunk_frames: usize, cancel: &Cancel) -> Result<Posterior> {
+    /// looked at before each chunk; `progress(frames done, T)` after each.
+    pub fn encode(&self, audio: &Tensor, chunk_frames: usize, cancel: &Cancel, progress: &mut dyn FnMut(usize, usize)) -> Result<Posterior> {
         let hop = self.cfg.hop();
         let n = audio.dim(1)?;
         let frames = n / hop;
@@ -451,6 +497,7 @@ impl OobleckEncoder {
             let hi = if w.hi == frames { n } else { w.hi * hop };
             let z = self.forward(&audio.narrow(1, w.lo * hop, hi - w.lo * hop)?)?;
             parts.push(z.narrow(1, w.start - w.lo, w.end - w.start)?);
+            progress(w.end, frames);
         }
         let z = Tensor::cat(&parts, 1)?.t()?.contiguous()?; // (T, 2C)
         Ok(Posterior {
@@ -504,12 +551,16 @@ pub struct OobleckDecoder {
     conv2: Conv,
 }
 
-/// Latent frames decoded in one piece (30 s at 25 Hz); longer songs go in chunks.
-pub const DECODE_CHUNK_FRAMES: usize = 750;
+/// Latent frames encoded or decoded in one tile (10 s at 25 Hz), plus the receptive
+/// field's overlap on each side; longer songs go tile by tile. At ACE-Step's config
+/// the largest activation (128 channels at 48 kHz) is about 1 MB per frame and the CPU
+/// kernels keep three of them alive: (250 + 2 * 15) frames * 3 MB ~ 0.85 GB above the
+/// weights, whatever the song's length.
+pub const TILE_FRAMES: usize = 250;
 
 impl OobleckDecoder {
     /// Loads the `decoder.*` tensors of `diffusion_pytorch_model.safetensors`.
-    pub fn load(cfg: &VaeConfig, f: &TensorFile) -> Result<Self> {
+    pub fn load(cfg: &VaeConfig, f: &dyn VaeTensors) -> Result<Self> {
         let h = cfg.decoder_channels;
         let mut mult = vec![1];
         mult.extend(&cfg.channel_multiples);
@@ -603,8 +654,6 @@ pub struct VaeLatentEncoder {
 /// The VAE's weights file in its folder (diffusers' name).
 pub const VAE_WEIGHTS: &str = "diffusion_pytorch_model.safetensors";
 
-/// 30 s of latent frames at 25 Hz.
-pub const DEFAULT_CHUNK_FRAMES: usize = 750;
 
 impl VaeLatentEncoder {
     /// Loads `dir/config.json` and `dir/diffusion_pytorch_model.safetensors`.
@@ -618,7 +667,7 @@ impl VaeLatentEncoder {
         Ok(Self {
             encoder,
             choice: LatentChoice::Mean,
-            chunk_frames: DEFAULT_CHUNK_FRAMES,
+            chunk_frames: TILE_FRAMES,
             weights_id,
         })
     }
@@ -675,7 +724,7 @@ impl LatentEncoder for VaeLatentEncoder {
         self.encoder.cfg.latent_channels()
     }
 
-    fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel) -> Result<Tensor> {
+    fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel, progress: &mut dyn FnMut(f64, f64)) -> Result<Tensor> {
         if audio.sample_rate != self.sample_rate() {
             return Err(Error::Encoder(format!(
                 "the VAE takes {} Hz audio, got {} Hz",
@@ -687,7 +736,8 @@ impl LatentEncoder for VaeLatentEncoder {
         let samples: Vec<f32> = audio.left[..n].iter().chain(&audio.right[..n]).copied().collect();
         let device = self.encoder.conv1.w.device();
         let x = Tensor::from_vec(samples, (2, n), device)?;
-        let post = self.encoder.encode(&x, self.chunk_frames, cancel)?;
+        let fps = self.frames_per_second();
+        let post = self.encoder.encode(&x, self.chunk_frames, cancel, &mut |done, frames| progress(done as f64 / fps, frames as f64 / fps))?;
         let z = match self.choice {
             LatentChoice::Mean => post.mean,
             LatentChoice::Sample { seed } => post.sample(seed)?,

@@ -727,10 +727,12 @@ fn epoch_order(seed: u64, epoch: u64, n: usize) -> Vec<usize> {
 
 fn data_event(e: DataEvent, folder: &Path) -> Event {
     match e {
-        DataEvent::Progress { done, total, file, .. } => Event::DatasetProgress {
+        DataEvent::Progress { done, total, file, seconds, .. } => Event::DatasetProgress {
             done: done as u64,
             total: total as u64,
             file: file.unwrap_or_else(|| folder.to_path_buf()),
+            seconds_done: seconds.map(|s| s.0),
+            seconds_total: seconds.map(|s| s.1),
         },
         DataEvent::Issue(Issue { file, reason, kind }) => Event::DatasetIssue { file, reason, kind },
         DataEvent::Used(FileUse { file, seconds_used, seconds_in_file, note }) => {
