@@ -4,8 +4,9 @@
 //! tap j of the weight `[out, in, k]` (a strided view, nothing copied) and `X_j` is a
 //! time-shifted view of the padded input (shift j * dilation, columns `stride` apart: a
 //! strided conv reads its polyphase component in place). im2col's k-fold copy of the
-//! input never exists; the only copy is the padded input, and Snake, which always
-//! comes right before a convolution in this model, is applied while it is written.
+//! input never exists; the copies are the padded input (Snake, which always comes
+//! right before a convolution in this model, is applied while it is written) and, per
+//! thread, one L2-sized block of it at a time (see [`accumulate`]).
 //!
 //! A transposed conv with k = 2s and stride s writes each output phase r (samples
 //! `t ≡ r - p mod s`) from two taps: `W_r^T x[q] + W_{r+s}^T x[q-1]`, two GEMMs into a
@@ -102,8 +103,8 @@ fn accumulate(out: &mut [f32], dst: Columns, x: &[f32], width: usize, stride: us
     let reach = taps.iter().map(|t| t.shift).max().unwrap_or(0);
     let span = (BLOCK_COLS - 1) * stride + reach + 1;
     let rows_per = cout.div_ceil(rayon::current_num_threads().max(1));
-    out.par_chunks_mut(rows_per * dst.rs).enumerate().for_each(|(part, out)| {
-        let rows = out.len().div_ceil(dst.rs).min(cout - part * rows_per);
+    out.par_chunks_mut((rows_per * dst.rs).max(1)).enumerate().for_each(|(part, out)| {
+        let rows = out.len() / dst.rs.max(1);
         let mut block = vec![0f32; cin * span];
         for t0 in (0..dst.cols).step_by(BLOCK_COLS) {
             let cols = BLOCK_COLS.min(dst.cols - t0);
