@@ -747,6 +747,30 @@ mod tests {
     use crate::train::history;
 
     #[test]
+    fn a_tile_of_a_file_becomes_a_dataset_progress_event_with_seconds() {
+        let tile = DataEvent::Progress {
+            stage: crate::data::Stage::Encoding,
+            done: 2,
+            total: 5,
+            file: Some("song.wav".into()),
+            seconds: Some((30.0, 240.0)),
+        };
+        let want = Event::DatasetProgress {
+            done: 2,
+            total: 5,
+            file: "song.wav".into(),
+            seconds_done: Some(30.0),
+            seconds_total: Some(240.0),
+        };
+        assert_eq!(data_event(tile, Path::new("folder")), want);
+        let end = DataEvent::Progress { stage: crate::data::Stage::Encoding, done: 5, total: 5, file: None, seconds: None };
+        assert!(matches!(
+            data_event(end, Path::new("folder")),
+            Event::DatasetProgress { done: 5, seconds_done: None, seconds_total: None, .. }
+        ));
+    }
+
+    #[test]
     fn the_live_marker_is_gone_before_the_final_event_is_seen() {
         let tmp = tempfile::tempdir().unwrap();
         let marker = tmp.path().join(history::LIVE_MARKER);
