@@ -10,7 +10,7 @@ mod train;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use ostinato_engine::bench::Preset;
+use ostinato_engine::bench::AnyPreset;
 use ostinato_engine::device::Precision;
 use ostinato_engine::export::{ExportFormat, WhichAdapter};
 use ostinato_engine::generate::GenerateSpec;
@@ -72,8 +72,10 @@ enum Command {
     /// per invocation: peak memory is the process's). Runs on the device `train` would
     /// pick, in its default precision.
     Bench {
-        #[arg(long, default_value = "small-30s", value_parser = parse_with::<Preset>)]
-        preset: Preset,
+        /// A DiT training-step preset, or vae-{encode,decode}-{30s,240s}: the real-size
+        /// VAE with random weights (warm-up and steps then count passes).
+        #[arg(long, default_value = "small-30s", value_parser = parse_with::<AnyPreset>)]
+        preset: AnyPreset,
         #[arg(long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
         gradient_checkpointing: bool,
         /// Change the preset's number of layers.

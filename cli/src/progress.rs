@@ -82,8 +82,17 @@ fn seconds_text(dataset: &DatasetSummary) -> String {
     }
 }
 
-fn file_name(path: &Path) -> String {
+pub fn file_name(path: &Path) -> String {
     path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// The dataset line (`preparing dataset 1/3: a.wav, 120 of 240 s encoded`) and the
+/// fraction of preparation done: files done plus the encoded part of the current one.
+pub fn dataset_progress(done: u64, total: u64, file: &str, seconds: Option<(f64, f64)>) -> (String, f64) {
+    let part = seconds.map_or(0.0, |(d, t)| if t > 0.0 { (d / t).clamp(0.0, 1.0) } else { 1.0 });
+    let fraction = if total == 0 { 1.0 } else { ((done as f64 + part) / total as f64).min(1.0) };
+    let encoded = seconds.map(|(d, t)| format!(", {d:.0} of {t:.0} s encoded")).unwrap_or_default();
+    (format!("preparing dataset {done}/{total}: {file}{encoded}"), fraction)
 }
 
 impl Progress {
@@ -122,8 +131,12 @@ impl Progress {
     /// Keeps the bar and the closing summary up to date.
     fn track(&mut self, event: &Event) {
         match event {
-            Event::DatasetProgress { done, total, file } => {
-                self.bar.set_message(format!("preparing dataset {done}/{total}: {}", file_name(file)))
+            Event::DatasetProgress { done, total, file, seconds_done, seconds_total } => {
+                let (line, fraction) = dataset_progress(*done, *total, &file_name(file), seconds_done.zip(*seconds_total));
+                self.bar.set_length(1000);
+                self.bar.set_style(ProgressStyle::with_template("{bar:30} {msg}").expect("valid template"));
+                self.bar.set_position((fraction * 1000.0) as u64);
+                self.bar.set_message(line)
             }
             Event::RunStarted { total_steps, .. } => {
                 self.total_steps = Some(*total_steps);
@@ -158,8 +171,8 @@ impl Progress {
     /// What a log shows besides the notes: what the bar shows live on a terminal.
     fn log_line(&mut self, event: &Event) -> Option<String> {
         match event {
-            Event::DatasetProgress { done, total, file } => {
-                Some(format!("preparing dataset {done}/{total}: {}", file.display()))
+            Event::DatasetProgress { done, total, file, seconds_done, seconds_total } => {
+                Some(dataset_progress(*done, *total, &file.display().to_string(), seconds_done.zip(*seconds_total)).0)
             }
             Event::Step { step, epoch, loss, samples_per_sec, memory_now_bytes, eta_s, .. } => {
                 let last = self.total_steps == Some(*step);
@@ -267,5 +280,20 @@ fn on_off(on: bool) -> &'static str {
         "on"
     } else {
         "off"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dataset_progress_counts_the_encoded_part_of_the_current_file() {
+        let (line, fraction) = dataset_progress(1, 4, "b.wav", Some((60.0, 240.0)));
+        assert_eq!(line, "preparing dataset 1/4: b.wav, 60 of 240 s encoded");
+        assert!((fraction - 1.25 / 4.0).abs() < 1e-12);
+        let (line, fraction) = dataset_progress(2, 4, "c.wav", None);
+        assert_eq!((line.as_str(), fraction), ("preparing dataset 2/4: c.wav", 0.5));
+        assert_eq!(dataset_progress(0, 0, "x", None).1, 1.0);
     }
 }

@@ -3,7 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::bail;
-use ostinato_engine::bench::{run_spec, Preset};
+use ostinato_engine::bench::vae::run_vae;
+use ostinato_engine::bench::{run_spec, AnyPreset};
 use ostinato_engine::charts::write_run_charts;
 use ostinato_engine::data::preprocessed::preprocess as preprocess_folder;
 use ostinato_engine::data::{DataEvent, DataSpec};
@@ -15,7 +16,7 @@ use ostinato_engine::model::footprint;
 use ostinato_engine::train::config::default_runs_dir;
 use ostinato_engine::train::history::{list_runs, RunStatus};
 
-use crate::progress::{cut_line, issue_line};
+use crate::progress::{cut_line, dataset_progress, file_name, issue_line};
 
 pub fn runs(runs_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
     let dir = runs_dir.unwrap_or_else(default_runs_dir);
@@ -113,22 +114,31 @@ pub fn preprocess(audio_dir: &Path, model: Option<PathBuf>, out: &Path, crop_sec
     let source = model.map_or(ModelSource::Demo, |path| ModelSource::Folder { path });
     let (encoder, conditioner, _) = source.encoders(&candle_core::Device::Cpu)?;
     let spec = DataSpec { folder: audio_dir.to_path_buf(), crop_seconds, ..DataSpec::default() };
+    // A bar on a terminal (hidden otherwise), the notes printed above it.
+    let bar = indicatif::ProgressBar::new(1000);
+    bar.set_style(indicatif::ProgressStyle::with_template("{bar:30} {msg}").expect("valid template"));
     let written = preprocess_folder(&spec, encoder.as_ref(), conditioner.as_ref(), out, &mut |e| match e {
-        DataEvent::Issue(i) => eprintln!("{}", issue_line(&i.file, &i.reason, i.kind)),
+        DataEvent::Issue(i) => bar.suspend(|| eprintln!("{}", issue_line(&i.file, &i.reason, i.kind))),
         DataEvent::Used(u) => {
             if let Some(line) = cut_line(&u.file, u.note.as_deref(), u.seconds_in_file) {
-                eprintln!("{line}");
+                bar.suspend(|| eprintln!("{line}"));
             }
         }
-        DataEvent::Progress { .. } => {}
+        DataEvent::Progress { done, total, file, seconds, .. } => {
+            let name = file.as_deref().map(file_name).unwrap_or_default();
+            let (line, fraction) = dataset_progress(done as u64, total as u64, &name, seconds);
+            bar.set_position((fraction * 1000.0) as u64);
+            bar.set_message(line);
+        }
     })?;
+    bar.finish_and_clear();
     println!("{} samples written to {}", written.len(), out.display());
     Ok(())
 }
 
 /// One `ostinato bench` configuration.
 pub struct BenchRequest {
-    pub preset: Preset,
+    pub preset: AnyPreset,
     pub checkpointing: bool,
     pub layers: Option<usize>,
     pub warmup: usize,
@@ -137,14 +147,26 @@ pub struct BenchRequest {
 }
 
 pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
-    let (spec, name) = match req.layers {
-        Some(n) => (req.preset.spec().with_layers(n), format!("{} ({n} layers)", req.preset)),
-        None => (req.preset.spec(), req.preset.to_string()),
-    };
     let selected = device::select(req.cpu)?;
     if !json {
         eprintln!("device: {} ({})", selected.name, selected.reason);
     }
+    let preset = match req.preset {
+        AnyPreset::Dit(p) => p,
+        AnyPreset::Vae(p) => {
+            anyhow::ensure!(req.layers.is_none(), "--layers applies to the DiT presets, not {}", p.name());
+            let report = run_vae(p, req.warmup, req.steps, &selected.device)?;
+            match json {
+                true => println!("{}", serde_json::to_string(&report)?),
+                false => print!("{}", report.table()),
+            }
+            return Ok(());
+        }
+    };
+    let (spec, name) = match req.layers {
+        Some(n) => (preset.spec().with_layers(n), format!("{preset} ({n} layers)")),
+        None => (preset.spec(), preset.to_string()),
+    };
     let dtype = Precision::Auto.dtype(&selected.device);
     let report = run_spec(&name, &spec, req.checkpointing, req.warmup, req.steps, &selected.device, dtype)?;
     if json {

@@ -10,6 +10,8 @@
 //! backward (`grads::compute`, plain or checkpointed), clip the global norm to 1,
 //! AdamW update.
 
+pub mod vae;
+
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
@@ -98,6 +100,26 @@ impl std::str::FromStr for Preset {
 impl std::fmt::Display for Preset {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// A DiT training-step preset or a VAE preset: what `ostinato bench --preset` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnyPreset {
+    Dit(Preset),
+    Vae(vae::VaePreset),
+}
+
+impl std::str::FromStr for AnyPreset {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if let Some(p) = vae::VaePreset::ALL.into_iter().find(|p| p.name() == s) {
+            return Ok(AnyPreset::Vae(p));
+        }
+        s.parse::<Preset>().map(AnyPreset::Dit).map_err(|e| {
+            let vae: Vec<_> = vae::VaePreset::ALL.iter().map(|p| p.name()).collect();
+            format!("{e}, or a VAE preset: {}", vae.join(", "))
+        })
     }
 }
 
@@ -371,6 +393,9 @@ mod tests {
             assert_eq!(p.name().parse::<Preset>().unwrap(), p);
         }
         assert!("huge".parse::<Preset>().is_err());
+        assert_eq!("vae-decode-240s".parse::<AnyPreset>().unwrap(), AnyPreset::Vae(vae::VaePreset::Decode240s));
+        assert_eq!("small-30s".parse::<AnyPreset>().unwrap(), AnyPreset::Dit(Preset::Small30s));
+        assert!("huge".parse::<AnyPreset>().unwrap_err().contains("vae-encode-30s"));
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         let s = Preset::Small240s.spec();

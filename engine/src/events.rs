@@ -97,14 +97,21 @@ pub enum Event {
         /// Optimizer updates the whole run will apply (the schedule's length).
         total_steps: u64,
     },
-    /// A file of the dataset was prepared.
+    /// Dataset preparation moved on: a file begins (or all are done), or, with
+    /// `seconds_total`, a tile of `file` was encoded.
     DatasetProgress {
-        /// Files prepared so far, this one included.
+        /// Files prepared so far.
         done: u64,
         /// Files to prepare.
         total: u64,
-        /// The file just prepared.
+        /// The file being prepared (the folder once all are done).
         file: PathBuf,
+        /// Seconds of `file` encoded so far (per-tile events only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seconds_done: Option<f64>,
+        /// Seconds of `file` to encode (per-tile events only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seconds_total: Option<f64>,
     },
     /// A file of the dataset is skipped, or something about a used one is ignored or
     /// looks wrong (`kind` says which).
@@ -405,6 +412,15 @@ mod tests {
                 done: 1,
                 total: 3,
                 file: "a.wav".into(),
+                seconds_done: None,
+                seconds_total: None,
+            },
+            Event::DatasetProgress {
+                done: 1,
+                total: 3,
+                file: "b.wav".into(),
+                seconds_done: Some(10.0),
+                seconds_total: Some(240.5),
             },
             Event::DatasetIssue {
                 file: "b.mp3".into(),

@@ -11,6 +11,7 @@ pub mod events;
 pub mod export;
 pub mod generate;
 pub mod heap;
+pub(crate) mod kernels;
 pub mod load;
 pub mod lora;
 pub mod metrics;

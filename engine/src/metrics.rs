@@ -113,6 +113,25 @@ pub fn peak_rss_bytes() -> Option<u64> {
     })
 }
 
+/// CPU seconds (user + system) the process has used, all threads together: on a
+/// loaded machine, work per CPU second says what wall time cannot.
+#[cfg(unix)]
+pub fn process_cpu_seconds() -> Option<f64> {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return None;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    Some(secs(usage.ru_utime) + secs(usage.ru_stime))
+}
+
+/// CPU seconds of the process (no probe on this platform).
+#[cfg(not(unix))]
+pub fn process_cpu_seconds() -> Option<f64> {
+    None
+}
+
 /// The highest resident set size of the process so far (no probe on this platform).
 #[cfg(not(unix))]
 pub fn peak_rss_bytes() -> Option<u64> {

@@ -81,14 +81,14 @@ fn chunked_decode_equals_the_whole_song() {
     println!("750 frames in chunks of 97 vs whole: max abs err {err:.2e} (|audio| max {:.3})", peak(&whole));
     assert!(err <= 1e-4);
 
-    // A long song (2000 frames, 80 s) in the default 750-frame chunks: the stated seam
+    // A long song (2000 frames, 80 s) in the default tiles (250 frames): the stated seam
     // error bound is 1e-5 (the overlap covers the receptive field).
     let z = random_latents(2000, 3);
     let whole = vae.decoder().decode(&z, 100_000).unwrap();
     let chunked = vae.decode(&z).unwrap();
     let left = Tensor::from_vec(chunked.left.clone(), whole.dim(1).unwrap(), &Device::Cpu).unwrap();
     let err = max_diff(&left, &whole.get(0).unwrap());
-    println!("2000 frames in 750-frame chunks vs whole: seam max abs err {err:.2e} (|audio| max {:.3})", peak(&whole));
+    println!("2000 frames in default tiles vs whole: seam max abs err {err:.2e} (|audio| max {:.3})", peak(&whole));
     assert!(err <= 1e-5, "seam error {err}");
 }
 

@@ -16,7 +16,7 @@ use ostinato_engine::model::qwen3::Qwen3Encoder;
 use ostinato_engine::model::tensors::TensorFile;
 use ostinato_engine::model::tokenizer::PaddedTokenizer;
 use ostinato_engine::model::torch_pt::write_pt;
-use ostinato_engine::model::vae::LatentChoice;
+use ostinato_engine::model::vae::{LatentChoice, TILE_FRAMES};
 use ostinato_engine::model::condition_encoder::ConditionEncoder;
 use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::model::DecoderWeights;
@@ -147,11 +147,11 @@ fn vae_encoder_matches_diffusers_whole_and_chunked() {
     let n = audio.left.len();
     let x = Tensor::from_vec(audio.left.iter().chain(&audio.right).copied().collect::<Vec<f32>>(), (2, n), &Device::Cpu).unwrap();
 
-    let whole = vae.encoder().encode(&x, 10_000, &Cancel::never()).unwrap();
+    let whole = vae.encoder().encode(&x, 10_000, &Cancel::never(), &mut |_, _| {}).unwrap();
     let err_mean = max_diff(&whole.mean, &e["vae_mean"]);
     let err_scale = max_diff(&whole.scale, &e["vae_scale"]);
     let err_std = max_diff(&whole.std().unwrap(), &e["vae_std"]);
-    let chunked = vae.encoder().encode(&x, 7, &Cancel::never()).unwrap();
+    let chunked = vae.encoder().encode(&x, 7, &Cancel::never(), &mut |_, _| {}).unwrap();
     let err_chunk = max_diff(&chunked.mean, &whole.mean).max(max_diff(&chunked.scale, &whole.scale));
     let scale: f32 = e["vae_mean"].abs().unwrap().max_all().unwrap().to_scalar().unwrap();
     println!(
@@ -168,6 +168,72 @@ fn vae_encoder_matches_diffusers_whole_and_chunked() {
     let (a, b) = (vae.encode(&audio).unwrap(), vae.encode(&audio).unwrap());
     assert_eq!(max_diff(&a, &b), 0.0);
     assert!(max_diff(&a, &e["vae_mean"]) > 1e-3);
+}
+
+/// Seeded stereo noise `[2, n]` in [-0.5, 0.5).
+fn noise_audio(n: usize, seed: u64) -> Tensor {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let v: Vec<f32> = (0..2 * n).map(|_| rng.random_range(-0.5f32..0.5)).collect();
+    Tensor::from_vec(v, (2, n), &Device::Cpu).unwrap()
+}
+
+#[test]
+fn vae_encoder_tiles_equal_the_untiled_encode_on_a_long_song() {
+    let folder = ModelFolder::open(&model_dir(), None).unwrap();
+    let vae = folder.latent_encoder(&Device::Cpu).unwrap();
+    let (enc, never) = (vae.encoder(), Cancel::never());
+    let hop = enc.config().hop();
+    // The stated receptive field: a change of one sample moves only the frames within
+    // it (ACE-Step's ratios, so ACE-Step's bound: 26249 samples, 13.7 frames).
+    let rf = enc.config().receptive_field();
+    assert_eq!(rf, 26_249);
+    let (frames, p) = (120, 60 * hop + 7);
+    let x = noise_audio(frames * hop, 1);
+    let bumped = x.slice_assign(&[0..1, p..p + 1], &Tensor::ones((1, 1), DType::F32, &Device::Cpu).unwrap()).unwrap();
+    let (a, b) = (enc.encode(&x, 100_000, &never, &mut |_, _| {}).unwrap(), enc.encode(&bumped, 100_000, &never, &mut |_, _| {}).unwrap());
+    let changed: Vec<f32> = (&a.mean - &b.mean).unwrap().abs().unwrap().max(1).unwrap().to_vec1().unwrap();
+    let first = changed.iter().position(|&d| d > 0.0).unwrap();
+    let last = changed.iter().rposition(|&d| d > 0.0).unwrap();
+    println!("sample {p} (frame {}) changes frames {first}..={last}; bound {:.1} frames either side", p / hop, rf as f64 / hop as f64);
+    assert!(p - first * hop <= rf + hop && (last + 1) * hop - p <= rf + hop, "outside the receptive field");
+    assert!(last - first >= 4, "the bound is exercised");
+
+    // 80 s plus a part frame: in the default tiles (250 frames + overlap) as one pass.
+    let x = noise_audio(2000 * hop + 777, 2);
+    let whole = enc.encode(&x, 100_000, &never, &mut |_, _| {}).unwrap();
+    let tiled = enc.encode(&x, TILE_FRAMES, &never, &mut |_, _| {}).unwrap();
+    let err = max_diff(&tiled.mean, &whole.mean).max(max_diff(&tiled.scale, &whole.scale));
+    println!("2000 frames in tiles of {TILE_FRAMES} vs whole: max abs err {err:.2e}");
+    assert_eq!(whole.mean.dims(), &[2000, 8]);
+    assert!(err <= 1e-5, "tiled vs whole {err}");
+}
+
+#[test]
+fn vae_encode_reports_each_tile_and_a_cancel_stops_within_one() {
+    let folder = ModelFolder::open(&model_dir(), None).unwrap();
+    let vae = folder.latent_encoder(&Device::Cpu).unwrap().with_chunk_frames(50);
+    let x = noise_audio(300 * 1920, 3);
+    let audio = StereoAudio {
+        sample_rate: 48_000,
+        left: x.get(0).unwrap().to_vec1().unwrap(),
+        right: x.get(1).unwrap().to_vec1().unwrap(),
+    };
+    // 300 frames (12 s) in tiles of 50: six reports, 2 s apart.
+    let mut seen = Vec::new();
+    vae.encode_cancellable(&audio, &Cancel::never(), &mut |done, total| seen.push((done, total))).unwrap();
+    let want: Vec<(f64, f64)> = (1..=6).map(|i| (2.0 * i as f64, 12.0)).collect();
+    assert_eq!(seen, want);
+
+    // A cancel during the first tile: the encode ends before a second one starts.
+    let cancel = Cancel::default();
+    let mut tiles = 0;
+    let r = vae.encode_cancellable(&audio, &cancel, &mut |_, _| {
+        tiles += 1;
+        cancel.cancel();
+    });
+    assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
+    assert_eq!(tiles, 1);
 }
 
 /// A complete model folder laid out as the Hugging Face cache holds it

@@ -301,9 +301,18 @@ function onEngineEvent(ev) {
       showStep(ev);
       updateStatusBar();
       break;
-    case 'dataset_progress':
-      $('dataset-summary').textContent = `Preparing ${ev.done} / ${ev.total}…`;
+    case 'dataset_progress': {
+      // Files done plus the encoded part of the current one (per-tile events carry seconds).
+      const tile = ev.seconds_total != null;
+      const part = tile && ev.seconds_total > 0 ? Math.min(ev.seconds_done / ev.seconds_total, 1) : 0;
+      const bar = $('dataset-progress');
+      bar.hidden = false;
+      bar.value = ev.total > 0 ? Math.min((ev.done + part) / ev.total, 1) : 1;
+      const name = String(ev.file).split(/[\\/]/).pop();
+      const encoded = tile ? ` (${name}: ${Math.round(ev.seconds_done)} of ${Math.round(ev.seconds_total)} s encoded)` : '';
+      $('dataset-summary').textContent = `Preparing ${ev.done} / ${ev.total}${encoded}…`;
       break;
+    }
     case 'dataset_issue':
       // A warning is about a song that is still used: it stays marked usable.
       if (ev.kind === 'warning') {

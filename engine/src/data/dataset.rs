@@ -138,7 +138,7 @@ pub fn encode_item(
         audio: &decoded.audio,
         meta: &item.meta,
     };
-    encode_song(&song, cut, encoder, conditioner, &Cancel::never())
+    encode_song(&song, cut, encoder, conditioner, &Cancel::never(), &mut |_, _| {})
 }
 
 /// The cut for a spec: a crop at `offset` (the centre when None), else the head.
@@ -190,6 +190,7 @@ fn encode_song(
     encoder: &dyn LatentEncoder,
     conditioner: &dyn Conditioner,
     cancel: &Cancel,
+    progress: &mut dyn FnMut(f64, f64),
 ) -> Result<TrainingSample> {
     let piece = audio::resample(&cut.apply(song.audio), encoder.sample_rate()).map_err(|reason| {
         Error::BadAudio {
@@ -197,7 +198,7 @@ fn encode_song(
             reason,
         }
     })?;
-    let target_latents = encoder.encode_cancellable(&piece, cancel)?;
+    let target_latents = encoder.encode_cancellable(&piece, cancel, progress)?;
     let frames = target_latents.dim(0)?;
     let c = conditioner.condition(song.meta, frames)?;
     Ok(TrainingSample {
@@ -238,6 +239,7 @@ pub fn prepare_dataset(
         ),
         sidecars: Sidecars::new(),
         data: PreparedDataset::empty(spec),
+        position: (0, total),
         report,
     };
     for (file, reason) in scanned.skipped {
@@ -248,6 +250,7 @@ pub fn prepare_dataset(
         done: total,
         total,
         file: None,
+        seconds: None,
     });
     for (done, path) in scanned.audio.into_iter().enumerate() {
         cancel.check()?;
@@ -256,7 +259,9 @@ pub fn prepare_dataset(
             done,
             total,
             file: Some(path.clone()),
+            seconds: None,
         });
+        prep.position = (done, total);
         prep.add(path)?;
     }
     (prep.report)(DataEvent::Progress {
@@ -264,6 +269,7 @@ pub fn prepare_dataset(
         done: total,
         total,
         file: None,
+        seconds: None,
     });
     let data = prep.data;
     if data.items.is_empty() {
@@ -308,6 +314,8 @@ struct Preparer<'a> {
     settings: String,
     sidecars: Sidecars,
     data: PreparedDataset,
+    /// (files prepared before this one, files): where the per-tile progress sits.
+    position: (usize, usize),
     report: &'a mut dyn FnMut(DataEvent),
 }
 
@@ -427,7 +435,18 @@ impl Preparer<'_> {
         song: &Song,
     ) -> Result<std::result::Result<TrainingSample, String>> {
         let cut = cut_for(self.spec, None);
-        let sample = match encode_song(song, cut, self.encoder, self.conditioner, self.cancel) {
+        let (done, total) = self.position;
+        let report = &mut self.report;
+        let mut tile = |encoded: f64, seconds: f64| {
+            report(DataEvent::Progress {
+                stage: Stage::Encoding,
+                done,
+                total,
+                file: Some(song.source.to_path_buf()),
+                seconds: Some((encoded, seconds)),
+            })
+        };
+        let sample = match encode_song(song, cut, self.encoder, self.conditioner, self.cancel, &mut tile) {
             Ok(s) => s,
             Err(Error::BadAudio { reason, .. }) => return Ok(Err(reason)),
             Err(e) => return Err(e),
@@ -708,7 +727,8 @@ mod tests {
                 stage: Stage::Encoding,
                 done: 17,
                 total: 17,
-                file: None
+                file: None,
+                seconds: None,
             }));
 
             let (enc, cond) = models();
@@ -901,7 +921,7 @@ mod tests {
             seconds: 1.0,
             offset: 0.5,
         };
-        let centre = encode_song(&song, crop, &enc, &cond, &Cancel::never()).unwrap();
+        let centre = encode_song(&song, crop, &enc, &cond, &Cancel::never(), &mut |_, _| {}).unwrap();
         assert_eq!(
             sample.target_latents.to_vec2::<f32>().unwrap(),
             centre.target_latents.to_vec2::<f32>().unwrap()
@@ -1013,9 +1033,9 @@ mod tests {
         fn latent_channels(&self) -> usize {
             self.inner.latent_channels()
         }
-        fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel) -> Result<Tensor> {
+        fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel, progress: &mut dyn FnMut(f64, f64)) -> Result<Tensor> {
             self.calls.fetch_add(1, Ordering::SeqCst);
-            self.inner.encode_cancellable(audio, cancel)
+            self.inner.encode_cancellable(audio, cancel, progress)
         }
     }
 
@@ -1046,6 +1066,34 @@ mod tests {
         assert_eq!(used, 1, "only the first song is prepared");
         // The second song's encoding gave up at its first chunk; no third began.
         assert_eq!(enc.calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn encoding_reports_seconds_of_the_current_file() {
+        let src = tempfile::tempdir().unwrap();
+        good_wav(src.path(), "a.wav", 1.0, 300.0);
+        good_wav(src.path(), "b.wav", 3.0, 500.0);
+        let (enc, cond) = models();
+        let cache_dir = tempfile::tempdir().unwrap();
+        let cache = LatentCache::new(cache_dir.path()).unwrap();
+        let mut tiles = Vec::new();
+        prepare_dataset(&DataSpec::new(src.path()), &enc, &cond, Some(&cache), &Cancel::never(), &mut |e| {
+            if let DataEvent::Progress { done, file: Some(f), seconds: Some(s), .. } = e {
+                tiles.push((done, f.file_name().unwrap().to_string_lossy().into_owned(), s));
+            }
+        })
+        .unwrap();
+        // Each file's tiles count up to its own length, with the files done before it.
+        let of = |name: &str| tiles.iter().filter(|t| t.1 == name).map(|t| (t.0, t.2)).collect::<Vec<_>>();
+        let (a, b) = (of("a.wav"), of("b.wav"));
+        assert!(a.len() >= 2 && b.len() >= 2, "{tiles:?}");
+        assert!(a.iter().all(|&(done, _)| done == 0) && b.iter().all(|&(done, _)| done == 1));
+        for file in [&a, &b] {
+            assert!(file.windows(2).all(|w| w[0].1 .0 <= w[1].1 .0), "seconds never go back: {file:?}");
+            let (last_done, last_total) = file.last().unwrap().1;
+            assert_eq!(last_done, last_total);
+        }
+        assert!((b.last().unwrap().1 .1 - 3.0).abs() < 0.05, "{b:?}");
     }
 
     #[test]

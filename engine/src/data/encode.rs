@@ -25,11 +25,12 @@ pub trait LatentEncoder: Send + Sync {
     /// Encodes audio at `sample_rate()` to (T, latent_channels) f32 on the CPU,
     /// T = floor(seconds * frames_per_second).
     fn encode(&self, audio: &StereoAudio) -> Result<Tensor> {
-        self.encode_cancellable(audio, &Cancel::never())
+        self.encode_cancellable(audio, &Cancel::never(), &mut |_, _| {})
     }
-    /// As `encode`, but `Err(Error::Cancelled)` between two chunks once `cancel` is
-    /// set: a long song must not hold up a stop.
-    fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel) -> Result<Tensor>;
+    /// As `encode`, but `Err(Error::Cancelled)` between two chunks (tiles) once
+    /// `cancel` is set: a long song must not hold up a stop. After each chunk,
+    /// `progress(seconds encoded, seconds of audio)`.
+    fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel, progress: &mut dyn FnMut(f64, f64)) -> Result<Tensor>;
 }
 
 /// Samples of audio per latent frame.
@@ -195,7 +196,7 @@ impl LatentEncoder for MelEncoder {
         CHANNELS
     }
 
-    fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel) -> Result<Tensor> {
+    fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel, progress: &mut dyn FnMut(f64, f64)) -> Result<Tensor> {
         if audio.sample_rate != RATE {
             return Err(Error::Encoder(format!(
                 "mel encoder takes {RATE} Hz audio, got {} Hz",
@@ -216,6 +217,7 @@ impl LatentEncoder for MelEncoder {
         for i in 0..t {
             if i % CANCEL_EVERY == 0 {
                 cancel.check()?;
+                progress(i as f64 / self.frames_per_second(), t as f64 / self.frames_per_second());
             }
             self.log_mel(&mid, i * HOP + HOP / 2, &mut spectrum, &mut frame, &mut mel);
             latents.extend(
@@ -224,6 +226,7 @@ impl LatentEncoder for MelEncoder {
                     .map(|row| row.iter().zip(&mel).map(|(w, m)| w * m).sum::<f32>()),
             );
         }
+        progress(t as f64 / self.frames_per_second(), t as f64 / self.frames_per_second());
         Ok(Tensor::from_vec(latents, (t, CHANNELS), &Device::Cpu)?)
     }
 }
@@ -328,7 +331,7 @@ mod tests {
         let cancel = Cancel::default();
         cancel.cancel();
         let a = stereo(sine(440.0, 0.5, RATE, RATE as usize * 30));
-        let r = MelEncoder::new().encode_cancellable(&a, &cancel);
+        let r = MelEncoder::new().encode_cancellable(&a, &cancel, &mut |_, _| {});
         assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
     }
 

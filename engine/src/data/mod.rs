@@ -189,6 +189,8 @@ pub enum DataEvent {
         done: usize,
         total: usize,
         file: Option<PathBuf>,
+        /// While `file` is encoded: (seconds encoded, seconds), after each tile.
+        seconds: Option<(f64, f64)>,
     },
     Issue(Issue),
     Used(FileUse),

@@ -10,7 +10,7 @@ use crate::data::StereoAudio;
 use crate::model::folder::ModelFolder;
 use crate::model::source::ModelSource;
 use crate::model::tensors::TensorFile;
-use crate::model::vae::{OobleckDecoder, VaeConfig, DECODE_CHUNK_FRAMES};
+use crate::model::vae::{OobleckDecoder, VaeConfig, TILE_FRAMES};
 use crate::{Error, Result};
 
 pub trait LatentDecoder: Send + Sync {
@@ -35,7 +35,7 @@ impl VaeDecoder {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
         let cfg = VaeConfig::from_file(&dir.join("config.json"))?;
         let f = TensorFile::open(&dir.join("diffusion_pytorch_model.safetensors"), device)?;
-        Ok(Self { decoder: OobleckDecoder::load(&cfg, &f)?, chunk_frames: DECODE_CHUNK_FRAMES })
+        Ok(Self { decoder: OobleckDecoder::load(&cfg, &f)?, chunk_frames: TILE_FRAMES })
     }
 
     pub fn decoder(&self) -> &OobleckDecoder {

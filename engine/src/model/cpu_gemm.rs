@@ -76,11 +76,17 @@ pub enum Threads {
 /// `dst (m, n) = a (m, k) b (k, n)`, or `dst += a b` with `accumulate`; `dst` is
 /// row-major at `dst_offset` with rows `dst_rs` apart.
 pub fn matmul_into(dst: &mut [f32], dst_offset: usize, dst_rs: usize, a: Mat, b: Mat, accumulate: bool, threads: Threads) {
+    matmul_into_strided(dst, dst_offset, (dst_rs, 1), a, b, accumulate, threads)
+}
+
+/// [`matmul_into`] with `dst`'s columns `dst_cs` apart (`(dst_rs, dst_cs)`): one phase
+/// of an interleaved output.
+pub fn matmul_into_strided(dst: &mut [f32], dst_offset: usize, (dst_rs, dst_cs): (usize, usize), a: Mat, b: Mat, accumulate: bool, threads: Threads) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(b.rows, k, "cpu_gemm: inner dimensions differ");
     a.check("lhs");
     b.check("rhs");
-    let out = Mat { data: dst, offset: dst_offset, rows: m, cols: n, rs: dst_rs, cs: 1 };
+    let out = Mat { data: dst, offset: dst_offset, rows: m, cols: n, rs: dst_rs, cs: dst_cs };
     out.check("dst");
     if m == 0 || n == 0 {
         return;
@@ -97,7 +103,7 @@ pub fn matmul_into(dst: &mut [f32], dst_offset: usize, dst_rs: usize, a: Mat, b:
             n,
             k,
             dst.as_mut_ptr().add(dst_offset),
-            1,
+            dst_cs as isize,
             dst_rs as isize,
             accumulate,
             a.data.as_ptr().add(a.offset),

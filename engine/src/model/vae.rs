@@ -12,6 +12,11 @@
 //! Convolutions are weight-normalised in the checkpoint (`weight_g`, `weight_v`); the
 //! weight g * v / |v| is folded once at load.
 //!
+//! On the CPU (f32) the convolutions, with the Snake before each fused in, run on the
+//! direct kernels of [`crate::kernels::conv1d`] (no im2col copies); on Metal and CUDA
+//! they stay candle's `conv1d` / `conv_transpose1d` (im2col / col2im) after a separate
+//! Snake.
+//!
 //! Long songs go through either half in chunks of latent frames with enough overlap to
 //! cover its receptive field, so a chunked pass equals the whole-song pass up to float
 //! rounding while memory stays bounded by the chunk length.
@@ -23,8 +28,10 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::Deserialize;
 
+use super::cpu_gemm::host_f32;
 use super::tensors::TensorFile;
 use crate::cancel::Cancel;
+use crate::kernels::conv1d as kernel;
 use crate::data::encode::LatentEncoder;
 use crate::data::StereoAudio;
 use crate::{Error, Result};
@@ -127,10 +134,56 @@ impl VaeConfig {
     }
 }
 
+/// Where the VAE's loaders read their tensors: a checkpoint ([`TensorFile`]), or
+/// [`RandomVaeTensors`] for the benches.
+pub trait VaeTensors {
+    fn contains(&self, key: &str) -> bool;
+    /// `key` as f32, checked against `shape`.
+    fn get(&self, key: &str, shape: &[usize]) -> Result<Tensor>;
+}
+
+impl VaeTensors for TensorFile {
+    fn contains(&self, key: &str) -> bool {
+        TensorFile::contains(self, key)
+    }
+
+    fn get(&self, key: &str, shape: &[usize]) -> Result<Tensor> {
+        TensorFile::get(self, key, shape)
+    }
+}
+
+/// Seeded random VAE weights of whatever shapes the loaders ask for, for benches at
+/// the real model's size without its checkpoint: plain `weight`s (no weight-norm
+/// pairs) scaled by 1 / sqrt(the product of all but the first dimension), biases and
+/// Snake's log-parameters small. Each tensor's values depend on the seed and its name
+/// only.
+pub struct RandomVaeTensors {
+    pub seed: u64,
+    pub device: Device,
+}
+
+impl VaeTensors for RandomVaeTensors {
+    fn contains(&self, _key: &str) -> bool {
+        false
+    }
+
+    fn get(&self, key: &str, shape: &[usize]) -> Result<Tensor> {
+        let name_hash = u64::from_le_bytes(blake3::hash(key.as_bytes()).as_bytes()[..8].try_into().expect("8 bytes"));
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed ^ name_hash);
+        let scale = match key.ends_with(".weight") {
+            true => 1.0 / (shape[1..].iter().product::<usize>() as f32).sqrt(),
+            false => 0.1,
+        };
+        let n = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| scale * <StandardNormal as Distribution<f32>>::sample(&StandardNormal, &mut rng)).collect();
+        Ok(Tensor::from_vec(v, shape, &self.device)?)
+    }
+}
+
 /// `name.weight_g` `[a, 1, 1]` and `name.weight_v` `[a, b, k]` folded to g * v / |v|
 /// with the norm over (b, k) (torch's `weight_norm` on dim 0), or its parametrization
 /// names, or a plain `weight`.
-fn folded_weight(f: &TensorFile, name: &str, shape: [usize; 3]) -> Result<Tensor> {
+fn folded_weight(f: &dyn VaeTensors, name: &str, shape: [usize; 3]) -> Result<Tensor> {
     let v_keys = [format!("{name}.weight_v"), format!("{name}.parametrizations.weight.original1")];
     let g_keys = [format!("{name}.weight_g"), format!("{name}.parametrizations.weight.original0")];
     let Some(v_key) = v_keys.iter().find(|k| f.contains(k)) else {
@@ -143,10 +196,34 @@ fn folded_weight(f: &TensorFile, name: &str, shape: [usize; 3]) -> Result<Tensor
     Ok(v.broadcast_mul(&g.broadcast_div(&norm)?)?)
 }
 
-/// A 1-D convolution with its folded weight `[out, in, k]`.
+/// Whether `x` goes through the direct CPU kernels: f32 on the host.
+fn on_host(x: &Tensor) -> bool {
+    x.device().is_cpu() && x.dtype() == DType::F32
+}
+
+/// Calls `f` with the values of contiguous f32 CPU tensors.
+fn with_values<R, const N: usize>(ts: [&Tensor; N], f: impl FnOnce([&[f32]; N]) -> R) -> Result<R> {
+    let guards = ts.map(|t| t.storage_and_layout());
+    let mut values: [&[f32]; N] = [&[]; N];
+    for (v, (storage, layout)) in values.iter_mut().zip(&guards) {
+        let (start, end) = layout
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("vae: a strided tensor reached the CPU conv kernel".into()))?;
+        *v = &host_f32(storage, "vae conv")?[start..end];
+    }
+    Ok(f(values))
+}
+
+/// `[1, C, n]` on the host from a kernel's output.
+fn host_tensor(values: Vec<f32>, channels: usize, len: usize) -> Result<Tensor> {
+    Ok(Tensor::from_vec(values, (1, channels, len), &Device::Cpu)?)
+}
+
+/// A 1-D convolution with its folded weight `[out, in, k]` and bias `[1, out, 1]`
+/// (zeros where the checkpoint has none).
 struct Conv {
     w: Tensor,
-    b: Option<Tensor>,
+    b: Tensor,
     padding: usize,
     stride: usize,
     dilation: usize,
@@ -168,13 +245,14 @@ impl Geometry {
 
 impl Conv {
     /// The folded weight (see [`folded_weight`]) and, with `bias`, `name.bias` `[out]`.
-    fn load(f: &TensorFile, name: &str, (cin, cout, k): (usize, usize, usize), g: Geometry, bias: bool) -> Result<Self> {
+    fn load(f: &dyn VaeTensors, name: &str, (cin, cout, k): (usize, usize, usize), g: Geometry, bias: bool) -> Result<Self> {
+        let w = folded_weight(f, name, [cout, cin, k])?;
         let b = match bias {
-            true => Some(f.get(&format!("{name}.bias"), &[cout])?.reshape((1, cout, 1))?),
-            false => None,
+            true => f.get(&format!("{name}.bias"), &[cout])?.reshape((1, cout, 1))?,
+            false => Tensor::zeros((1, cout, 1), w.dtype(), w.device())?,
         };
         Ok(Self {
-            w: folded_weight(f, name, [cout, cin, k])?,
+            w,
             b,
             padding: g.padding,
             stride: g.stride,
@@ -182,13 +260,30 @@ impl Conv {
         })
     }
 
-    /// `[1, in, n] -> [1, out, n']`
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.conv1d(&self.w, self.padding, self.stride, self.dilation, 1)?;
-        Ok(match &self.b {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        })
+    /// The kernel's view of this conv over the weight and bias values `w`, `b`.
+    fn on<'a>(&self, w: &'a [f32], b: &'a [f32]) -> kernel::Conv<'a> {
+        let (cout, cin, k) = self.w.dims3().expect("a conv weight is [out, in, k]");
+        kernel::Conv { weight: w, bias: Some(b), cin, cout, k, stride: self.stride, dilation: self.dilation, padding: self.padding }
+    }
+
+    /// `conv(snake(x))`, or `conv(x)` without a Snake: `[1, in, n] -> [1, out, n']`.
+    fn forward(&self, x: &Tensor, snake: Option<&Snake>) -> Result<Tensor> {
+        if on_host(x) {
+            let x = x.contiguous()?;
+            let n = x.dim(2)?;
+            let (y, n_out) = match snake {
+                Some(s) => with_values([&x, &self.w, &self.b, &s.alpha, &s.inv_beta], |[x, w, b, alpha, inv_beta]| {
+                    kernel::conv1d(x, n, &self.on(w, b), Some(kernel::Snake { alpha, inv_beta }))
+                })?,
+                None => with_values([&x, &self.w, &self.b], |[x, w, b]| kernel::conv1d(x, n, &self.on(w, b), None))?,
+            };
+            return host_tensor(y, self.w.dim(0)?, n_out);
+        }
+        let x = match snake {
+            Some(s) => s.forward(x)?,
+            None => x.clone(),
+        };
+        Ok(x.conv1d(&self.w, self.padding, self.stride, self.dilation, 1)?.broadcast_add(&self.b)?)
     }
 }
 
@@ -201,7 +296,7 @@ struct ConvTranspose {
 }
 
 impl ConvTranspose {
-    fn load(f: &TensorFile, name: &str, cin: usize, cout: usize, stride: usize) -> Result<Self> {
+    fn load(f: &dyn VaeTensors, name: &str, cin: usize, cout: usize, stride: usize) -> Result<Self> {
         Ok(Self {
             w: folded_weight(f, name, [cin, cout, 2 * stride])?,
             b: f.get(&format!("{name}.bias"), &[cout])?.reshape((1, cout, 1))?,
@@ -209,11 +304,19 @@ impl ConvTranspose {
         })
     }
 
-    /// `[1, in, n] -> [1, out, n * s]` (even s). Padding p crops p samples off each end
-    /// of the unpadded output, which candle computes as one matmul (col2im).
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// `snake(x) [1, in, n] -> [1, out, n * s]` (even s). Padding p crops p samples off
+    /// each end of the unpadded output (candle: one matmul, col2im, then the crop).
+    fn forward(&self, x: &Tensor, snake: &Snake) -> Result<Tensor> {
         let (s, n) = (self.stride, x.dim(2)?);
-        let y = x.conv_transpose1d(&self.w, 0, 0, s, 1, 1)?; // (1, out, (n + 1) s)
+        let (cin, cout, _) = self.w.dims3()?;
+        if on_host(x) {
+            let x = x.contiguous()?;
+            let y = with_values([&x, &self.w, &self.b, &snake.alpha, &snake.inv_beta], |[x, w, b, alpha, inv_beta]| {
+                kernel::conv_transpose1d(x, n, w, b, (cin, cout, s), Some(kernel::Snake { alpha, inv_beta }))
+            })?;
+            return host_tensor(y, cout, n * s);
+        }
+        let y = snake.forward(x)?.conv_transpose1d(&self.w, 0, 0, s, 1, 1)?; // (1, out, (n + 1) s)
         Ok(y.narrow(2, s.div_ceil(2), n * s)?.broadcast_add(&self.b)?)
     }
 }
@@ -227,7 +330,7 @@ struct Snake {
 }
 
 impl Snake {
-    fn load(f: &TensorFile, name: &str, c: usize) -> Result<Self> {
+    fn load(f: &dyn VaeTensors, name: &str, c: usize) -> Result<Self> {
         let alpha = f.get(&format!("{name}.alpha"), &[1, c, 1])?.exp()?;
         let inv_beta = (f.get(&format!("{name}.beta"), &[1, c, 1])?.exp()? + 1e-9)?.recip()?;
         Ok(Self { alpha, inv_beta })
@@ -248,7 +351,7 @@ struct ResidualUnit {
 }
 
 impl ResidualUnit {
-    fn load(f: &TensorFile, name: &str, c: usize, dilation: usize) -> Result<Self> {
+    fn load(f: &dyn VaeTensors, name: &str, c: usize, dilation: usize) -> Result<Self> {
         Ok(Self {
             snake1: Snake::load(f, &format!("{name}.snake1"), c)?,
             conv1: Conv::load(f, &format!("{name}.conv1"), (c, c, 7), Geometry::same(7, dilation), true)?,
@@ -258,8 +361,23 @@ impl ResidualUnit {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.conv1.forward(&self.snake1.forward(x)?)?;
-        let y = self.conv2.forward(&self.snake2.forward(&y)?)?;
+        if on_host(x) {
+            let x = x.contiguous()?;
+            let (c, n) = (x.dim(1)?, x.dim(2)?);
+            let (s1, s2) = (&self.snake1, &self.snake2);
+            let (c1, c2) = (&self.conv1, &self.conv2);
+            let y = with_values(
+                [&x, &s1.alpha, &s1.inv_beta, &c1.w, &c1.b, &s2.alpha, &s2.inv_beta, &c2.w, &c2.b],
+                |[x, a1, ib1, w1, b1, a2, ib2, w2, b2]| {
+                    let snake1 = kernel::Snake { alpha: a1, inv_beta: ib1 };
+                    let snake2 = kernel::Snake { alpha: a2, inv_beta: ib2 };
+                    kernel::residual_unit(x, n, snake1, &c1.on(w1, b1), snake2, &c2.on(w2, b2))
+                },
+            )?;
+            return host_tensor(y, c, n);
+        }
+        let y = self.conv1.forward(x, Some(&self.snake1))?;
+        let y = self.conv2.forward(&y, Some(&self.snake2))?;
         Ok((x + y)?) // same length: the padding keeps it
     }
 }
@@ -276,7 +394,7 @@ impl Block {
         for u in &self.units {
             x = u.forward(&x)?;
         }
-        self.conv.forward(&self.snake.forward(&x)?)
+        self.conv.forward(&x, Some(&self.snake))
     }
 }
 
@@ -316,7 +434,7 @@ impl Posterior {
 
 impl OobleckEncoder {
     /// Loads the `encoder.*` tensors of `diffusion_pytorch_model.safetensors`.
-    pub fn load(cfg: &VaeConfig, f: &TensorFile) -> Result<Self> {
+    pub fn load(cfg: &VaeConfig, f: &dyn VaeTensors) -> Result<Self> {
         let h = cfg.encoder_hidden_size;
         let mut mult = vec![1];
         mult.extend(&cfg.channel_multiples);
@@ -351,17 +469,17 @@ impl OobleckEncoder {
 
     /// `audio [2, N]` -> `[2C, N / hop]` (mean rows, then scale rows).
     fn forward(&self, audio: &Tensor) -> Result<Tensor> {
-        let mut x = self.conv1.forward(&audio.unsqueeze(0)?)?;
+        let mut x = self.conv1.forward(&audio.unsqueeze(0)?, None)?;
         for b in &self.blocks {
             x = b.forward(&x)?;
         }
-        Ok(self.conv2.forward(&self.snake.forward(&x)?)?.squeeze(0)?)
+        Ok(self.conv2.forward(&x, Some(&self.snake))?.squeeze(0)?)
     }
 
     /// The posterior of `audio [2, N]`, encoded in chunks of at most `chunk_frames`
     /// latent frames (plus overlap on each side). T = floor(N / hop). `cancel` is
-    /// looked at before each chunk.
-    pub fn encode(&self, audio: &Tensor, chunk_frames: usize, cancel: &Cancel) -> Result<Posterior> {
+    /// looked at before each chunk; `progress(frames done, T)` after each.
+    pub fn encode(&self, audio: &Tensor, chunk_frames: usize, cancel: &Cancel, progress: &mut dyn FnMut(usize, usize)) -> Result<Posterior> {
         let hop = self.cfg.hop();
         let n = audio.dim(1)?;
         let frames = n / hop;
@@ -379,6 +497,7 @@ impl OobleckEncoder {
             let hi = if w.hi == frames { n } else { w.hi * hop };
             let z = self.forward(&audio.narrow(1, w.lo * hop, hi - w.lo * hop)?)?;
             parts.push(z.narrow(1, w.start - w.lo, w.end - w.start)?);
+            progress(w.end, frames);
         }
         let z = Tensor::cat(&parts, 1)?.t()?.contiguous()?; // (T, 2C)
         Ok(Posterior {
@@ -416,7 +535,7 @@ struct UpBlock {
 
 impl UpBlock {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut x = self.conv_t.forward(&self.snake.forward(x)?)?;
+        let mut x = self.conv_t.forward(x, &self.snake)?;
         for u in &self.units {
             x = u.forward(&x)?;
         }
@@ -432,12 +551,16 @@ pub struct OobleckDecoder {
     conv2: Conv,
 }
 
-/// Latent frames decoded in one piece (30 s at 25 Hz); longer songs go in chunks.
-pub const DECODE_CHUNK_FRAMES: usize = 750;
+/// Latent frames encoded or decoded in one tile (10 s at 25 Hz), plus the receptive
+/// field's overlap on each side; longer songs go tile by tile. At ACE-Step's config
+/// the largest activation (128 channels at 48 kHz) is about 1 MB per frame and the CPU
+/// kernels keep three of them alive: (250 + 2 * 15) frames * 3 MB ~ 0.85 GB above the
+/// weights, whatever the song's length.
+pub const TILE_FRAMES: usize = 250;
 
 impl OobleckDecoder {
     /// Loads the `decoder.*` tensors of `diffusion_pytorch_model.safetensors`.
-    pub fn load(cfg: &VaeConfig, f: &TensorFile) -> Result<Self> {
+    pub fn load(cfg: &VaeConfig, f: &dyn VaeTensors) -> Result<Self> {
         let h = cfg.decoder_channels;
         let mut mult = vec![1];
         mult.extend(&cfg.channel_multiples);
@@ -476,11 +599,11 @@ impl OobleckDecoder {
 
     /// `z [1, C, T] -> [1, 2, T * hop]`
     fn forward(&self, z: &Tensor) -> Result<Tensor> {
-        let mut x = self.conv1.forward(z)?;
+        let mut x = self.conv1.forward(z, None)?;
         for b in &self.blocks {
             x = b.forward(&x)?;
         }
-        self.conv2.forward(&self.snake.forward(&x)?)
+        self.conv2.forward(&x, Some(&self.snake))
     }
 
     /// `latents [T, C]` -> audio `[2, T * hop]` (f32, unclipped), decoded in chunks of at
@@ -531,8 +654,6 @@ pub struct VaeLatentEncoder {
 /// The VAE's weights file in its folder (diffusers' name).
 pub const VAE_WEIGHTS: &str = "diffusion_pytorch_model.safetensors";
 
-/// 30 s of latent frames at 25 Hz.
-pub const DEFAULT_CHUNK_FRAMES: usize = 750;
 
 impl VaeLatentEncoder {
     /// Loads `dir/config.json` and `dir/diffusion_pytorch_model.safetensors`.
@@ -546,7 +667,7 @@ impl VaeLatentEncoder {
         Ok(Self {
             encoder,
             choice: LatentChoice::Mean,
-            chunk_frames: DEFAULT_CHUNK_FRAMES,
+            chunk_frames: TILE_FRAMES,
             weights_id,
         })
     }
@@ -603,7 +724,7 @@ impl LatentEncoder for VaeLatentEncoder {
         self.encoder.cfg.latent_channels()
     }
 
-    fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel) -> Result<Tensor> {
+    fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel, progress: &mut dyn FnMut(f64, f64)) -> Result<Tensor> {
         if audio.sample_rate != self.sample_rate() {
             return Err(Error::Encoder(format!(
                 "the VAE takes {} Hz audio, got {} Hz",
@@ -615,7 +736,8 @@ impl LatentEncoder for VaeLatentEncoder {
         let samples: Vec<f32> = audio.left[..n].iter().chain(&audio.right[..n]).copied().collect();
         let device = self.encoder.conv1.w.device();
         let x = Tensor::from_vec(samples, (2, n), device)?;
-        let post = self.encoder.encode(&x, self.chunk_frames, cancel)?;
+        let fps = self.frames_per_second();
+        let post = self.encoder.encode(&x, self.chunk_frames, cancel, &mut |done, frames| progress(done as f64 / fps, frames as f64 / fps))?;
         let z = match self.choice {
             LatentChoice::Mean => post.mean,
             LatentChoice::Sample { seed } => post.sample(seed)?,

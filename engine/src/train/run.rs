@@ -729,10 +729,12 @@ fn epoch_order(seed: u64, epoch: u64, n: usize) -> Vec<usize> {
 
 fn data_event(e: DataEvent, folder: &Path) -> Event {
     match e {
-        DataEvent::Progress { done, total, file, .. } => Event::DatasetProgress {
+        DataEvent::Progress { done, total, file, seconds, .. } => Event::DatasetProgress {
             done: done as u64,
             total: total as u64,
             file: file.unwrap_or_else(|| folder.to_path_buf()),
+            seconds_done: seconds.map(|s| s.0),
+            seconds_total: seconds.map(|s| s.1),
         },
         DataEvent::Issue(Issue { file, reason, kind }) => Event::DatasetIssue { file, reason, kind },
         DataEvent::Used(FileUse { file, seconds_used, seconds_in_file, note }) => {
@@ -745,6 +747,30 @@ fn data_event(e: DataEvent, folder: &Path) -> Event {
 mod tests {
     use super::*;
     use crate::train::history;
+
+    #[test]
+    fn a_tile_of_a_file_becomes_a_dataset_progress_event_with_seconds() {
+        let tile = DataEvent::Progress {
+            stage: crate::data::Stage::Encoding,
+            done: 2,
+            total: 5,
+            file: Some("song.wav".into()),
+            seconds: Some((30.0, 240.0)),
+        };
+        let want = Event::DatasetProgress {
+            done: 2,
+            total: 5,
+            file: "song.wav".into(),
+            seconds_done: Some(30.0),
+            seconds_total: Some(240.0),
+        };
+        assert_eq!(data_event(tile, Path::new("folder")), want);
+        let end = DataEvent::Progress { stage: crate::data::Stage::Encoding, done: 5, total: 5, file: None, seconds: None };
+        assert!(matches!(
+            data_event(end, Path::new("folder")),
+            Event::DatasetProgress { done: 5, seconds_done: None, seconds_total: None, .. }
+        ));
+    }
 
     #[test]
     fn the_live_marker_is_gone_before_the_final_event_is_seen() {
