@@ -55,12 +55,16 @@ enum Command {
         run_dir: PathBuf,
         #[arg(long, value_parser = parse_with::<ExportFormat>)]
         format: ExportFormat,
-        /// Output directory (peft) or .safetensors file (comfyui, merged).
+        /// Output directory (peft, merged --full) or .safetensors file (comfyui, merged).
         #[arg(long)]
         to: PathBuf,
         /// best (lowest validation loss), final (else the newest checkpoint) or step-N.
         #[arg(long, default_value = "final", value_parser = parse_with::<WhichAdapter>)]
         which: WhichAdapter,
+        /// With `--format merged`: a drop-in copy of the model's DiT folder (all of
+        /// model.safetensors in its dtype, the decoder merged, and the other files).
+        #[arg(long)]
+        full: bool,
     },
     /// Time full training steps on fixed shapes with random weights (one configuration
     /// per invocation: peak memory is the process's). Runs on the device `train` would
@@ -305,7 +309,14 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             train::resume(&run_dir, Mode::choose(json, quiet), stop_at_step)
         }
         Command::Runs { runs_dir, json } => report::runs(runs_dir, json).map(|_| 0),
-        Command::Export { run_dir, format, to, which } => report::export(&run_dir, which, format, &to).map(|_| 0),
+        Command::Export { run_dir, format, to, which, full } => {
+            let format = match (format, full) {
+                (ExportFormat::Merged, true) => ExportFormat::MergedModel,
+                (_, true) => anyhow::bail!("--full goes with --format merged"),
+                (format, false) => format,
+            };
+            report::export(&run_dir, which, format, &to).map(|_| 0)
+        }
         Command::Bench { preset, gradient_checkpointing, layers, warmup, steps, cpu, json } => {
             let spec = report::BenchRequest { preset, checkpointing: gradient_checkpointing, layers, warmup, steps, cpu };
             report::bench(&spec, json).map(|_| 0)
