@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use ostinato_engine::bench::Preset;
 use ostinato_engine::device::Precision;
 use ostinato_engine::export::{ExportFormat, WhichAdapter};
+use ostinato_engine::train::fit::Fit;
 use ostinato_engine::generate::GenerateSpec;
 use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::runtime;
@@ -250,6 +251,10 @@ pub struct TrainArgs {
     pub precision: Option<Precision>,
     #[arg(long)]
     pub crop_seconds: Option<f64>,
+    /// `auto`: choose gradient checkpointing, batch, precision and crop length for
+    /// this machine's memory. Either way a run predicted not to fit does not start.
+    #[arg(long, default_value = "off", value_parser = parse_with::<Fit>)]
+    pub fit: Fit,
     /// Write a preview song every N steps (and one of the base model before step 1)
     /// into the run's previews/ folder.
     #[arg(long, value_name = "N")]

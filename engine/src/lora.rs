@@ -61,7 +61,8 @@ impl LoraConfig {
         }
     }
 
-    fn targets(&self, module: &str) -> bool {
+    /// Whether module `module` is adapted: PEFT's suffix match.
+    pub fn targets(&self, module: &str) -> bool {
         self.target_modules
             .iter()
             .any(|t| module == t || module.ends_with(&format!(".{t}")))

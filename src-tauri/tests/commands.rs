@@ -348,3 +348,21 @@ fn stop_while_the_dataset_is_prepared_ends_the_run_untrained_and_resumable() {
     let log = std::fs::read_to_string(run_dir.join("events.jsonl")).unwrap();
     assert!(!log.contains(r#""type":"step""#), "{log}");
 }
+
+#[test]
+fn memory_plan_predicts_the_peak_before_start_fitted_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = TestApp::new(dir.path());
+    let s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+    assert_eq!(s["fit_memory"], true, "fitting to the machine is the window's default");
+    let plan = app.invoke("memory_plan", json!({})).unwrap();
+    println!("{plan}");
+    assert_eq!(plan["fits"], true);
+    assert!(plan["summary"].as_str().unwrap().starts_with("predicted peak "), "{plan}");
+    assert_eq!(plan["changes"], json!(["gradient checkpointing off"]), "the demo fits easily: the faster path");
+    let mut s = s;
+    s["fit_memory"] = json!(false);
+    app.invoke("save_settings", json!({ "settings": s })).unwrap();
+    let plan = app.invoke("memory_plan", json!({})).unwrap();
+    assert_eq!((plan["fits"].clone(), plan["changes"].clone()), (json!(true), json!([])), "{plan}");
+}
