@@ -63,8 +63,12 @@ fn headroom(predicted: u64) -> u64 {
     (predicted / 10).max(256 << 20)
 }
 
+/// Gigabytes with the digits that matter: 23.1, 0.8, 0.025.
 fn gb(bytes: u64) -> String {
-    format!("{:.1}", bytes as f64 / 1e9)
+    match bytes as f64 / 1e9 {
+        g if g >= 0.1 => format!("{g:.1}"),
+        g => format!("{g:.3}"),
+    }
 }
 
 /// "predicted peak 3.1 of 19.8 GB (RAM available)", as every front end shows it.
@@ -424,6 +428,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         println!("{err}");
-        assert!(err.contains("weights take") && err.contains("more memory") && !err.contains("--precision"), "{err}");
+        assert!(
+            err.contains("weights take")
+                && err.contains("more memory")
+                && !err.contains("--precision"),
+            "{err}"
+        );
     }
 }
