@@ -222,7 +222,7 @@ pub fn run_spec(
     let weights = DecoderWeights::random(cfg, 0xBE_0C4, 0.02, dtype, device)?;
     let model = DitModel::new(cfg, &weights)?;
     drop(weights);
-    let base_parameters = model_parameters(cfg);
+    let base_parameters = footprint::dit_parameters(cfg) as usize;
     // B = 0 would train nothing; PEFT's init (B = 0) is fine, gradients reach A next step.
     let adapter = LoraAdapter::new(spec.lora.clone(), &model, 7)?;
     let lora_parameters = adapter.num_parameters();
@@ -310,11 +310,6 @@ fn device_name(device: &Device) -> &'static str {
     }
 }
 
-/// Parameters of the DiT with this config (the shapes the weights are built from).
-fn model_parameters(cfg: &DitConfig) -> usize {
-    crate::model::weights::expected_shapes(cfg).into_values().map(|shape| shape.iter().product::<usize>())
-        .sum()
-}
 
 fn random_batch(spec: &BenchSpec, device: &Device) -> Result<Batch> {
     let (b, t, l) = (spec.batch, spec.frames, spec.encoder_len);
