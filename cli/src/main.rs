@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use ostinato_engine::bench::AnyPreset;
 use ostinato_engine::device::Precision;
 use ostinato_engine::export::{ExportFormat, WhichAdapter};
+use ostinato_engine::train::fit::Fit;
 use ostinato_engine::generate::GenerateSpec;
 use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::runtime;
@@ -61,12 +62,16 @@ enum Command {
         run_dir: PathBuf,
         #[arg(long, value_parser = parse_with::<ExportFormat>)]
         format: ExportFormat,
-        /// Output directory (peft) or .safetensors file (comfyui, merged).
+        /// Output directory (peft, merged --full) or .safetensors file (comfyui, merged).
         #[arg(long)]
         to: PathBuf,
         /// best (lowest validation loss), final (else the newest checkpoint) or step-N.
         #[arg(long, default_value = "final", value_parser = parse_with::<WhichAdapter>)]
         which: WhichAdapter,
+        /// With `--format merged`: a drop-in copy of the model's DiT folder (all of
+        /// model.safetensors in its dtype, the decoder merged, and the other files).
+        #[arg(long)]
+        full: bool,
     },
     /// Time full training steps on fixed shapes with random weights (one configuration
     /// per invocation: peak memory is the process's). Runs on the device `train` would
@@ -257,6 +262,10 @@ pub struct TrainArgs {
     pub precision: Option<Precision>,
     #[arg(long)]
     pub crop_seconds: Option<f64>,
+    /// `auto`: choose gradient checkpointing, batch, precision and crop length for
+    /// this machine's memory. Either way a run predicted not to fit does not start.
+    #[arg(long, default_value = "off", value_parser = parse_with::<Fit>)]
+    pub fit: Fit,
     /// Write a preview song every N steps (and one of the base model before step 1)
     /// into the run's previews/ folder.
     #[arg(long, value_name = "N")]
@@ -317,7 +326,14 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Runs { charts: Some(run_dir), .. } => report::charts(&run_dir).map(|_| 0),
         Command::Runs { runs_dir, json, charts: None } => report::runs(runs_dir, json).map(|_| 0),
-        Command::Export { run_dir, format, to, which } => report::export(&run_dir, which, format, &to).map(|_| 0),
+        Command::Export { run_dir, format, to, which, full } => {
+            let format = match (format, full) {
+                (ExportFormat::Merged, true) => ExportFormat::MergedModel,
+                (_, true) => anyhow::bail!("--full goes with --format merged"),
+                (format, false) => format,
+            };
+            report::export(&run_dir, which, format, &to).map(|_| 0)
+        }
         Command::Bench { preset, gradient_checkpointing, layers, warmup, steps, cpu, json } => {
             let spec = report::BenchRequest { preset, checkpointing: gradient_checkpointing, layers, warmup, steps, cpu };
             report::bench(&spec, json).map(|_| 0)

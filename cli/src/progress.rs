@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use ostinato_engine::events::{to_json_line, DatasetSummary, Event, IssueKind};
 use ostinato_engine::metrics::LossSmoother;
+use ostinato_engine::train::fit;
 
 /// In `Lines` mode a step gets a line at most this often (epochs, checkpoints and
 /// everything else always get theirs).
@@ -237,7 +238,7 @@ fn note(event: &Event) -> Option<String> {
         Event::DatasetFile { file, note, seconds_in_file, .. } => cut_line(file, note.as_deref(), *seconds_in_file)?,
         Event::RunStarted { device, precision, memory, dataset, trainable_params, cfg_dropout, .. } => format!(
             "training on {device}, {precision}; {} songs ({} used, {} cached, {} encoded, {} skipped); \
-             {trainable_params} trainable parameters; gradient checkpointing {}, latent cache {}, CFG dropout {cfg_dropout}",
+             {trainable_params} trainable parameters; gradient checkpointing {}, latent cache {}, CFG dropout {cfg_dropout}{}",
             dataset.usable,
             seconds_text(dataset),
             dataset.cache_hits,
@@ -245,6 +246,7 @@ fn note(event: &Event) -> Option<String> {
             dataset.skipped,
             on_off(memory.gradient_checkpointing),
             on_off(memory.latent_cache),
+            memory.predicted_peak_bytes.map(|p| format!("; {}", fit::summary(p, memory.machine.as_ref()))).unwrap_or_default(),
         ),
         Event::StepSkipped { step, reason, consecutive, .. } => {
             format!("step {step} skipped: {reason} ({consecutive} in a row)")

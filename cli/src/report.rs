@@ -12,7 +12,10 @@ use ostinato_engine::device::{self, Precision};
 use ostinato_engine::export::{export_run_adapter, ExportFormat, WhichAdapter};
 use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::model::folder::ModelFolder;
-use ostinato_engine::model::footprint;
+use ostinato_engine::lora::LoraConfig;
+use ostinato_engine::model::folder::{LYRIC_TOKENS, TEXT_TOKENS};
+use ostinato_engine::model::footprint::{self, Workload};
+use ostinato_engine::train::fit::lora_parameters;
 use ostinato_engine::train::config::default_runs_dir;
 use ostinato_engine::train::history::{list_runs, RunStatus};
 
@@ -99,7 +102,16 @@ pub fn inspect(model_dir: &Path) -> anyhow::Result<()> {
     println!("weights: all {tensors} tensors present with the shapes their config.json gives");
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     // A 4-minute song (25 latent frames a second), bf16 weights and activations, rank 64.
-    let f = footprint::estimate(cfg, 240 * 25, 64, 2, 2);
+    let lora = LoraConfig::default();
+    let workload = Workload {
+        frames: 240 * 25,
+        batch: 1,
+        encoder_len: TEXT_TOKENS + LYRIC_TOKENS + 1,
+        lora_parameters: lora_parameters(cfg, &lora),
+        dtype_bytes: 2,
+        cpu_kernels: false,
+    };
+    let f = footprint::estimate(cfg, &workload);
     println!("parameters: {} (DiT), {} trainable at LoRA rank 64 on q/k/v/o", f.dit_parameters, f.lora_parameters);
     println!("estimated training memory for a 4-minute song (bf16 weights, batch 1):");
     println!("  with gradient checkpointing:    {:.1} GiB", gib(f.total(true)));

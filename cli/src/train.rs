@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::train::config::default_run_name;
+use ostinato_engine::train::fit::{self, Fit};
 use ostinato_engine::train::{Run, RunConfig, RunEnd, RunHandle};
 
 use crate::progress::{Mode, Progress};
@@ -17,9 +18,21 @@ use crate::TrainArgs;
 pub const INTERRUPTED: i32 = 130;
 
 pub fn train(args: TrainArgs) -> anyhow::Result<i32> {
-    let config = build_config(&args)?;
+    let mut config = build_config(&args)?;
+    let mode = Mode::choose(args.json, args.quiet);
+    let plan = match args.fit {
+        Fit::Auto => fit::fit_auto(&mut config).context("cannot fit the run to this machine")?,
+        Fit::Off => fit::plan(&config)?,
+    };
+    if matches!(mode, Mode::Bar | Mode::Lines) {
+        let changes = match plan.changes.is_empty() {
+            true => String::new(),
+            false => format!(" (fit auto: {})", plan.changes.join(", ")),
+        };
+        eprintln!("memory: {}{changes}", plan.summary());
+    }
     let handle = Run::start(config).context("cannot start the run")?;
-    follow(handle, Mode::choose(args.json, args.quiet))
+    follow(handle, mode)
 }
 
 pub fn resume(run_dir: &Path, mode: Mode, stop_at_step: Option<u64>) -> anyhow::Result<i32> {

@@ -919,3 +919,39 @@ fn models_download_list_verify_add_and_remove() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("ACE-Step/acestep-v15-sft"), "{stderr}");
 }
+
+#[test]
+fn a_run_predicted_past_memory_is_refused_and_fit_auto_says_what_it_chose() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let runs = tmp.path().join("runs");
+    // Rank 10 million: 143 billion trainable parameters, more than any machine holds.
+    let out = ostinato()
+        .args(["train", songs.to_str().unwrap(), "--demo", "--runs-dir", runs.to_str().unwrap(), "--name", "huge"])
+        .args(["--rank", "10000000", "--crop-seconds", "3"])
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stderr}");
+    assert!(!out.status.success());
+    for part in ["predicted peak", "the run would not fit", "143.36 billion trainable parameters", "--rank"] {
+        assert!(stderr.contains(part), "missing `{part}` in: {stderr}");
+    }
+    assert!(!runs.join("huge").exists(), "a refused run leaves no folder");
+
+    // With room to spare fit auto turns checkpointing off (faster) and says so.
+    let out = ok(train(tmp.path(), &songs, "fitted", &["--max-steps", "1", "--fit", "auto"]).output().unwrap());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stderr}");
+    let line = stderr.lines().find(|l| l.starts_with("memory: predicted peak")).expect("the plan is shown before training");
+    assert!(line.contains("(fit auto: gradient checkpointing off)"), "{line}");
+    let config = RunConfig::from_toml_file(&runs.join("fitted/run.toml")).unwrap();
+    assert!(!config.gradient_checkpointing);
+    let started = read_events(&runs.join("fitted/events.jsonl")).unwrap().into_iter().find_map(|e| match e {
+        Event::RunStarted { memory, .. } => Some(memory),
+        _ => None,
+    });
+    let memory = started.expect("run_started");
+    assert!(memory.predicted_peak_bytes.is_some_and(|p| p > 0) && memory.machine.is_some(), "{memory:?}");
+}

@@ -21,7 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::lora::{LoraAdapter, LoraConfig, LoraMode};
 use crate::{heap, metrics};
+use crate::model::footprint::{self, Workload};
 use crate::model::{DecoderWeights, DitConfig, DitModel, LayerType};
+use crate::train::fit::lora_parameters;
 use crate::train::flow::{Batch, FlowBatch};
 use crate::train::grads;
 use crate::train::optim::{clip_grad_norm, AdamW, AdamWConfig};
@@ -207,6 +209,12 @@ pub struct BenchReport {
     /// first: what the steps needed, without what the allocator kept. None unless the
     /// binary counts its heap ([`crate::heap::Counting`]).
     pub activation_heap_bytes: Option<u64>,
+    /// The most heap bytes live at once from before the model was built to the last
+    /// step, less those live before: the run's whole heap peak (what the footprint
+    /// estimate predicts). None unless the binary counts its heap.
+    pub peak_heap_bytes: Option<u64>,
+    /// What the footprint estimate predicts for that peak (`model::footprint`).
+    pub predicted_peak_bytes: u64,
     pub base_parameters: usize,
     pub lora_parameters: usize,
     pub first_loss: f32,
@@ -231,16 +239,19 @@ pub fn run_spec(
     let cfg = &spec.config;
 
     // 1. Model, adapter, optimizer, one batch: the resident baseline.
+    let heap_start = heap::live_bytes();
+    heap::reset_peak();
     let weights = DecoderWeights::random(cfg, 0xBE_0C4, 0.02, dtype, device)?;
     let model = DitModel::new(cfg, &weights)?;
     drop(weights);
-    let base_parameters = model_parameters(cfg);
+    let base_parameters = footprint::dit_parameters(cfg) as usize;
     // B = 0 would train nothing; PEFT's init (B = 0) is fine, gradients reach A next step.
     let adapter = LoraAdapter::new(spec.lora.clone(), &model, 7)?;
     let lora_parameters = adapter.num_parameters();
     let mut optimizer = AdamW::new(adapter.vars(), AdamWConfig::default())?;
     let batch = random_batch(spec, device)?;
     let baseline = metrics::process_rss_bytes().unwrap_or(0);
+    let setup_peak = heap::peak_bytes();
     let heap_baseline = heap::live_bytes();
     heap::reset_peak();
 
@@ -270,7 +281,9 @@ pub fn run_spec(
 
     let median = median(&times);
     let peak = metrics::peak_rss_bytes().unwrap_or(0);
-    let activation_heap_bytes = heap_baseline.zip(heap::peak_bytes()).map(|(base, peak)| peak.saturating_sub(base));
+    let steps_peak = heap::peak_bytes();
+    let activation_heap_bytes = heap_baseline.zip(steps_peak).map(|(base, peak)| peak.saturating_sub(base));
+    let peak_heap_bytes = heap_start.zip(setup_peak.max(steps_peak)).map(|(start, peak)| peak.saturating_sub(start));
     Ok(BenchReport {
         preset: name.to_string(),
         gradient_checkpointing: checkpointing,
@@ -289,11 +302,26 @@ pub fn run_spec(
         model_rss_bytes: baseline,
         activation_bytes: peak.saturating_sub(baseline),
         activation_heap_bytes,
+        peak_heap_bytes,
+        predicted_peak_bytes: predicted_peak(spec, checkpointing, device, dtype),
         base_parameters,
         lora_parameters,
         first_loss,
         last_loss,
     })
+}
+
+/// The footprint estimate's peak for `spec`.
+pub fn predicted_peak(spec: &BenchSpec, checkpointing: bool, device: &Device, dtype: DType) -> u64 {
+    let workload = Workload {
+        frames: spec.frames,
+        batch: spec.batch,
+        encoder_len: spec.encoder_len,
+        lora_parameters: lora_parameters(&spec.config, &spec.lora),
+        dtype_bytes: dtype.size_in_bytes() as u64,
+        cpu_kernels: device.is_cpu() && dtype == DType::F32,
+    };
+    footprint::estimate(&spec.config, &workload).total(checkpointing)
 }
 
 fn device_name(device: &Device) -> &'static str {
@@ -304,11 +332,6 @@ fn device_name(device: &Device) -> &'static str {
     }
 }
 
-/// Parameters of the DiT with this config (the shapes the weights are built from).
-fn model_parameters(cfg: &DitConfig) -> usize {
-    crate::model::weights::expected_shapes(cfg).into_values().map(|shape| shape.iter().product::<usize>())
-        .sum()
-}
 
 fn random_batch(spec: &BenchSpec, device: &Device) -> Result<Batch> {
     let (b, t, l) = (spec.batch, spec.frames, spec.encoder_len);
@@ -358,6 +381,7 @@ impl BenchReport {
              peak RSS                {:.1} MiB\n\
              model RSS               {:.1} MiB\n\
              activation memory       {:.1} MiB (RSS), {} (live heap)\n\
+             peak heap               {} (predicted {:.1} MiB)\n\
              loss first / last       {:.5} / {:.5}\n",
             self.preset,
             if self.gradient_checkpointing { "on" } else { "off" },
@@ -377,6 +401,8 @@ impl BenchReport {
             mib(self.model_rss_bytes),
             mib(self.activation_bytes),
             self.activation_heap_bytes.map_or("not counted".into(), |b| format!("{:.1} MiB", mib(b))),
+            self.peak_heap_bytes.map_or("not counted".into(), |b| format!("{:.1} MiB", mib(b))),
+            mib(self.predicted_peak_bytes),
             self.first_loss,
             self.last_loss,
         )

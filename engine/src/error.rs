@@ -23,6 +23,11 @@ pub enum Error {
     #[error("setting `{field}`: {reason}")]
     Setting { field: String, reason: String },
 
+    /// A run predicted to need more memory than its device offers: the prediction,
+    /// what takes the memory and what to change.
+    #[error("{summary}: the run would not fit (it needs {needed_gb:.1} GB with headroom for the rest of the process); {why}")]
+    WontFit { summary: String, needed_gb: f64, why: String },
+
     /// Weights that do not fit the model their config describes: every problem found,
     /// and the config the expected shapes come from.
     #[error("{}", weights_message(path, config.as_deref(), problems))]

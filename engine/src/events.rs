@@ -29,6 +29,12 @@ pub struct MemoryFeatures {
     pub block_input_grad_path: bool,
     /// Latents and conditioning come from the content-addressed cache.
     pub latent_cache: bool,
+    /// The run's predicted peak memory (`train::fit`); absent in older logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_peak_bytes: Option<u64>,
+    /// The memory the device offered when the run started, where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<crate::metrics::MachineMemory>,
 }
 
 /// What preparing the dataset found.
@@ -392,6 +398,8 @@ mod tests {
                     gradient_checkpointing: true,
                     block_input_grad_path: true,
                     latent_cache: false,
+                    predicted_peak_bytes: Some(3 << 30),
+                    machine: None,
                 },
                 trainable_params: 1000,
                 total_params: 100_000,

@@ -8,7 +8,9 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::lora::LoraAdapter;
-use crate::model::tensors::save_tensors;
+use crate::model::folder::ModelFolder;
+use crate::model::source::ModelSource;
+use crate::model::tensors::{save_tensors, write_safetensors};
 use crate::model::{DecoderWeights, DitModel};
 use crate::train::{state, RunConfig};
 use crate::{Error, Result};
@@ -22,6 +24,10 @@ pub enum ExportFormat {
     Comfyui,
     /// The decoder's weights (original naming) with `scaling * B A` added.
     Merged,
+    /// A drop-in copy of the model's DiT folder: every tensor of its model.safetensors,
+    /// the decoder's adapted weights merged, each in the source dtype, beside the
+    /// folder's other files (config.json, silence_latent.pt, ...).
+    MergedModel,
 }
 
 impl std::str::FromStr for ExportFormat {
@@ -31,7 +37,8 @@ impl std::str::FromStr for ExportFormat {
             "peft" => Ok(Self::Peft),
             "comfyui" => Ok(Self::Comfyui),
             "merged" => Ok(Self::Merged),
-            other => Err(format!("unknown export format `{other}` (expected peft, comfyui or merged)")),
+            "merged-model" => Ok(Self::MergedModel),
+            other => Err(format!("unknown export format `{other}` (expected peft, comfyui, merged or merged-model)")),
         }
     }
 }
@@ -66,8 +73,8 @@ pub fn export_run(run_dir: &Path, format: ExportFormat, to: &Path) -> Result<Pat
     export_run_adapter(run_dir, WhichAdapter::Final, format, to)
 }
 
-/// Writes the run's `which` adapter to `to`: a directory for PEFT, a `.safetensors`
-/// file otherwise.
+/// Writes the run's `which` adapter to `to`: a directory for PEFT and the merged
+/// model, a `.safetensors` file otherwise.
 pub fn export_run_adapter(run_dir: &Path, which: WhichAdapter, format: ExportFormat, to: &Path) -> Result<PathBuf> {
     let config = RunConfig::from_toml_file(&run_dir.join("run.toml"))?;
     let adapter_dir = adapter_dir(run_dir, which)?;
@@ -78,6 +85,12 @@ pub fn export_run_adapter(run_dir: &Path, which: WhichAdapter, format: ExportFor
         ExportFormat::Peft => adapter.save_peft(to)?,
         ExportFormat::Comfyui => write_comfyui(&adapter, to)?,
         ExportFormat::Merged => write_merged(&weights, &adapter, to)?,
+        ExportFormat::MergedModel => match &config.model {
+            ModelSource::Folder { path } => write_merged_model(&ModelFolder::open(path, None)?.dit_dir, &adapter, to)?,
+            ModelSource::Demo => {
+                return Err(Error::setting("format", "merged-model needs a model folder; the built-in demo model has none"))
+            }
+        },
     }
     Ok(to.to_path_buf())
 }
@@ -110,6 +123,111 @@ pub fn write_merged(weights: &DecoderWeights, adapter: &LoraAdapter, path: &Path
         out.insert(format!("decoder.{name}"), merged.unwrap_or_else(|| t.clone()));
     }
     save(&out, path)
+}
+
+/// The DiT folder `dit_dir` (`acestep-v15-*`) with the adapter merged, written to the
+/// new folder `to`: its model.safetensors holds every tensor of the source's (the
+/// condition encoder, the null condition, the decoder) in the source's dtype, the
+/// adapted decoder weights as `W + scaling * B A` (computed in f32); every other file
+/// is copied. Put it beside `vae/` and `Qwen3-Embedding-0.6B/` and ACE-Step, or
+/// `--model`, opens it as a model. Written under a temporary name and renamed; the
+/// source folder is only read.
+pub fn write_merged_model(dit_dir: &Path, adapter: &LoraAdapter, to: &Path) -> Result<()> {
+    let refuse = |reason: String| Error::BadFile { path: to.to_path_buf(), reason };
+    if to.exists() {
+        return Err(refuse("already exists: the merged model is written to a new folder".into()));
+    }
+    let target = std::path::absolute(to).map_err(|e| Error::io(to, e))?;
+    let source = dit_dir.canonicalize().map_err(|e| Error::io(dit_dir, e))?;
+    let parent = target.parent().ok_or_else(|| refuse("has no parent folder".into()))?;
+    std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    if parent.canonicalize().map_err(|e| Error::io(parent, e))?.starts_with(&source) {
+        return Err(refuse(format!("is inside the source model folder {}, which is never written", source.display())));
+    }
+    let name = target.file_name().and_then(|n| n.to_str()).unwrap_or("merged");
+    let temp = parent.join(format!(".{name}.partial-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&temp);
+    let written = fill_merged_model(&source, adapter, &temp).and_then(|()| std::fs::rename(&temp, &target).map_err(|e| Error::io(&target, e)));
+    if written.is_err() {
+        let _ = std::fs::remove_dir_all(&temp);
+    }
+    written
+}
+
+const MODEL_WEIGHTS: &str = "model.safetensors";
+
+fn fill_merged_model(source: &Path, adapter: &LoraAdapter, out: &Path) -> Result<()> {
+    std::fs::create_dir(out).map_err(|e| Error::io(out, e))?;
+    for entry in std::fs::read_dir(source).map_err(|e| Error::io(source, e))? {
+        let path = entry.map_err(|e| Error::io(source, e))?.path();
+        if path.is_file() && path.file_name().is_some_and(|n| n != MODEL_WEIGHTS) {
+            let copy = out.join(path.file_name().expect("a file has a name"));
+            std::fs::copy(&path, &copy).map_err(|e| Error::io(&path, e))?;
+        }
+    }
+    let weights_path = source.join(MODEL_WEIGHTS);
+    // SAFETY: the file is only read, as every safetensors reader does.
+    let file = unsafe { candle_core::safetensors::MmapedSafetensors::new(&weights_path) }
+        .map_err(|e| Error::BadFile { path: weights_path.clone(), reason: format!("cannot read safetensors: {e}") })?;
+    let mut merged = 0;
+    let mut tensors = Vec::new();
+    for (key, view) in file.tensors() {
+        let module = key.strip_prefix("decoder.").and_then(|k| k.strip_suffix(".weight"));
+        let base = || file.load(&key, &Device::Cpu).map_err(|e| Error::ModelFile { path: weights_path.clone(), key: key.clone(), reason: e.to_string() });
+        let entry = match module {
+            Some(module) if adapter.adapts(module) => {
+                merged += 1;
+                let weight = adapter.merged_weight(module, &base()?)?.expect("the adapter adapts this module");
+                WeightEntry::Merged(weight)
+            }
+            _ => WeightEntry::Source(view),
+        };
+        tensors.push((key, entry));
+    }
+    if merged != adapter.module_names().count() {
+        return Err(Error::BadFile {
+            path: weights_path,
+            reason: format!("holds {merged} of the adapter's {} modules under `decoder.` (original names)", adapter.module_names().count()),
+        });
+    }
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    write_safetensors(tensors.iter().map(|(k, e)| (k.as_str(), e)), Some(metadata), &out.join(MODEL_WEIGHTS))
+}
+
+/// A tensor of the merged model's file: the source's bytes, or a merged weight.
+enum WeightEntry<'a> {
+    Source(safetensors::tensor::TensorView<'a>),
+    Merged(Tensor),
+}
+
+impl safetensors::View for &WeightEntry<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        match self {
+            WeightEntry::Source(v) => v.dtype(),
+            WeightEntry::Merged(t) => safetensors::View::dtype(&t),
+        }
+    }
+
+    fn shape(&self) -> &[usize] {
+        match self {
+            WeightEntry::Source(v) => v.shape(),
+            WeightEntry::Merged(t) => t.dims(),
+        }
+    }
+
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self {
+            WeightEntry::Source(v) => std::borrow::Cow::Borrowed(v.data()),
+            WeightEntry::Merged(t) => std::borrow::Cow::Owned(safetensors::View::data(&t).into_owned()),
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        match self {
+            WeightEntry::Source(v) => v.data().len(),
+            WeightEntry::Merged(t) => safetensors::View::data_len(&t),
+        }
+    }
 }
 
 /// The directory of the run's `which` adapter; an error naming what is missing.

@@ -14,12 +14,16 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::model::lora_linear::lora_linear;
-use crate::model::tensors::save_tensors;
+use crate::model::tensors::{diffusers_name, save_tensors_with_metadata};
 use crate::model::DitModel;
 use crate::{Error, Result};
 
 /// PEFT's key prefix for a model wrapped by `get_peft_model` (ACE-Step's decoder).
 const PEFT_PREFIX: &str = "base_model.model.";
+/// The header key diffusers reads its LoRA config from, and the prefix of its keys
+/// (diffusers' `LORA_ADAPTER_METADATA_KEY` and the ACE-Step pipeline's `transformer_name`).
+pub const LORA_METADATA_KEY: &str = "lora_adapter_metadata";
+const DIFFUSERS_PREFIX: &str = "transformer";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -57,7 +61,8 @@ impl LoraConfig {
         }
     }
 
-    fn targets(&self, module: &str) -> bool {
+    /// Whether module `module` is adapted: PEFT's suffix match.
+    pub fn targets(&self, module: &str) -> bool {
         self.target_modules
             .iter()
             .any(|t| module == t || module.ends_with(&format!(".{t}")))
@@ -199,7 +204,36 @@ impl LoraAdapter {
             .map(|(k, t)| (format!("{PEFT_PREFIX}{k}"), t))
             .collect();
         let weights_path = dir.join("adapter_model.safetensors");
-        save_tensors(&tensors, &weights_path)
+        save_tensors_with_metadata(&tensors, Some(self.header_metadata()), &weights_path)
+    }
+
+    /// The safetensors header PEFT and diffusers write: `format: pt`, and diffusers'
+    /// `lora_adapter_metadata` (its ACE-Step loader takes alpha, rank and rsLoRA only
+    /// from there and otherwise applies the adapter at alpha = r): the LoRA config
+    /// under `transformer.`-prefixed keys with diffusers' module names, as JSON with
+    /// sorted keys and two-space indent, as `json.dumps(.., indent=2, sort_keys=True)`.
+    pub fn header_metadata(&self) -> HashMap<String, String> {
+        let c = &self.config;
+        let mut targets: Vec<String> = c.target_modules.iter().map(|t| diffusers_target(t)).collect();
+        targets.sort();
+        let fields = [
+            ("alpha_pattern", serde_json::json!({})),
+            ("bias", "none".into()),
+            ("fan_in_fan_out", false.into()),
+            ("init_lora_weights", true.into()),
+            ("lora_alpha", c.alpha.into()),
+            ("lora_dropout", c.dropout.into()),
+            ("peft_type", "LORA".into()),
+            ("r", c.r.into()),
+            ("rank_pattern", serde_json::json!({})),
+            ("target_modules", targets.into()),
+            ("use_dora", false.into()),
+            ("use_rslora", c.use_rslora.into()),
+        ];
+        let packed: BTreeMap<String, serde_json::Value> =
+            fields.into_iter().map(|(k, v)| (format!("{DIFFUSERS_PREFIX}.{k}"), v)).collect();
+        let json = serde_json::to_string_pretty(&packed).expect("metadata serialises");
+        HashMap::from([("format".to_string(), "pt".to_string()), (LORA_METADATA_KEY.to_string(), json)])
     }
 
     fn peft_config_json(&self) -> serde_json::Value {
@@ -249,6 +283,11 @@ impl LoraAdapter {
         self.modules.keys()
     }
 
+    /// Whether module `name` carries an adapter.
+    pub fn adapts(&self, name: &str) -> bool {
+        self.modules.contains_key(name)
+    }
+
     pub fn num_parameters(&self) -> usize {
         self.vars().iter().map(|v| v.elem_count()).sum()
     }
@@ -286,6 +325,12 @@ impl LoraAdapter {
         }
         Ok(matched)
     }
+}
+
+/// A target-module suffix under diffusers' names (`q_proj` -> `to_q`, `self_attn.o_proj`
+/// -> `self_attn.to_out.0`); names diffusers shares (`mlp.up_proj`) stay as they are.
+fn diffusers_target(target: &str) -> String {
+    diffusers_name(&format!(".{target}.")).trim_matches('.').to_string()
 }
 
 /// The LoRA settings' ranges, named as in run.toml.
@@ -350,7 +395,7 @@ impl LoraCtx<'_> {
 
     /// Whether module `name` carries an adapter.
     pub fn adapts(&self, name: &str) -> bool {
-        self.adapter.modules.contains_key(name)
+        self.adapter.adapts(name)
     }
 
     /// Module `name` with weight `w` applied to `x`, its LoRA delta included, or `None`

@@ -138,6 +138,73 @@ pub fn peak_rss_bytes() -> Option<u64> {
     None
 }
 
+/// The memory a run on a device may use, and where the figure comes from.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MachineMemory {
+    /// Bytes a run can take now: RAM available (within a cgroup's limit), Metal's
+    /// recommended working set, free CUDA memory.
+    pub available_bytes: u64,
+    /// The device's whole memory.
+    pub total_bytes: u64,
+    /// What was read, for people ("RAM available", "Metal recommended working set", ...).
+    pub source: String,
+}
+
+/// What the device `device` offers a run; `None` where the platform gives no figure.
+pub fn machine_memory(device: &Device) -> Option<MachineMemory> {
+    match device {
+        // Only compiled on macOS; not compile-checked on the Linux machines.
+        #[cfg(target_os = "macos")]
+        Device::Metal(metal) => {
+            let set = metal.device().recommended_max_working_set_size() as u64;
+            Some(MachineMemory { available_bytes: set, total_bytes: set, source: "Metal recommended working set".into() })
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(cuda) => {
+            let (free, total) = cuda.cuda_stream().context().mem_get_info().ok()?;
+            Some(MachineMemory { available_bytes: free as u64, total_bytes: total as u64, source: "CUDA free memory".into() })
+        }
+        _ => ram(),
+    }
+}
+
+/// RAM available to this process: `MemAvailable`, within the cgroup's memory limit.
+#[cfg(target_os = "linux")]
+fn ram() -> Option<MachineMemory> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = info.lines().find(|l| l.starts_with(name))?;
+        Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+    };
+    let (mut available, mut total) = (field("MemAvailable:")?, field("MemTotal:")?);
+    let cgroup = |name: &str| std::fs::read_to_string(format!("/sys/fs/cgroup/{name}")).ok()?.trim().parse::<u64>().ok();
+    let mut source = "RAM available".to_string();
+    if let Some(limit) = cgroup("memory.max") {
+        let free = limit.saturating_sub(cgroup("memory.current").unwrap_or(0));
+        if free < available {
+            (available, total, source) = (free, total.min(limit), "memory available to this cgroup".into());
+        }
+    }
+    Some(MachineMemory { available_bytes: available, total_bytes: total, source })
+}
+
+/// Physical memory (macOS pages other programs out before a run's memory runs short).
+#[cfg(target_os = "macos")]
+fn ram() -> Option<MachineMemory> {
+    let mut bytes: u64 = 0;
+    let mut size = std::mem::size_of::<u64>();
+    // SAFETY: hw.memsize is a u64; sysctlbyname writes at most `size` bytes into it.
+    let ok = unsafe {
+        libc::sysctlbyname(c"hw.memsize".as_ptr(), (&mut bytes as *mut u64).cast(), &mut size, std::ptr::null_mut(), 0)
+    } == 0;
+    ok.then(|| MachineMemory { available_bytes: bytes, total_bytes: bytes, source: "RAM".into() })
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+fn ram() -> Option<MachineMemory> {
+    None
+}
+
 /// Throughput over the last few steps, and the ETA it implies. Fed with step
 /// durations rather than reading a clock, so pauses never count and tests are exact.
 #[derive(Debug, Clone)]
@@ -238,6 +305,14 @@ mod tests {
         assert!(during.now_bytes >= 64 << 20, "{during:?}");
         assert!(during.peak_bytes >= during.now_bytes, "{during:?}");
         assert!(during.peak_bytes < 16 << 30, "{during:?}");
+    }
+
+    #[test]
+    fn machine_memory_is_read() {
+        let m = machine_memory(&Device::Cpu).expect("RAM is readable on Linux and macOS");
+        println!("{m:?}");
+        assert!(m.available_bytes > 16 << 20 && m.available_bytes <= m.total_bytes, "{m:?}");
+        assert!(!m.source.is_empty());
     }
 
     #[test]

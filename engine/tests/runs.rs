@@ -638,3 +638,31 @@ fn holding_out_every_clip_is_an_error_naming_the_setting() {
     let err = Run::start(c).unwrap().join().unwrap_err().to_string();
     assert!(err.contains("val_files") && err.contains("at least one"), "{err}");
 }
+
+/// The adapters a run writes (final and every checkpoint's) are readable by others and
+/// carry diffusers' metadata; run_started carries the memory prediction.
+#[cfg(unix)]
+#[test]
+fn a_runs_adapters_are_readable_by_others_and_carry_diffusers_metadata() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = finish(config(tmp.path(), "shared"));
+    let mut dirs = vec![run_dir.join("final/adapter")];
+    dirs.extend(std::fs::read_dir(run_dir.join("checkpoints")).unwrap().map(|e| e.unwrap().path().join("adapter")));
+    assert!(dirs.len() > 1, "{dirs:?}");
+    for dir in dirs {
+        let weights = dir.join("adapter_model.safetensors");
+        let mode = std::fs::metadata(&weights).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644, "{}", weights.display());
+        let bytes = std::fs::read(&weights).unwrap();
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        let meta = meta.metadata().clone().unwrap();
+        let lora: serde_json::Value = serde_json::from_str(&meta["lora_adapter_metadata"]).unwrap();
+        assert_eq!((lora["transformer.r"].as_u64(), lora["transformer.lora_alpha"].as_f64()), (Some(4), Some(8.0)), "{}", dir.display());
+    }
+    let predicted = read_events(&run_dir.join("events.jsonl")).unwrap().into_iter().find_map(|e| match e {
+        Event::RunStarted { memory, .. } => memory.predicted_peak_bytes,
+        _ => None,
+    });
+    assert!(predicted.is_some_and(|p| p > 1 << 20), "{predicted:?}");
+}

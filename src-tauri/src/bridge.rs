@@ -178,6 +178,18 @@ pub enum ExportFormat {
     Merged,
 }
 
+/// The engine's memory prediction for the saved settings, shown before Start.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryView {
+    /// "predicted peak 3.1 of 19.8 GB (RAM available)".
+    pub summary: String,
+    pub fits: bool,
+    /// What fitting to this machine changed, in words.
+    pub changes: Vec<String>,
+    /// Why the run would not start, and what to change.
+    pub problem: Option<String>,
+}
+
 /// Everything the UI needs on load (after which it follows events).
 #[derive(Debug, Clone, Serialize)]
 pub struct StateView {
@@ -439,6 +451,15 @@ impl AppState {
         Ok(view)
     }
 
+    /// The memory the saved settings would need on this machine (fitted to it when the
+    /// settings ask), as the engine predicts it.
+    pub fn memory_plan(&self) -> Result<MemoryView, BridgeError> {
+        let settings = self.settings();
+        settings.validate().map_err(BridgeError::InvalidSettings)?;
+        let dataset_dir = settings.dataset_dir.clone().unwrap_or_default();
+        engine::memory_plan(&StartRequest { settings, dataset_dir, runs_dir: self.0.runs_dir.clone() })
+    }
+
     /// Starts a run with the saved settings; events go to `sink` from a background thread.
     pub fn start_run(&self, sink: impl EventSink) -> Result<RunView, BridgeError> {
         let settings = self.settings();
@@ -682,7 +703,7 @@ mod engine {
     use ostinato_engine::model::source::ModelSource;
     pub use ostinato_engine::train::history::RunSummary;
     use ostinato_engine::train::config::default_run_name;
-    use ostinato_engine::train::{history, Run, RunConfig, RunControl, RunHandle};
+    use ostinato_engine::train::{fit, history, Run, RunConfig, RunControl, RunHandle};
     use ostinato_engine::Error as EngineError;
     use crate::settings::{ModelChoice, Precision};
 
@@ -841,7 +862,29 @@ mod engine {
     }
 
     pub fn start(req: &StartRequest) -> Result<(Box<dyn EngineRun>, Receiver<Value>), BridgeError> {
-        Run::start(run_config(req)).map(attach).map_err(engine_err)
+        let mut config = run_config(req);
+        if req.settings.fit_memory {
+            fit::fit_auto(&mut config).map_err(engine_err)?;
+        }
+        Run::start(config).map(attach).map_err(engine_err)
+    }
+
+    /// The engine's plan for the settings: fitted when they ask, else as given; a
+    /// plan that does not fit carries the engine's reason.
+    pub fn memory_plan(req: &StartRequest) -> Result<MemoryView, BridgeError> {
+        let mut config = run_config(req);
+        let given = fit::plan(&config).map_err(engine_err)?;
+        let plan = match req.settings.fit_memory {
+            true => fit::fit_auto(&mut config),
+            false => fit::check(&given).map(|()| given.clone()),
+        };
+        match plan {
+            Ok(p) => Ok(MemoryView { summary: p.summary(), fits: true, changes: p.changes, problem: None }),
+            Err(e @ EngineError::WontFit { .. }) => {
+                Ok(MemoryView { summary: given.summary(), fits: false, changes: Vec::new(), problem: Some(e.to_string()) })
+            }
+            Err(e) => Err(engine_err(e)),
+        }
     }
 
     pub fn resume(run_dir: &Path) -> Result<(Box<dyn EngineRun>, Receiver<Value>), BridgeError> {

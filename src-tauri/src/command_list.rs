@@ -7,6 +7,7 @@ pub const COMMANDS: &[&str] = &[
     "reset_settings",
     "choose_folder",
     "scan_dataset",
+    "memory_plan",
     "start_run",
     "pause_run",
     "resume_run",

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 use tauri::{AppHandle, Runtime, State};
 
-use crate::bridge::{AppState, BridgeError, Charts, DatasetView, ExportFormat, HistoryEntry, RunView, StateView};
+use crate::bridge::{AppState, BridgeError, Charts, DatasetView, ExportFormat, HistoryEntry, MemoryView, RunView, StateView};
 use crate::settings::{FieldErrors, Settings};
 use ostinato_engine::load::{DitVariant, FoundModel, Hub};
 
@@ -80,6 +80,13 @@ pub async fn choose_folder(title: Option<String>, start: Option<String>) -> Res<
 pub async fn scan_dataset(state: State<'_, AppState>, path: String) -> Res<DatasetView> {
     let state = state.inner().clone();
     blocking(move || state.scan_dataset(&PathBuf::from(path))).await
+}
+
+/// The predicted peak memory of a run with the saved settings, before Start.
+#[tauri::command]
+pub async fn memory_plan(state: State<'_, AppState>) -> Res<MemoryView> {
+    let state = state.inner().clone();
+    blocking(move || state.memory_plan()).await
 }
 
 #[tauri::command]

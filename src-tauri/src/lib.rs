@@ -19,6 +19,7 @@ pub fn app_builder<R: tauri::Runtime>(builder: tauri::Builder<R>, state: AppStat
         commands::reset_settings,
         commands::choose_folder,
         commands::scan_dataset,
+        commands::memory_plan,
         commands::start_run,
         commands::pause_run,
         commands::resume_run,

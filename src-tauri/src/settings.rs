@@ -38,6 +38,9 @@ pub struct Settings {
     /// Encode each song to latents once and reuse them across epochs and runs.
     pub latent_cache: bool,
     pub precision: Precision,
+    /// Let the engine choose gradient checkpointing, batch, precision and crop length
+    /// for this machine's memory (its `fit auto`); the window's default.
+    pub fit_memory: bool,
     pub rank: u32,
     pub alpha: f64,
     pub dropout: f64,
@@ -75,6 +78,7 @@ impl Default for Settings {
             gradient_checkpointing: true,
             latent_cache: true,
             precision: Precision::Auto,
+            fit_memory: true,
             rank: 64,
             alpha: 128.0,
             dropout: 0.1,

@@ -458,3 +458,21 @@ fn the_model_picker_lists_hub_cache_and_added_models() {
     let err = app.invoke("download_model", json!({ "variant": "xl" })).unwrap_err();
     assert!(err["message"].as_str().unwrap().contains("turbo, base or sft"), "{err}");
 }
+
+#[test]
+fn memory_plan_predicts_the_peak_before_start_fitted_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = TestApp::new(dir.path());
+    let s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+    assert_eq!(s["fit_memory"], true, "fitting to the machine is the window's default");
+    let plan = app.invoke("memory_plan", json!({})).unwrap();
+    println!("{plan}");
+    assert_eq!(plan["fits"], true);
+    assert!(plan["summary"].as_str().unwrap().starts_with("predicted peak "), "{plan}");
+    assert_eq!(plan["changes"], json!(["gradient checkpointing off"]), "the demo fits easily: the faster path");
+    let mut s = s;
+    s["fit_memory"] = json!(false);
+    app.invoke("save_settings", json!({ "settings": s })).unwrap();
+    let plan = app.invoke("memory_plan", json!({})).unwrap();
+    assert_eq!((plan["fits"].clone(), plan["changes"].clone()), (json!(true), json!([])), "{plan}");
+}

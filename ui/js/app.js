@@ -111,6 +111,22 @@ function markErrors(fields = {}) {
   if (modelErr) say(modelErr, { error: true });
 }
 
+/** The engine's predicted peak for the saved settings (fitted when they ask), before Start. */
+async function showMemoryPlan() {
+  const el = $('memory-plan');
+  try {
+    const plan = await invoke('memory_plan');
+    const changes = plan.changes.length ? ` · fitted: ${plan.changes.join(', ')}` : '';
+    el.textContent = plan.fits ? `${plan.summary[0].toUpperCase()}${plan.summary.slice(1)}${changes}` : plan.problem;
+    el.classList.toggle('error', !plan.fits);
+    el.dataset.fits = String(plan.fits);
+  } catch (e) {
+    el.textContent = `Predicted memory unknown: ${errorText(e)}`;
+    el.classList.add('error');
+    delete el.dataset.fits;
+  }
+}
+
 function setSaveStatus(text, error = false) {
   const el = $('settings-status');
   el.textContent = text;
@@ -133,6 +149,7 @@ function saveSettings() {
       markErrors({});
       setSaveStatus('Saved');
       updateStatusBar();
+      showMemoryPlan();
     } catch (e) {
       markErrors(e.fields || {});
       setSaveStatus(e.fields ? 'Fix the marked fields' : 'Not saved', true);
@@ -614,6 +631,7 @@ async function init() {
   showCharts(s.charts);
   for (const ev of s.run.recent_events || []) if (ev.type !== 'step') onEngineEvent(ev);
   setSaveStatus('');
+  showMemoryPlan();
   refreshRuns();
   refreshModels();
   setInterval(tick, 500);

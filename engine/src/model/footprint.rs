@@ -1,67 +1,139 @@
-//! Parameter counts and an analytic estimate of training memory, for `inspect` and
-//! the app: what a model folder will cost before anything is loaded.
+//! Parameter counts and an estimate of a training run's peak memory, before anything
+//! is loaded: `train::fit` turns it into a plan for the machine, `inspect` prints it.
+//!
+//! The peak is the base weights, the LoRA state (parameters, gradients, AdamW's two
+//! moments, all f32), one batch, and the activations a step keeps for its backward.
+//! The activation terms follow what the training path keeps (see each term) and are
+//! calibrated against the live-heap peaks of the bench presets: `tests/footprint.rs`
+//! measures the small ones, bench/NOTES.md records the bigger ones.
 
 use serde::Serialize;
 
 use super::weights::expected_shapes;
 use super::DitConfig;
 
-#[derive(Debug, Clone, Serialize)]
+/// What one run trains on, as far as memory goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    /// Latent frames of the longest sample.
+    pub frames: usize,
+    pub batch: usize,
+    /// Rows of the condition sequence.
+    pub encoder_len: usize,
+    /// LoRA elements (`r * (in + out)` summed over the adapted modules).
+    pub lora_parameters: u64,
+    /// Bytes of an element of the base weights and activations (the compute dtype).
+    pub dtype_bytes: u64,
+    /// Attention through the CPU kernels, which keep no `P x S` scores; candle's ops
+    /// (GPUs) keep them for blocks of up to 2M scores.
+    pub cpu_kernels: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Footprint {
     pub dit_parameters: u64,
-    /// LoRA elements for the given rank on q/k/v/o of self- and cross-attention.
     pub lora_parameters: u64,
     pub weights_bytes: u64,
     /// LoRA tensors, their gradients and AdamW's two moments, all f32.
     pub trainable_state_bytes: u64,
+    /// One batch of latents, context and condition, and the step's noise and target.
+    pub batch_bytes: u64,
+    /// What the step keeps at its peak without gradient checkpointing.
     pub activations_bytes: u64,
+    /// The same with gradient checkpointing.
     pub activations_checkpointed_bytes: u64,
 }
 
 impl Footprint {
+    /// The predicted peak of a training step.
     pub fn total(&self, checkpointing: bool) -> u64 {
-        let act = if checkpointing { self.activations_checkpointed_bytes } else { self.activations_bytes };
-        self.weights_bytes + self.trainable_state_bytes + act
+        let act = if checkpointing {
+            self.activations_checkpointed_bytes
+        } else {
+            self.activations_bytes
+        };
+        self.weights_bytes + self.trainable_state_bytes + self.batch_bytes + act
     }
 }
 
-/// Estimate for one sample of `frames` latent frames (25 per second), weights stored
-/// in `weight_bytes` per element, activations in `act_bytes`, attention scores in f32.
-///
-/// Per layer and patch the backward keeps about 16 hidden-sized and 3 MLP-sized
-/// vectors (norms, modulations, projections, residuals) plus the attention scores
-/// and probabilities; checkpointing keeps one hidden vector per layer, full
-/// self-attention's output on its layers, and one layer's activations during its
-/// recompute.
-pub fn estimate(cfg: &DitConfig, frames: usize, rank: usize, weight_bytes: u64, act_bytes: u64) -> Footprint {
-    let dit_parameters: u64 = expected_shapes(cfg).values().map(|s| s.iter().product::<usize>() as u64).sum();
-    let (h, q, kv) = (
+/// Elements of the DiT `cfg` describes.
+pub fn dit_parameters(cfg: &DitConfig) -> u64 {
+    expected_shapes(cfg)
+        .values()
+        .map(|s| s.iter().product::<usize>() as u64)
+        .sum()
+}
+
+/// The `(module, in, out)` of every linear module of the DiT's layers (the modules a
+/// LoRA can adapt), named as in the checkpoint (`layers.0.self_attn.q_proj`).
+pub fn layer_linears(cfg: &DitConfig) -> Vec<(String, usize, usize)> {
+    expected_shapes(cfg)
+        .into_iter()
+        .filter(|(k, s)| k.starts_with("layers.") && s.len() == 2)
+        .filter_map(|(k, s)| Some((k.strip_suffix(".weight")?.to_string(), s[1], s[0])))
+        .collect()
+}
+
+/// Per patch and layer, what a layer holds for its backward at the step's peak, in
+/// halves of a hidden-sized vector (norm inputs, the projections' inputs, attention's
+/// inputs and output, residual branches, and the backward's gradients on top of what
+/// it has freed) and in MLP-sized vectors (`gate(x)` and `up(x)`, kept by the MLP
+/// node). Fitted to the live-heap peaks of small-30s and small-240s, both modes (the
+/// four lie within 2.2%; a plain layer and a recomputed one plus its backward hold
+/// about the same).
+const KEPT_HALF_HIDDEN: u64 = 41;
+const KEPT_MLP: u64 = 2;
+/// candle's attention ops keep scores and probabilities for blocks up to this many.
+const SCORE_BLOCK: u64 = 2 << 20;
+
+/// The estimate for `cfg` training on `w`.
+pub fn estimate(cfg: &DitConfig, w: &Workload) -> Footprint {
+    let dit_parameters = dit_parameters(cfg);
+    let (h, q, mlp) = (
         cfg.hidden_size as u64,
         (cfg.num_attention_heads * cfg.head_dim) as u64,
-        (cfg.num_key_value_heads * cfg.head_dim) as u64,
+        cfg.intermediate_size as u64,
     );
-    // q, k, v, o for self and cross attention: r * (in + out) each.
-    let per_layer_lora = 2 * rank as u64 * ((h + q) + 2 * (h + kv) + (q + h));
-    let lora_parameters = per_layer_lora * cfg.num_hidden_layers as u64;
-    let p = frames.div_ceil(cfg.patch_size) as u64;
-    let heads = cfg.num_attention_heads as u64;
-    let vectors = p * (16 * h + 3 * cfg.intermediate_size as u64) * act_bytes;
-    let scores = |keys: u64| 2 * heads * p * keys * 4;
-    let layer = |i: usize| {
-        let keys = if cfg.is_sliding(i) { p.min(2 * cfg.sliding_window as u64 + 1) } else { p };
-        vectors + scores(keys)
+    let (b, e) = (w.batch as u64, w.dtype_bytes);
+    // Rows of the layers' sequences: patches of the longest sample, times the batch.
+    let rows = b * w.frames.div_ceil(cfg.patch_size) as u64;
+    let layers = cfg.num_hidden_layers as u64;
+    let full_layers = (0..cfg.num_hidden_layers)
+        .filter(|&i| !cfg.is_sliding(i))
+        .count() as u64;
+
+    // candle's ops keep f32 scores and probabilities of self-attention over the
+    // sample's patches, up to a block (unmeasured: no GPU on the calibration machine).
+    let scores = match w.cpu_kernels {
+        true => 0,
+        false => {
+            let patches = rows / b.max(1);
+            2 * 4 * (rows * cfg.num_attention_heads as u64 * patches).min(SCORE_BLOCK)
+        }
     };
-    let layers = cfg.num_hidden_layers;
-    let activations_bytes: u64 = (0..layers).map(layer).sum();
-    let largest = (0..layers).map(layer).max().unwrap_or(0);
-    let full_layers = (0..layers).filter(|&i| !cfg.is_sliding(i)).count() as u64;
-    let kept = layers as u64 * p * h * act_bytes + full_layers * p * q * act_bytes;
+    let layer = rows * (KEPT_HALF_HIDDEN * h / 2 + KEPT_MLP * mlp) * e + scores;
+    let lora_grads = w.lora_parameters * 4;
+    // Plain: every layer's graph at once.
+    let activations_bytes = layers * layer + lora_grads;
+    // Checkpointed: each layer's input and each full-attention layer's output kept,
+    // then one layer recomputed and its backward.
+    let kept = layers * rows * h * e + full_layers * rows * q * e;
+    let activations_checkpointed_bytes = kept + layer + lora_grads;
+
+    let frames = b * w.frames as u64;
+    let latent = cfg.audio_acoustic_hidden_dim as u64;
+    // Target, noise, x_t and velocity (latent-sized), context latents, the condition.
+    let batch_bytes = (frames * (4 * latent + cfg.context_channels() as u64)
+        + b * w.encoder_len as u64 * cfg.encoder_hidden_size as u64)
+        * 4;
     Footprint {
         dit_parameters,
-        lora_parameters,
-        weights_bytes: dit_parameters * weight_bytes,
-        trainable_state_bytes: lora_parameters * 4 * 4,
+        lora_parameters: w.lora_parameters,
+        weights_bytes: dit_parameters * e,
+        // Parameters and AdamW's two moments; the gradients are counted with the step.
+        trainable_state_bytes: w.lora_parameters * 4 * 3,
+        batch_bytes,
         activations_bytes,
-        activations_checkpointed_bytes: kept + largest,
+        activations_checkpointed_bytes,
     }
 }

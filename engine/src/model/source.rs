@@ -8,7 +8,9 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::demo;
-use super::folder::ModelFolder;
+use super::folder::{ModelFolder, LYRIC_TOKENS, TEXT_TOKENS};
+use super::tensors::TensorFile;
+use super::vae::VAE_WEIGHTS;
 use super::{DecoderWeights, DitConfig, DitModel};
 use crate::data::{Conditioner, HashConditioner, LatentEncoder, MelEncoder};
 use crate::train::schedule::TimestepSampling;
@@ -37,6 +39,20 @@ pub struct LoadedModel {
     pub parameters: u64,
 }
 
+/// What a run's memory depends on, read from the model's configs and weight headers
+/// without loading any weights.
+#[derive(Debug, Clone)]
+pub struct ModelShape {
+    pub dit: DitConfig,
+    /// Latent frames a second of audio becomes.
+    pub frames_per_second: f64,
+    /// Rows of the condition sequence at most (text + lyrics + the timbre reference).
+    pub encoder_len: usize,
+    /// What the run holds besides the DiT to encode songs and captions (VAE encoder,
+    /// text encoder, condition encoder), in f32 as they are loaded.
+    pub encoders_bytes: u64,
+}
+
 /// The latent encoder, the conditioner and the model's default timestep sampling.
 pub type SongEncoders = (Box<dyn LatentEncoder>, Box<dyn Conditioner>, TimestepSampling);
 
@@ -55,6 +71,34 @@ impl ModelSource {
                 Ok((folder.dit, weights))
             }
         }
+    }
+
+    /// The model's shape for the memory estimate (see [`ModelShape`]).
+    pub fn shape(&self) -> Result<ModelShape> {
+        Ok(match self {
+            ModelSource::Demo => ModelShape {
+                dit: demo::demo_config(),
+                frames_per_second: MelEncoder::new().frames_per_second(),
+                encoder_len: DEMO_TEXT_TOKENS + DEMO_LYRIC_TOKENS + 1,
+                encoders_bytes: 0,
+            },
+            ModelSource::Folder { path } => {
+                let folder = ModelFolder::open(path, None)?;
+                let elements = |file: &std::path::Path, keep: &dyn Fn(&str) -> bool| -> Result<u64> {
+                    let f = TensorFile::open(file, &Device::Cpu)?;
+                    Ok(f.keys().iter().filter(|k| keep(k)).filter_map(|k| f.shape(k)).map(|s| s.iter().product::<usize>() as u64).sum())
+                };
+                let encoders = elements(&folder.vae_dir().join(VAE_WEIGHTS), &|_| true)?
+                    + elements(&folder.text_dir().join("model.safetensors"), &|_| true)?
+                    + elements(&folder.dit_weights(), &|k| !k.starts_with("decoder."))?;
+                ModelShape {
+                    frames_per_second: folder.vae.sampling_rate as f64 / folder.vae.hop() as f64,
+                    encoder_len: TEXT_TOKENS + LYRIC_TOKENS + 1,
+                    encoders_bytes: encoders * 4,
+                    dit: folder.dit,
+                }
+            }
+        })
     }
 
     /// What turns songs into samples: the latent encoder, the conditioner, and the

@@ -132,15 +132,49 @@ impl TensorFile {
 /// Writes `tensors` as a safetensors file; a failure (a full disk) names the file
 /// with the system's cause.
 pub fn save_tensors(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
-    candle_core::safetensors::save(tensors, path).map_err(|e| match e {
-        candle_core::Error::SafeTensor(safetensors::SafeTensorError::IoError(cause)) | candle_core::Error::Io(cause) => {
-            Error::io(path, cause)
-        }
+    save_tensors_with_metadata(tensors, None, path)
+}
+
+/// As [`save_tensors`], with `metadata` in the header's `__metadata__` (where PyTorch
+/// writers put `format: pt` and diffusers its `lora_adapter_metadata`).
+pub fn save_tensors_with_metadata(
+    tensors: &HashMap<String, Tensor>,
+    metadata: Option<HashMap<String, String>>,
+    path: &Path,
+) -> Result<()> {
+    write_safetensors(tensors.iter(), metadata, path)
+}
+
+/// Serialises any safetensors views (candle tensors, or byte views of another file)
+/// to `path`, readable by others as a file `std::fs::write` makes: safetensors writes
+/// a private temporary file (0600) and renames it into place.
+pub fn write_safetensors<S, V>(
+    tensors: impl IntoIterator<Item = (S, V)>,
+    metadata: Option<HashMap<String, String>>,
+    path: &Path,
+) -> Result<()>
+where
+    S: AsRef<str> + Ord + std::fmt::Display,
+    V: safetensors::View,
+{
+    safetensors::serialize_to_file(tensors, metadata, path).map_err(|e| match e {
+        safetensors::SafeTensorError::IoError(cause) => Error::io(path, cause),
         e => Error::BadFile {
             path: path.to_path_buf(),
             reason: format!("cannot write: {e}"),
         },
-    })
+    })?;
+    make_readable(path)
+}
+
+/// Mode 0644 on Unix: the owner writes, everyone reads (elsewhere: unchanged).
+pub fn make_readable(path: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).map_err(|e| Error::io(path, e))?;
+    }
+    Ok(())
 }
 
 /// Whether `keys` use diffusers' attention names (`to_q`, `norm_q`, `to_out.0`).

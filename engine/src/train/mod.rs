@@ -2,6 +2,7 @@
 //! mechanisms (optimizer, schedules, loss scaling), each in its own module.
 
 pub mod cfg_dropout;
+pub mod fit;
 pub mod flow;
 pub mod grads;
 pub mod loss_scale;

@@ -14,6 +14,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::cfg_dropout::CfgDropout;
 use super::config::RunConfig;
+use super::fit::{self, MemoryPlan};
 use super::flow::Batch;
 use super::loss_scale::{LossScaler, SkipCounter};
 use super::optim::AdamW;
@@ -135,6 +136,9 @@ impl Run {
     pub fn start(mut config: RunConfig) -> Result<RunHandle> {
         config.validate()?;
         config.resolve_paths()?;
+        // A run predicted past the machine's memory does not start.
+        let plan = fit::plan(&config)?;
+        fit::check(&plan)?;
         let run_dir = config.run_dir();
         let origin = Origin::New { created_dir: create_run_dir(&run_dir)? };
         let lock = RunLock::acquire(&run_dir)?;
@@ -148,7 +152,7 @@ impl Run {
             origin.discard(&run_dir);
             return Err(e);
         }
-        Ok(spawn(config, run_dir, origin, lock))
+        Ok(spawn(config, run_dir, origin, lock, plan))
     }
 
     /// Continues a paused, stopped or crashed run from its newest readable checkpoint.
@@ -164,6 +168,8 @@ impl Run {
         let mut config = RunConfig::from_toml_file(&run_dir.join("run.toml"))?;
         let lock = RunLock::acquire(&run_dir)?;
         config.check_input_folders()?;
+        let plan = fit::plan(&config)?;
+        fit::check(&plan)?;
         config.stop_at_step = stop_at_step;
         config.runs_dir = run_dir.parent().map(Path::to_path_buf).unwrap_or_default();
         config.name = run_dir
@@ -172,7 +178,7 @@ impl Run {
             .unwrap_or_default()
             .to_string();
         write_config(&run_dir, &config)?;
-        Ok(spawn(config, run_dir, Origin::Resumed, lock))
+        Ok(spawn(config, run_dir, Origin::Resumed, lock, plan))
     }
 }
 
@@ -220,14 +226,14 @@ fn write_config(run_dir: &Path, config: &RunConfig) -> Result<()> {
     std::fs::write(&path, config.to_toml()).map_err(|e| Error::io(&path, e))
 }
 
-fn spawn(config: RunConfig, run_dir: PathBuf, origin: Origin, lock: RunLock) -> RunHandle {
+fn spawn(config: RunConfig, run_dir: PathBuf, origin: Origin, lock: RunLock, plan: MemoryPlan) -> RunHandle {
     let control = Arc::new(Control::default());
     let (tx, rx) = channel();
     let thread = {
         let (control, run_dir) = (control.clone(), run_dir.clone());
         std::thread::Builder::new()
             .name("ostinato-train".into())
-            .spawn(move || train(&config, &run_dir, origin, lock, &control, tx))
+            .spawn(move || train(&config, &run_dir, origin, lock, &plan, &control, tx))
             .expect("spawn training thread")
     };
     RunHandle {
@@ -245,6 +251,7 @@ fn train(
     run_dir: &Path,
     origin: Origin,
     lock: RunLock,
+    plan: &MemoryPlan,
     control: &Control,
     tx: Sender<Event>,
 ) -> Result<RunEnd> {
@@ -253,7 +260,7 @@ fn train(
         tx,
         lock: Some(lock),
     };
-    let (result, steps) = match Loop::setup(config, run_dir, origin == Origin::Resumed, &control.cancel, &mut sink) {
+    let (result, steps) = match Loop::setup(config, run_dir, origin == Origin::Resumed, plan, &control.cancel, &mut sink) {
         Ok(mut training) => {
             // A stop during setup ends the run before its first step, as a stop between steps does.
             let result = if control.cancel.is_cancelled() {
@@ -319,7 +326,7 @@ struct Loop {
 }
 
 impl Loop {
-    fn setup(config: &RunConfig, run_dir: &Path, resuming: bool, cancel: &Cancel, sink: &mut Sink) -> Result<Self> {
+    fn setup(config: &RunConfig, run_dir: &Path, resuming: bool, plan: &MemoryPlan, cancel: &Cancel, sink: &mut Sink) -> Result<Self> {
         // 1. Device, model, dataset.
         let selected = device::select(config.force_cpu)?;
         let dtype = config.precision.dtype(&selected.device);
@@ -446,6 +453,8 @@ impl Loop {
                     gradient_checkpointing: config.gradient_checkpointing,
                     block_input_grad_path: config.gradient_checkpointing,
                     latent_cache: config.latent_cache,
+                    predicted_peak_bytes: Some(plan.predicted_peak_bytes),
+                    machine: plan.machine.clone(),
                 },
                 trainable_params: trainable,
                 total_params: parameters + trainable,

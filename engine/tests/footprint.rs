@@ -1,0 +1,42 @@
+//! The footprint estimate against measured peaks: the small bench presets with and
+//! without gradient checkpointing, their heap counted by the allocator below (every
+//! byte live at once, from before the model is built to the end of the second step).
+//! One test, so that nothing else allocates in this binary meanwhile.
+
+use candle_core::{DType, Device};
+use ostinato_engine::bench::{run_spec, Preset};
+use ostinato_engine::heap::Counting;
+
+#[global_allocator]
+static ALLOC: Counting<std::alloc::System> = Counting::new(std::alloc::System);
+
+#[test]
+fn predicted_peak_is_within_15_percent_of_the_measured_heap_peak() {
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    for preset in [Preset::Small30s, Preset::Small240s] {
+        for checkpointing in [true, false] {
+            let r = run_spec(
+                preset.name(),
+                &preset.spec(),
+                checkpointing,
+                1,
+                1,
+                &Device::Cpu,
+                DType::F32,
+            )
+            .unwrap();
+            let measured = r.peak_heap_bytes.expect("the heap is counted");
+            let ratio = r.predicted_peak_bytes as f64 / measured as f64;
+            println!(
+                "{preset} checkpointing {}: measured peak {:.1} MiB, predicted {:.1} MiB, ratio {ratio:.3}",
+                if checkpointing { "on" } else { "off" },
+                mib(measured),
+                mib(r.predicted_peak_bytes)
+            );
+            assert!(
+                (ratio - 1.0).abs() <= 0.15,
+                "{preset}: prediction off by more than 15% ({ratio:.3})"
+            );
+        }
+    }
+}
