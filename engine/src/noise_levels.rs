@@ -143,6 +143,8 @@ mod tests {
                 gradient_checkpointing: true,
                 block_input_grad_path: true,
                 latent_cache: true,
+                predicted_peak_bytes: None,
+                machine: None,
             },
             trainable_params: 1,
             total_params: 2,
