@@ -15,6 +15,10 @@ The clip is a formula both sides compute (see `clip`), so no audio is stored.
 With `--generation` it leaves all of that as it is and only adds the generation
 fixtures (reading the committed tiny VAE and the shared `dit_tiny` / `sample_tiny`):
 
+  real/text2music.{safetensors,json}   diffusers' `AceStepPipeline` text2music on the
+      committed tiny model (turbo, 8 steps, shift 3, given noise): the token ids, the
+      condition encoder's output and the context latents it builds, and the latents
+
   real/vae_decode.safetensors          latents [T, C] and diffusers' `AutoencoderOobleck.decode`
   ../sample_guided_tiny.{safetensors,json}
       diffusers' `AceStepPipeline` denoising loop for a base/SFT model (10 steps, shift
@@ -323,6 +327,99 @@ def vae_decode_fixture():
     print("vae_decode: latents", list(z.shape), "audio", list(audio.shape), "peak", float(audio.abs().max()))
 
 
+def tiny_pipeline():
+    """diffusers' AceStepPipeline over the committed tiny model folder."""
+    from safetensors.torch import load_file
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.ace_step.pipeline_ace_step import AceStepPipeline
+
+    qdir, tdir = os.path.join(MODEL, "Qwen3-Embedding-0.6B"), os.path.join(MODEL, "acestep-v15-turbo")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(qdir)
+    qcfg = Qwen3Config.from_json_file(os.path.join(qdir, "config.json"))
+    qcfg._attn_implementation = "eager"
+    qwen = Qwen3Model(qcfg).eval()
+    qwen.load_state_dict(load_file(os.path.join(qdir, "model.safetensors")), strict=True)
+    cfg = json.load(open(os.path.join(tdir, "config.json")))
+    common = {k: cfg[k] for k in [
+        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "rope_theta", "rms_norm_eps", "sliding_window"]}
+    weights = load_file(os.path.join(tdir, "model.safetensors"))
+    part = lambda prefix: diffusers_names({k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})
+    dit = AceStepTransformer1DModel(
+        num_hidden_layers=cfg["num_hidden_layers"], in_channels=cfg["in_channels"],
+        audio_acoustic_hidden_dim=cfg["audio_acoustic_hidden_dim"], patch_size=cfg["patch_size"],
+        layer_types=cfg["layer_types"], is_turbo=True, model_version="turbo", **common,
+    ).eval()
+    dit.load_state_dict(part("decoder."), strict=True)
+    encoder = AceStepConditionEncoder(
+        text_hidden_dim=cfg["text_hidden_dim"], timbre_hidden_dim=cfg["timbre_hidden_dim"],
+        num_lyric_encoder_hidden_layers=cfg["num_lyric_encoder_hidden_layers"],
+        num_timbre_encoder_hidden_layers=cfg["num_timbre_encoder_hidden_layers"],
+        layer_types=cfg["layer_types"], **common,
+    ).eval()
+    missing, unexpected = encoder.load_state_dict(part("encoder."), strict=False)
+    assert set(missing) <= {"null_condition_emb", "silence_latent"} and not unexpected, (missing, unexpected)
+    # ACE-Step's silence_latent.pt is [1, C, F]; the pipeline keeps it as [1, F, C].
+    encoder.silence_latent = torch.load(os.path.join(tdir, "silence_latent.pt")).transpose(1, 2).contiguous()
+    vae = AutoencoderOobleck.from_pretrained(os.path.join(MODEL, "vae")).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1, shift=1.0)
+    return AceStepPipeline(vae=vae, text_encoder=qwen, tokenizer=tokenizer, transformer=dit,
+                           condition_encoder=encoder, scheduler=scheduler)
+
+
+def text2music_fixture():
+    """What diffusers' AceStepPipeline feeds its DiT for a text2music request, and
+    the latents its turbo loop makes from given noise, for two requests: short lyrics
+    with a language, and a caption and lyrics past the 256 / 2048 token limits."""
+    pipe = tiny_pipeline()
+    long_words = " ".join(f"word{i} la" for i in range(700))
+    cases = [
+        dict(prompt=META["caption"], lyrics=META["lyrics"], vocal_language="en", audio_duration=1.0),
+        dict(prompt="dark ambient drone, " * 60, lyrics="[Chorus]\n" + long_words, vocal_language="unknown",
+             audio_duration=1.5),
+    ]
+    tensors, meta = {}, {"cases": []}
+    for i, case in enumerate(cases):
+        rec = {}
+        calls = []
+        h1 = pipe.text_encoder.embed_tokens.register_forward_hook(lambda m, a, o: calls.append(a[0][0].clone()))
+        h2 = pipe.condition_encoder.register_forward_hook(
+            lambda m, a, kw, o: rec.update(states=o[0][0].clone(), mask=o[1][0].clone(),
+                                           timbre=kw["refer_audio_acoustic_hidden_states_packed"][0].clone()),
+            with_kwargs=True)
+        def first_context(module, args, kwargs):
+            rec.setdefault("context", kwargs["context_latents"][0].clone())
+
+        h3 = pipe.transformer.register_forward_pre_hook(first_context, with_kwargs=True)
+        frames = math.ceil(case["audio_duration"] * pipe.latents_per_second)
+        noise = torch.randn(1, frames, LATENT, generator=torch.Generator().manual_seed(40 + i))
+        (latents,) = pipe(**case, num_inference_steps=8, shift=3.0, guidance_scale=1.0, latents=noise.clone(),
+                          output_type="latent",
+                          return_dict=False)
+        for h in (h1, h2, h3):
+            h.remove()
+        text, lyric = pipe._format_prompt(case["prompt"], case["lyrics"], case["vocal_language"], case["audio_duration"])
+        p = f"case{i}."
+        tensors.update({
+            p + "text_input_ids": calls[0].to(torch.int64), p + "lyric_input_ids": calls[1].to(torch.int64),
+            p + "encoder_hidden_states": rec["states"], p + "encoder_attention_mask": rec["mask"].to(torch.float32),
+            p + "timbre_reference": rec["timbre"], p + "context_latents": rec["context"], p + "noise": noise[0],
+            p + "latents": latents[0],
+        })
+        meta["cases"].append(dict(case, text_prompt=text, lyrics_prompt=lyric, frames=frames,
+                                  text_tokens=len(calls[0]), lyric_tokens=len(calls[1])))
+        print(f"text2music case {i}: {len(calls[0])} text tokens, {len(calls[1])} lyric tokens, "
+              f"encoder states {list(rec['states'].shape)}, timbre reference {list(rec['timbre'].shape)}, frames {frames}")
+    meta["source"] = ("diffusers 0.42.1 AceStepPipeline.__call__ (task text2music, turbo, 8 steps, shift 3, "
+                      "output_type latent, latents = the given noise) on the committed tiny model; captured by hooks: "
+                      "the ids entering Qwen3's embedding (text, then lyrics), the condition encoder's output and "
+                      "timbre input, the DiT's context_latents")
+    meta["versions"] = {"torch": torch.__version__, "diffusers": __import__("diffusers").__version__}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(OUT, "text2music.safetensors"))
+    with open(os.path.join(OUT, "text2music.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+
+
 def diffusers_names(state):
     """ACE-Step's checkpoint names -> diffusers' (the inverse of `original_names`)."""
     return {renamed(k, False): v for k, v in state.items()}
@@ -431,7 +528,9 @@ if __name__ == "__main__":
     import sys
 
     torch.set_grad_enabled(False)
-    if "--generation" in sys.argv:
+    if "--text2music" in sys.argv:
+        text2music_fixture()
+    elif "--generation" in sys.argv:
         vae_decode_fixture()
         guided_sample_fixture()
     else:

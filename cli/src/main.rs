@@ -158,6 +158,9 @@ pub struct GenerateArgs {
     /// Lyrics (default: instrumental).
     #[arg(long, default_value = "")]
     pub lyrics: String,
+    /// The lyrics' vocal language, e.g. en, zh, ja (default: unknown, as ACE-Step).
+    #[arg(long)]
+    pub language: Option<String>,
     /// Length in seconds (at most 600).
     #[arg(long, default_value_t = 30.0)]
     pub duration: f64,
@@ -347,6 +350,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             let spec = GenerateSpec {
                 caption: a.caption,
                 lyrics: a.lyrics,
+                language: a.language,
                 duration_seconds: a.duration,
                 seed: a.seed,
                 steps: a.steps,

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use ostinato_engine::bench::vae::run_vae;
-use ostinato_engine::bench::{run_spec, AnyPreset};
+use ostinato_engine::bench::{generation, run_spec, AnyPreset, Preset};
 use ostinato_engine::charts::write_run_charts;
 use ostinato_engine::data::preprocessed::preprocess as preprocess_folder;
 use ostinato_engine::data::{DataEvent, DataSpec};
@@ -180,11 +180,23 @@ pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
         None => (preset.spec(), preset.to_string()),
     };
     let dtype = Precision::Auto.dtype(&selected.device);
-    let report = run_spec(&name, &spec, req.checkpointing, req.warmup, req.steps, &selected.device, dtype)?;
-    if json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        print!("{}", report.table());
+    match preset {
+        Preset::FullGenerate30s => {
+            let report = generation::run_generation(&name, &spec)?;
+            println!("{}", if json { serde_json::to_string(&report)? } else { serde_json::to_string_pretty(&report)? });
+        }
+        Preset::FullTrainPreview30s => {
+            let report = generation::run_training_preview(&name, &spec, req.checkpointing, req.steps, Preset::PREVIEW_FRAMES)?;
+            println!("{}", if json { serde_json::to_string(&report)? } else { serde_json::to_string_pretty(&report)? });
+        }
+        _ => {
+            let report = run_spec(&name, &spec, req.checkpointing, req.warmup, req.steps, &selected.device, dtype)?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", report.table());
+            }
+        }
     }
     Ok(())
 }

@@ -770,9 +770,20 @@ fn bad_generate_and_decode_input_gives_clear_errors_and_writes_nothing() {
     std::fs::write(&config, text).unwrap();
     fails_with(&mut generate(&out, &["--adapter", other.to_str().unwrap()]), "gate_projection");
 
+    // An adapter folder without its weights.
+    let no_weights = tmp.path().join("no-weights");
+    std::fs::create_dir(&no_weights).unwrap();
+    std::fs::copy(other.join("adapter_config.json"), no_weights.join("adapter_config.json")).unwrap();
+    fails_with(&mut generate(&out, &["--adapter", no_weights.to_str().unwrap()]), "no-weights/adapter_model.safetensors");
+
     fails_with(&mut generate(&out, &["--guidance", "5"]), "turbo");
     let unwritable = tmp.path().join("no/such/folder/out.wav");
     fails_with(&mut generate(&unwritable, &[]), "no/such/folder/out.wav");
+    let folder = tmp.path().join("a-folder.wav");
+    std::fs::create_dir(&folder).unwrap();
+    fails_with(&mut generate(&folder, &[]), "a-folder.wav: is a folder");
+    // An unwritable --latents-out fails before the song is made: no WAV either.
+    fails_with(&mut generate(&out, &["--latents-out", unwritable.with_extension("safetensors").to_str().unwrap()]), "no/such/folder/out.safetensors");
 
     // Latents of the wrong shape.
     let z = tmp.path().join("z.safetensors");
@@ -780,6 +791,7 @@ fn bad_generate_and_decode_input_gives_clear_errors_and_writes_nothing() {
     candle_core::safetensors::save(&[("latents".to_string(), t)].into_iter().collect::<std::collections::HashMap<_, _>>(), &z).unwrap();
     fails_with(ostinato().args(["decode", z.to_str().unwrap(), "--demo", "--out", out.to_str().unwrap()]), "[10, 32]");
     fails_with(ostinato().args(["decode", z.to_str().unwrap(), "--out", out.to_str().unwrap()]), "--demo");
+    fails_with(ostinato().args(["decode", z.to_str().unwrap(), "--demo", "--out", unwritable.to_str().unwrap()]), "no/such/folder/out.wav");
 
     assert!(!out.exists(), "nothing is written on failure");
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();

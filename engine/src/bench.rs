@@ -10,6 +10,7 @@
 //! backward (`grads::compute`, plain or checkpointed), clip the global norm to 1,
 //! AdamW update.
 
+pub mod generation;
 pub mod vae;
 
 use std::time::Instant;
@@ -43,10 +44,25 @@ pub enum Preset {
     /// Two ACE-Step-size layers (one sliding, one full) at T = 6000: the per-layer
     /// figures the 24-layer memory estimate is derived from.
     FullPair240s,
+    /// A 30 s song with the whole ACE-Step-size DiT (24 layers), encoder 256: 8 turbo
+    /// steps, then the full-size VAE decode ([`generation::run_generation`]).
+    FullGenerate30s,
+    /// Training the whole ACE-Step-size DiT at T = 750 with a 10 s preview in between:
+    /// what the preview adds to the training peak ([`generation::run_training_preview`]).
+    FullTrainPreview30s,
 }
 
 impl Preset {
-    pub const ALL: [Preset; 4] = [Preset::Small30s, Preset::Small240s, Preset::FullLayer, Preset::FullPair240s];
+    pub const ALL: [Preset; 6] = [
+        Preset::Small30s,
+        Preset::Small240s,
+        Preset::FullLayer,
+        Preset::FullPair240s,
+        Preset::FullGenerate30s,
+        Preset::FullTrainPreview30s,
+    ];
+    /// The preview `full-train-preview-30s` makes: 10 s, the default preview length.
+    pub const PREVIEW_FRAMES: usize = 250;
 
     pub fn name(self) -> &'static str {
         match self {
@@ -54,6 +70,8 @@ impl Preset {
             Preset::Small240s => "small-240s",
             Preset::FullLayer => "full-layer",
             Preset::FullPair240s => "full-pair-240s",
+            Preset::FullGenerate30s => "full-generate-30s",
+            Preset::FullTrainPreview30s => "full-train-preview-30s",
         }
     }
 
@@ -78,6 +96,13 @@ impl Preset {
             Preset::FullPair240s => BenchSpec {
                 config: dit_config(2048, 6144, 2, 16, 8, 128),
                 frames: 6000,
+                encoder_len: 256,
+                batch: 1,
+                lora: bench_lora(),
+            },
+            Preset::FullGenerate30s | Preset::FullTrainPreview30s => BenchSpec {
+                config: dit_config(2048, 6144, 24, 16, 8, 128),
+                frames: 750,
                 encoder_len: 256,
                 batch: 1,
                 lora: bench_lora(),

@@ -14,7 +14,7 @@ use ostinato_engine::data::{SongMeta, StereoAudio, TrainingSample};
 use ostinato_engine::model::folder::{ModelFolder, Variant, LYRIC_TOKENS, TEXT_TOKENS};
 use ostinato_engine::model::qwen3::Qwen3Encoder;
 use ostinato_engine::model::tensors::TensorFile;
-use ostinato_engine::model::tokenizer::PaddedTokenizer;
+use ostinato_engine::model::tokenizer::{Padding, TextTokenizer};
 use ostinato_engine::model::torch_pt::write_pt;
 use ostinato_engine::model::vae::{LatentChoice, TILE_FRAMES};
 use ostinato_engine::model::condition_encoder::ConditionEncoder;
@@ -87,14 +87,14 @@ fn ints(t: &Tensor) -> Vec<i64> {
 fn tokenizer_matches_transformers() {
     let e = expected();
     let dir = model_dir().join("Qwen3-Embedding-0.6B");
-    let text = PaddedTokenizer::from_dir(&dir, TEXT_TOKENS).unwrap().encode(&text_prompt(&meta())).unwrap();
+    let text = TextTokenizer::from_dir(&dir, TEXT_TOKENS, Padding::ToLimit).unwrap().encode(&text_prompt(&meta())).unwrap();
     let ids: Vec<i64> = text.ids.iter().map(|&i| i as i64).collect();
     assert_eq!(ids, ints(&e["text_input_ids"]), "text ids (left padding read from tokenizer_config.json)");
     let mask: Vec<i64> = text.mask.iter().map(|&m| m as i64).collect();
     assert_eq!(mask, ints(&e["text_attention_mask"]));
     assert!(!text.mask[0] && text.mask[TEXT_TOKENS - 1], "Qwen3-Embedding pads on the left");
 
-    let lyrics = PaddedTokenizer::from_dir(&dir, LYRIC_TOKENS).unwrap().encode(&meta().lyrics).unwrap();
+    let lyrics = TextTokenizer::from_dir(&dir, LYRIC_TOKENS, Padding::ToLimit).unwrap().encode(&meta().lyrics).unwrap();
     let ids: Vec<i64> = lyrics.ids.iter().map(|&i| i as i64).collect();
     assert_eq!(ids, ints(&e["lyric_input_ids"]));
 }
@@ -123,8 +123,10 @@ fn condition_encoder_matches_diffusers() {
     let mask = |k: &str| -> Vec<bool> { ints(&e[k]).iter().map(|&m| m != 0).collect() };
     let lyric_ids: Vec<u32> = ints(&e["lyric_input_ids"]).iter().map(|&i| i as u32).collect();
     let lyrics = qwen.embed(&lyric_ids).unwrap();
+    // Training's timbre reference: one zero frame.
+    let zero_reference = Tensor::zeros((1, folder.encoder.timbre_hidden_dim), DType::F32, &Device::Cpu).unwrap();
     let packed = enc
-        .forward(&e["text_hidden_states"], &mask("text_attention_mask"), &lyrics, &mask("lyric_attention_mask"))
+        .forward(&e["text_hidden_states"], &mask("text_attention_mask"), &lyrics, &mask("lyric_attention_mask"), &zero_reference)
         .unwrap();
     let err = max_diff(&packed.states, &e["encoder_hidden_states"]);
     // Padded lyric rows whose sliding window holds no valid key attend uniformly:

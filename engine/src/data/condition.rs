@@ -2,6 +2,9 @@
 //! input, plus its context latents. The real ACE-Step condition encoder (Qwen3 text
 //! states + lyric/timbre encoders) implements the same trait; `HashConditioner` is
 //! the weight-free one of the built-in demo model.
+//!
+//! ACE-Step conditions a training sample and a song to generate differently (its
+//! preprocessing vs its handler's text2music path): hence two methods.
 
 use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
@@ -25,10 +28,15 @@ pub struct Conditioning {
 pub trait Conditioner: Send + Sync {
     /// Stable id including every setting; it enters the cache key.
     fn id(&self) -> String;
+    /// A training sample's condition (ACE-Step's preprocessing).
     fn condition(&self, meta: &SongMeta, num_frames: usize) -> Result<Conditioning>;
+    /// The condition of a song to generate (ACE-Step's text2music inference).
+    fn generation_condition(&self, meta: &SongMeta, num_frames: usize) -> Result<Conditioning>;
 }
 
 const INSTRUCTION: &str = "Fill the audio semantic mask based on the given conditions:";
+/// ACE-Step's vocal language when none is given (its `GenerationParams` and UI default).
+pub const UNKNOWN_LANGUAGE: &str = "unknown";
 
 /// ACE-Step's text prompt for a song.
 pub fn text_prompt(meta: &SongMeta) -> String {
@@ -44,6 +52,13 @@ pub fn text_prompt(meta: &SongMeta) -> String {
         "# Instruction\n{INSTRUCTION}\n\n# Caption\n{}\n\n# Metas\n{metas}<|endoftext|>\n",
         meta.caption
     )
+}
+
+/// The lyrics as ACE-Step's generation gives them to the text encoder (its handler's
+/// `_format_lyrics`); training's preprocessing takes the bare lyrics instead.
+pub fn lyrics_prompt(meta: &SongMeta) -> String {
+    let language = meta.language.as_deref().unwrap_or(UNKNOWN_LANGUAGE);
+    format!("# Languages\n{language}\n\n# Lyric\n{}<|endoftext|>", meta.lyrics)
 }
 
 /// ACE-Step's context latents: the silence latent's first T rows (repeated when it
@@ -176,6 +191,12 @@ impl Conditioner for HashConditioner {
             context_latents: context_latents(&self.silence.to_dtype(DType::F32)?, num_frames)?,
         })
     }
+
+    /// The demo model generates from the embeddings it was trained on: it has no
+    /// ACE-Step inference path to follow.
+    fn generation_condition(&self, meta: &SongMeta, num_frames: usize) -> Result<Conditioning> {
+        self.condition(meta, num_frames)
+    }
 }
 
 #[cfg(test)]
@@ -200,6 +221,15 @@ mod tests {
              # Caption\nwarm lo-fi piano\n\n# Metas\n- bpm: 84\n- timesignature: N/A\n\
              - keyscale: F major\n- duration: 95 seconds\n<|endoftext|>\n"
         );
+    }
+
+    #[test]
+    fn lyrics_prompt_follows_acestep_generation() {
+        let mut m = meta();
+        m.lyrics = "[Verse]\nla la".into();
+        assert_eq!(lyrics_prompt(&m), "# Languages\nunknown\n\n# Lyric\n[Verse]\nla la<|endoftext|>");
+        m.language = Some("en".into());
+        assert_eq!(lyrics_prompt(&m), "# Languages\nen\n\n# Lyric\n[Verse]\nla la<|endoftext|>");
     }
 
     #[test]

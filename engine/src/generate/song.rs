@@ -1,6 +1,7 @@
-//! Text to music with a model source: the caption and lyrics go through the same
-//! conditioner training uses (Qwen3 + condition encoder for a model folder, the hashed
-//! embeddings of the demo), the sampler makes latents, the source's decoder makes audio.
+//! Text to music with a model source: the caption and lyrics go through the model's
+//! conditioner as ACE-Step conditions a song to generate (Qwen3 + condition encoder for
+//! a model folder, the hashed embeddings of the demo), the sampler makes latents, the
+//! source's decoder makes audio.
 
 use std::path::{Path, PathBuf};
 
@@ -31,6 +32,9 @@ pub struct GenerateSpec {
     pub caption: String,
     /// Empty: instrumental.
     pub lyrics: String,
+    /// The vocal language of the lyrics (e.g. `en`); None: ACE-Step's `unknown`.
+    #[serde(default)]
+    pub language: Option<String>,
     pub duration_seconds: f64,
     pub seed: u64,
     /// Default: 8 (turbo) or 32 (base/SFT).
@@ -50,6 +54,7 @@ impl Default for GenerateSpec {
         Self {
             caption: String::new(),
             lyrics: String::new(),
+            language: None,
             duration_seconds: 30.0,
             seed: 0,
             steps: None,
@@ -202,14 +207,16 @@ impl SongModel<'_> {
         }
         let guidance = self.guidance(spec)?;
 
-        // The same conditioning as a training sample of this caption and duration.
+        // ACE-Step's text2music request: the caption, the lyrics ("[Instrumental]" when
+        // there are none, as its UI fills in), the duration; bpm, key and time signature N/A.
         let meta = SongMeta {
             caption: spec.caption.clone(),
             lyrics: if spec.lyrics.trim().is_empty() { INSTRUMENTAL.into() } else { spec.lyrics.clone() },
+            language: spec.language.clone(),
             duration_seconds: spec.duration_seconds,
             ..SongMeta::default()
         };
-        let c = self.conditioner.condition(&meta, frames)?;
+        let c = self.conditioner.generation_condition(&meta, frames)?;
         let cond = Conditions {
             context_latents: c.context_latents.unsqueeze(0)?,
             encoder_hidden_states: c.encoder_hidden_states.unsqueeze(0)?,

@@ -29,7 +29,8 @@ pub fn float_wav_bytes(audio: &StereoAudio) -> Result<Vec<u8>> {
     Ok(out.into_inner())
 }
 
-/// Checks that `path` can be written to (its folder exists) before any work is done.
+/// Checks that `path` can be written (an existing folder that takes a new file, and
+/// not itself a folder) before any work is done.
 pub fn check_writable(path: &Path) -> Result<()> {
     let parent = parent_of(path);
     if path.is_dir() {
@@ -38,6 +39,10 @@ pub fn check_writable(path: &Path) -> Result<()> {
     if !parent.is_dir() {
         return Err(Error::io(path, std::io::Error::other(format!("folder {} does not exist", parent.display()))));
     }
+    // A read-only folder fails here, not after minutes of sampling.
+    let probe = temp_sibling(path);
+    std::fs::File::create(&probe).map_err(|e| Error::io(path, e))?;
+    let _ = std::fs::remove_file(&probe);
     Ok(())
 }
 
@@ -48,13 +53,18 @@ fn parent_of(path: &Path) -> PathBuf {
     }
 }
 
+/// The hidden temporary file beside `path` that is renamed over it.
+fn temp_sibling(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    parent_of(path).join(format!(".{name}.{}.tmp", std::process::id()))
+}
+
 /// Writes `bytes` to `path` through a temporary sibling that is fsynced and renamed
 /// into place: a crash or a full disk leaves the old file or none, never half of one.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     check_writable(path)?;
     let parent = parent_of(path);
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = parent.join(format!(".{name}.{}.tmp", std::process::id()));
+    let tmp = temp_sibling(path);
     let written = std::fs::File::create(&tmp).and_then(|mut f| {
         f.write_all(bytes)?;
         f.sync_all()

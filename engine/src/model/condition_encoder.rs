@@ -7,7 +7,7 @@
 //! one timbre row and text this gives: valid lyric rows, the timbre row, valid text
 //! rows, padded lyric rows, padded text rows.
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use serde_json::Value;
 
 use super::config::{DitConfig, LayerType};
@@ -169,19 +169,26 @@ impl ConditionEncoder {
     }
 
     /// The timbre embedding `[1, H]` of a reference `[R, timbre_dim]`: the first row of
-    /// the encoded sequence (ACE-Step's training uses a zero reference of one frame).
+    /// the encoded sequence.
     pub fn timbre(&self, reference: &Tensor) -> Result<Tensor> {
         Ok(self.timbre.forward(reference, None, &self.cfg)?.narrow(0, 0, 1)?)
     }
 
     /// `text [Lt, text_dim]` (Qwen3 last hidden state), `lyrics [Ll, text_dim]` (token
-    /// embeddings), with their masks -> the packed condition `[Ll + 1 + Lt, H]`.
-    pub fn forward(&self, text: &Tensor, text_mask: &[bool], lyrics: &Tensor, lyric_mask: &[bool]) -> Result<Packed> {
-        let dev: &Device = text.device();
+    /// embeddings), with their masks, and the timbre reference `[R, timbre_dim]`
+    /// (training: one zero frame; generation: the silence latent's first 30 s) -> the
+    /// packed condition `[Ll + 1 + Lt, H]`.
+    pub fn forward(
+        &self,
+        text: &Tensor,
+        text_mask: &[bool],
+        lyrics: &Tensor,
+        lyric_mask: &[bool],
+        timbre_reference: &Tensor,
+    ) -> Result<Packed> {
         let text = linear(text, &self.text_projector, None)?;
         let lyrics = self.lyric.forward(lyrics, Some(lyric_mask), &self.cfg)?;
-        let zero_reference = Tensor::zeros((1, self.cfg.timbre_hidden_dim), candle_core::DType::F32, dev)?;
-        let timbre = self.timbre(&zero_reference)?;
+        let timbre = self.timbre(timbre_reference)?;
         let first = pack(&lyrics, lyric_mask, &timbre, &[true])?;
         pack(&first.states, &first.mask, &text, text_mask)
     }
@@ -190,6 +197,7 @@ impl ConditionEncoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
 
     #[test]
     fn packing_puts_valid_rows_first_in_order() {

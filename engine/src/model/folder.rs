@@ -19,12 +19,12 @@ use serde_json::Value;
 use super::condition_encoder::{ConditionEncoder, ConditionEncoderConfig};
 use super::qwen3::{Qwen3Config, Qwen3Encoder};
 use super::tensors::TensorFile;
-use super::tokenizer::PaddedTokenizer;
+use super::tokenizer::{Padding, TextTokenizer};
 use super::torch_pt::read_pt;
 use super::vae::{file_identity, OobleckEncoder, VaeConfig, VaeLatentEncoder, VAE_WEIGHTS};
 use super::weights::{expected_shapes, match_header, DecoderWeights};
 use super::DitConfig;
-use crate::data::condition::{context_latents, text_prompt, Conditioner, Conditioning};
+use crate::data::condition::{context_latents, lyrics_prompt, text_prompt, Conditioner, Conditioning};
 use crate::data::{SongMeta, INSTRUMENTAL};
 use crate::train::schedule::TimestepSampling;
 use crate::{Error, Result};
@@ -35,9 +35,14 @@ pub const DIT_PREFIX: &str = "acestep-v15-";
 pub const DEFAULT_DIT: &str = "acestep-v15-turbo";
 /// The unconditional embedding of guidance and CFG dropout, top-level in model.safetensors.
 pub const NULL_CONDITION_KEY: &str = "null_condition_emb";
-/// ACE-Step's text and lyric token lengths.
+/// ACE-Step's text and lyric token lengths: training pads to them, generation cuts
+/// at them (lyrics at the longer `GENERATION_LYRIC_TOKENS`).
 pub const TEXT_TOKENS: usize = 256;
 pub const LYRIC_TOKENS: usize = 512;
+pub const GENERATION_LYRIC_TOKENS: usize = 2048;
+/// Generation's timbre reference without reference audio: the silence latent's first
+/// 30 s (ACE-Step's `silence_latent[:, :750, :]`).
+pub const TIMBRE_REFERENCE_FRAMES: usize = 750;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
@@ -263,7 +268,7 @@ impl ModelFolder {
                 problems.push(format!("{}: missing tensors embed_tokens.weight", f.path().display()));
             }
         }
-        if let Err(e) = PaddedTokenizer::from_dir(&text_dir, TEXT_TOKENS) {
+        if let Err(e) = TextTokenizer::from_dir(&text_dir, TEXT_TOKENS, Padding::ToLimit) {
             problems.push(e.to_string());
         }
 
@@ -434,8 +439,12 @@ pub fn read_silence(path: &Path) -> Result<Tensor> {
 /// condition encoder, and context latents from the silence latent.
 pub struct RealConditioner {
     qwen: Qwen3Encoder,
-    text_tokens: PaddedTokenizer,
-    lyric_tokens: PaddedTokenizer,
+    /// Training: padded to 256 / 512 tokens.
+    text_tokens: TextTokenizer,
+    lyric_tokens: TextTokenizer,
+    /// Generation: cut at 256 / 2048 tokens, not padded.
+    generation_text_tokens: TextTokenizer,
+    generation_lyric_tokens: TextTokenizer,
     encoder: ConditionEncoder,
     /// `[F, C]`
     silence: Tensor,
@@ -455,13 +464,42 @@ impl RealConditioner {
             &text_dir.join("tokenizer.json"),
             &text_dir.join("tokenizer_config.json"),
         ])?;
+        let tokenizer = |max_len, padding| TextTokenizer::from_dir(&text_dir, max_len, padding);
         Ok(Self {
             qwen: Qwen3Encoder::load(&folder.text, &qwen_file)?,
-            text_tokens: PaddedTokenizer::from_dir(&text_dir, TEXT_TOKENS)?,
-            lyric_tokens: PaddedTokenizer::from_dir(&text_dir, LYRIC_TOKENS)?,
+            text_tokens: tokenizer(TEXT_TOKENS, Padding::ToLimit)?,
+            lyric_tokens: tokenizer(LYRIC_TOKENS, Padding::ToLimit)?,
+            generation_text_tokens: tokenizer(TEXT_TOKENS, Padding::None)?,
+            generation_lyric_tokens: tokenizer(GENERATION_LYRIC_TOKENS, Padding::None)?,
             encoder: ConditionEncoder::load(&folder.encoder, &dit_file, "encoder")?,
-            silence: folder.silence_latent()?,
+            silence: folder.silence_latent()?.to_dtype(DType::F32)?.to_device(device)?,
             id: format!("acestep-cond:{id}:text{TEXT_TOKENS}:lyrics{LYRIC_TOKENS}"),
+        })
+    }
+
+    /// Text and lyrics through Qwen3 and the condition encoder with `timbre_reference`,
+    /// then context latents of `num_frames`.
+    fn encode(
+        &self,
+        (text_tokens, text): (&TextTokenizer, &str),
+        (lyric_tokens, lyrics): (&TextTokenizer, &str),
+        timbre_reference: &Tensor,
+        num_frames: usize,
+    ) -> Result<Conditioning> {
+        // 1. Text: the prompt through the whole Qwen3 stack, no attention mask.
+        let text = text_tokens.encode(text)?;
+        let text_states = self.qwen.forward(&text.ids)?;
+        // 2. Lyrics: token embeddings only.
+        let lyric = lyric_tokens.encode(lyrics)?;
+        let lyric_embeds = self.qwen.embed(&lyric.ids)?;
+        // 3. Condition encoder and packing.
+        let packed = self.encoder.forward(&text_states, &text.mask, &lyric_embeds, &lyric.mask, timbre_reference)?;
+        let mask: Vec<f32> = packed.mask.iter().map(|&m| if m { 1.0 } else { 0.0 }).collect();
+        let cpu = Device::Cpu;
+        Ok(Conditioning {
+            encoder_hidden_states: packed.states.to_device(&cpu)?,
+            encoder_attention_mask: Tensor::from_vec(mask, packed.mask.len(), &cpu)?,
+            context_latents: context_latents(&self.silence.to_device(&cpu)?, num_frames)?,
         })
     }
 }
@@ -471,22 +509,26 @@ impl Conditioner for RealConditioner {
         self.id.clone()
     }
 
+    /// ACE-Step's preprocessing: text padded to 256 tokens, the bare lyrics padded to
+    /// 512, a zero timbre reference of one frame.
     fn condition(&self, meta: &SongMeta, num_frames: usize) -> Result<Conditioning> {
-        // 1. Text: the prompt through the whole Qwen3 stack, no attention mask.
-        let text = self.text_tokens.encode(&text_prompt(meta))?;
-        let text_states = self.qwen.forward(&text.ids)?;
-        // 2. Lyrics: token embeddings only.
         let lyrics = if meta.lyrics.trim().is_empty() { INSTRUMENTAL } else { meta.lyrics.as_str() };
-        let lyric = self.lyric_tokens.encode(lyrics)?;
-        let lyric_embeds = self.qwen.embed(&lyric.ids)?;
-        // 3. Condition encoder and packing.
-        let packed = self.encoder.forward(&text_states, &text.mask, &lyric_embeds, &lyric.mask)?;
-        let mask: Vec<f32> = packed.mask.iter().map(|&m| if m { 1.0 } else { 0.0 }).collect();
-        let cpu = Device::Cpu;
-        Ok(Conditioning {
-            encoder_hidden_states: packed.states.to_device(&cpu)?,
-            encoder_attention_mask: Tensor::from_vec(mask, packed.mask.len(), &cpu)?,
-            context_latents: context_latents(&self.silence.to_device(&cpu)?, num_frames)?,
-        })
+        let zero_reference = Tensor::zeros((1, self.silence.dim(1)?), DType::F32, self.silence.device())?;
+        self.encode((&self.text_tokens, &text_prompt(meta)), (&self.lyric_tokens, lyrics), &zero_reference, num_frames)
+    }
+
+    /// ACE-Step's text2music inference (its handler and diffusers' `AceStepPipeline`):
+    /// text cut at 256 tokens, the lyrics in their `# Languages / # Lyric` prompt cut
+    /// at 2048, neither padded; the timbre reference is the silence latent's first
+    /// 750 frames.
+    fn generation_condition(&self, meta: &SongMeta, num_frames: usize) -> Result<Conditioning> {
+        let frames = self.silence.dim(0)?.min(TIMBRE_REFERENCE_FRAMES);
+        let reference = self.silence.narrow(0, 0, frames)?;
+        self.encode(
+            (&self.generation_text_tokens, &text_prompt(meta)),
+            (&self.generation_lyric_tokens, &lyrics_prompt(meta)),
+            &reference,
+            num_frames,
+        )
     }
 }

@@ -1,8 +1,9 @@
 //! The text encoder's tokenizer as transformers calls it for ACE-Step:
-//! `padding="max_length", truncation=True, max_length=N`, with the padding and
-//! truncation sides read from `tokenizer_config.json` (Qwen3-Embedding pads on the
-//! left). The `tokenizers` crate does the work, so special tokens, truncation and
-//! padding follow the same code as Python's fast tokenizer.
+//! `truncation=True, max_length=N` with `padding="max_length"` (training's
+//! preprocessing) or `padding="longest"` (generation, one text: no padding), the
+//! padding and truncation sides read from `tokenizer_config.json` (Qwen3-Embedding
+//! pads on the left). The `tokenizers` crate does the work, so special tokens,
+//! truncation and padding follow the same code as Python's fast tokenizer.
 
 use std::path::Path;
 
@@ -14,14 +15,24 @@ use tokenizers::{
 
 use crate::{Error, Result};
 
-/// Token ids and their mask (true = a real token), exactly `max_len` long.
+/// Token ids and their mask (true = a real token): `max_len` long when padded, else
+/// at most that.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tokens {
     pub ids: Vec<u32>,
     pub mask: Vec<bool>,
 }
 
-pub struct PaddedTokenizer {
+/// How a text shorter than the limit is filled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Padding {
+    /// Padded to the limit (`padding="max_length"`).
+    ToLimit,
+    /// As long as its tokens (`padding="longest"` on one text).
+    None,
+}
+
+pub struct TextTokenizer {
     tok: Tokenizer,
     max_len: usize,
 }
@@ -33,9 +44,10 @@ fn side(config: &Value, key: &str) -> &'static str {
     }
 }
 
-impl PaddedTokenizer {
-    /// Reads `dir/tokenizer.json` and `dir/tokenizer_config.json`.
-    pub fn from_dir(dir: &Path, max_len: usize) -> Result<Self> {
+impl TextTokenizer {
+    /// Reads `dir/tokenizer.json` and `dir/tokenizer_config.json`; texts are cut to
+    /// `max_len` tokens and padded as `padding` says.
+    pub fn from_dir(dir: &Path, max_len: usize, padding: Padding) -> Result<Self> {
         let json = dir.join("tokenizer.json");
         let cfg_path = dir.join("tokenizer_config.json");
         let bad = |path: &Path, reason: String| Error::BadFile { path: path.to_path_buf(), reason };
@@ -65,7 +77,7 @@ impl PaddedTokenizer {
             direction,
         }))
         .map_err(|e| bad(&json, e.to_string()))?;
-        tok.with_padding(Some(PaddingParams {
+        tok.with_padding((padding == Padding::ToLimit).then(|| PaddingParams {
             strategy: PaddingStrategy::Fixed(max_len),
             direction: if side(&config, "padding_side") == "left" {
                 PaddingDirection::Left
