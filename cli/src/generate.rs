@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use ostinato_engine::generate::wav::{check_writable, write_wav};
 use ostinato_engine::generate::decode::{read_latents, write_latents};
+use ostinato_engine::generate::wav::{check_writable, write_wav};
 use ostinato_engine::generate::{decoder_for, GenerateEvent, GenerateSpec, Generator};
 use ostinato_engine::model::source::ModelSource;
 
@@ -48,7 +48,13 @@ impl Progress {
     }
 }
 
-pub fn generate(spec: &GenerateSpec, source: &ModelSource, out: &Path, latents_out: Option<&Path>, json: bool) -> anyhow::Result<()> {
+pub fn generate(
+    spec: &GenerateSpec,
+    source: &ModelSource,
+    out: &Path,
+    latents_out: Option<&Path>,
+    json: bool,
+) -> anyhow::Result<()> {
     check_writable(out)?;
     if let Some(p) = latents_out {
         check_writable(p)?;
@@ -62,7 +68,11 @@ pub fn generate(spec: &GenerateSpec, source: &ModelSource, out: &Path, latents_o
     if let Some(p) = latents_out {
         write_latents(p, &latents)?;
     }
-    show(GenerateEvent::Written { path: out.to_path_buf(), seconds: audio.duration_seconds(), sample_rate: audio.sample_rate });
+    show(GenerateEvent::Written {
+        path: out.to_path_buf(),
+        seconds: audio.duration_seconds(),
+        sample_rate: audio.sample_rate,
+    });
     Ok(())
 }
 
@@ -72,6 +82,11 @@ pub fn decode(latents: &Path, source: &ModelSource, out: &Path) -> anyhow::Resul
     let z = read_latents(latents, decoder.latent_channels())?;
     let audio = decoder.decode(&z)?;
     write_wav(out, &audio)?;
-    println!("wrote {} ({:.1} s, {} Hz stereo, 32-bit float)", out.display(), audio.duration_seconds(), audio.sample_rate);
+    println!(
+        "wrote {} ({:.1} s, {} Hz stereo, 32-bit float)",
+        out.display(),
+        audio.duration_seconds(),
+        audio.sample_rate
+    );
     Ok(())
 }

@@ -13,10 +13,10 @@ use clap::{Args, Parser, Subcommand};
 use ostinato_engine::bench::AnyPreset;
 use ostinato_engine::device::Precision;
 use ostinato_engine::export::{ExportFormat, WhichAdapter};
-use ostinato_engine::train::fit::Fit;
 use ostinato_engine::generate::GenerateSpec;
 use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::runtime;
+use ostinato_engine::train::fit::Fit;
 use progress::Mode;
 
 #[derive(Parser)]
@@ -338,7 +338,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             report::export(&run_dir, which, format, &to).map(|_| 0)
         }
         Command::Bench { preset, gradient_checkpointing, layers, warmup, steps, cpu, json } => {
-            let spec = report::BenchRequest { preset, checkpointing: gradient_checkpointing, layers, warmup, steps, cpu };
+            let spec =
+                report::BenchRequest { preset, checkpointing: gradient_checkpointing, layers, warmup, steps, cpu };
             report::bench(&spec, json).map(|_| 0)
         }
         Command::Inspect { model_dir } => report::inspect(&model_dir).map(|_| 0),

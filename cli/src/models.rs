@@ -10,8 +10,8 @@ use ostinato_engine::cancel::Cancel;
 use ostinato_engine::load::download::gb;
 use ostinato_engine::load::places::config_dir;
 use ostinato_engine::load::{
-    find_models, verify_model, AddedFolders, DitVariant, DownloadEvent, Downloader, FoundModel,
-    Hub, HubCache, ModelPlaces,
+    find_models, verify_model, AddedFolders, DitVariant, DownloadEvent, Downloader, FoundModel, Hub, HubCache,
+    ModelPlaces,
 };
 use ostinato_engine::model::folder::hf_cache_dir;
 use ostinato_engine::Error;
@@ -64,10 +64,7 @@ pub fn run(command: ModelsCommand) -> anyhow::Result<i32> {
         }
         ModelsCommand::Remove { dir } => {
             if !AddedFolders::remove(&config_dir(), &dir)? {
-                bail!(
-                    "{} is not among the added folders (see `ostinato models list`)",
-                    dir.display()
-                );
+                bail!("{} is not among the added folders (see `ostinato models list`)", dir.display());
             }
             println!("removed {}", dir.display());
             Ok(0)
@@ -89,25 +86,16 @@ fn list(json: bool) -> anyhow::Result<()> {
         for place in searched(&places) {
             println!("  {}", place.display());
         }
-        println!("download one with `ostinato models download turbo`, or add its folder with `ostinato models add DIR`");
+        println!(
+            "download one with `ostinato models download turbo`, or add its folder with `ostinato models add DIR`"
+        );
         return Ok(());
     }
-    println!(
-        "{:<8} {:<11} {:>9}  {:<12} path",
-        "variant", "status", "size", "found in"
-    );
+    println!("{:<8} {:<11} {:>9}  {:<12} path", "variant", "status", "size", "found in");
     for m in &models {
         let status = if m.complete { "complete" } else { "incomplete" };
-        let origin = serde_json::to_value(m.origin)?
-            .as_str()
-            .unwrap_or_default()
-            .replace('_', " ");
-        println!(
-            "{:<8} {status:<11} {:>9}  {origin:<12} {}",
-            m.variant,
-            gb(m.bytes),
-            m.path.display()
-        );
+        let origin = serde_json::to_value(m.origin)?.as_str().unwrap_or_default().replace('_', " ");
+        println!("{:<8} {status:<11} {:>9}  {origin:<12} {}", m.variant, gb(m.bytes), m.path.display());
         for p in &m.problems {
             println!("    {p}");
         }
@@ -123,14 +111,10 @@ fn searched(places: &ModelPlaces) -> Vec<PathBuf> {
 }
 
 fn download(variant: DitVariant, json: bool) -> anyhow::Result<i32> {
-    let cache =
-        hf_cache_dir().context("no Hugging Face cache folder (set HF_HUB_CACHE or HF_HOME)")?;
+    let cache = hf_cache_dir().context("no Hugging Face cache folder (set HF_HUB_CACHE or HF_HOME)")?;
     let hub = Hub::from_env();
-    let downloader = Downloader {
-        hub: &hub,
-        cache: HubCache::new(cache),
-        models_dir: ModelPlaces::from_env()?.downloads,
-    };
+    let downloader =
+        Downloader { hub: &hub, cache: HubCache::new(cache), models_dir: ModelPlaces::from_env()?.downloads };
     let cancel = Cancel::never();
     {
         let cancel = cancel.clone();
@@ -142,21 +126,14 @@ fn download(variant: DitVariant, json: bool) -> anyhow::Result<i32> {
         })
         .context("cannot install the Ctrl-C handler")?;
     }
-    let bar = if json {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(0)
-    };
+    let bar = if json { ProgressBar::hidden() } else { ProgressBar::new(0) };
     let mut show = |event: DownloadEvent| show(&bar, json, &event);
     match downloader.download(variant, &mut show, &cancel) {
         Ok(model) => {
             bar.finish_and_clear();
             if !json {
                 println!("{model}", model = model.display());
-                eprintln!(
-                    "train with: ostinato train <AUDIO_DIR> --model {}",
-                    model.display()
-                );
+                eprintln!("train with: ostinato train <AUDIO_DIR> --model {}", model.display());
             }
             Ok(0)
         }
@@ -174,20 +151,11 @@ fn download(variant: DitVariant, json: bool) -> anyhow::Result<i32> {
 
 fn show(bar: &ProgressBar, json: bool, event: &DownloadEvent) {
     if json {
-        println!(
-            "{}",
-            serde_json::to_string(event).expect("events serialise")
-        );
+        println!("{}", serde_json::to_string(event).expect("events serialise"));
         return;
     }
     match event {
-        DownloadEvent::Planned {
-            variant,
-            files,
-            bytes,
-            missing_bytes,
-            cache,
-        } => {
+        DownloadEvent::Planned { variant, files, bytes, missing_bytes, cache } => {
             bar.println(format!(
                 "{}: {files} files, {} ({} to fetch) into {}",
                 variant.name(),
@@ -197,19 +165,15 @@ fn show(bar: &ProgressBar, json: bool, event: &DownloadEvent) {
             ));
             bar.set_length(*missing_bytes);
             bar.set_style(
-                ProgressStyle::with_template(
-                    "{bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
-                )
-                .expect("valid template"),
+                ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}")
+                    .expect("valid template"),
             );
         }
         DownloadEvent::FileStarted { path, .. } => bar.set_message(path.clone()),
         DownloadEvent::Progress { total_done, .. } => bar.set_position(*total_done),
-        DownloadEvent::Retrying {
-            path,
-            attempt,
-            reason,
-        } => bar.println(format!("{path}: {reason}; retrying ({attempt})")),
+        DownloadEvent::Retrying { path, attempt, reason } => {
+            bar.println(format!("{path}: {reason}; retrying ({attempt})"))
+        }
         DownloadEvent::FileVerified { .. } | DownloadEvent::Finished { .. } => {}
     }
 }
@@ -218,22 +182,19 @@ fn verify(target: Option<&str>) -> anyhow::Result<i32> {
     let dirs: Vec<PathBuf> = match target {
         Some(t) if Path::new(t).exists() => vec![PathBuf::from(t)],
         Some(t) => {
-            let variant: DitVariant = t
-                .parse()
-                .map_err(|e: String| anyhow::anyhow!("{t} is no folder, and {e}"))?;
-            let found: Vec<FoundModel> = find_models(&ModelPlaces::from_env()?)
-                .into_iter()
-                .filter(|m| m.variant == variant.name())
-                .collect();
+            let variant: DitVariant = t.parse().map_err(|e: String| anyhow::anyhow!("{t} is no folder, and {e}"))?;
+            let found: Vec<FoundModel> =
+                find_models(&ModelPlaces::from_env()?).into_iter().filter(|m| m.variant == variant.name()).collect();
             if found.is_empty() {
-                bail!("no {} model found (see `ostinato models list`; `ostinato models download {}` gets one)", variant.name(), variant.name());
+                bail!(
+                    "no {} model found (see `ostinato models list`; `ostinato models download {}` gets one)",
+                    variant.name(),
+                    variant.name()
+                );
             }
             found.into_iter().map(|m| m.path).collect()
         }
-        None => find_models(&ModelPlaces::from_env()?)
-            .into_iter()
-            .map(|m| m.path)
-            .collect(),
+        None => find_models(&ModelPlaces::from_env()?).into_iter().map(|m| m.path).collect(),
     };
     if dirs.is_empty() {
         bail!("no ACE-Step 1.5 model found (see `ostinato models list`)");
@@ -247,10 +208,7 @@ fn verify(target: Option<&str>) -> anyhow::Result<i32> {
                 v.tensors,
                 v.hashed,
                 if v.unhashed > 0 {
-                    format!(
-                        ", {} files have no checksum to compare (not in a hub cache)",
-                        v.unhashed
-                    )
+                    format!(", {} files have no checksum to compare (not in a hub cache)", v.unhashed)
                 } else {
                     String::new()
                 }

@@ -133,7 +133,8 @@ impl Progress {
     fn track(&mut self, event: &Event) {
         match event {
             Event::DatasetProgress { done, total, file, seconds_done, seconds_total } => {
-                let (line, fraction) = dataset_progress(*done, *total, &file_name(file), seconds_done.zip(*seconds_total));
+                let (line, fraction) =
+                    dataset_progress(*done, *total, &file_name(file), seconds_done.zip(*seconds_total));
                 self.bar.set_length(1000);
                 self.bar.set_style(ProgressStyle::with_template("{bar:30} {msg}").expect("valid template"));
                 self.bar.set_position((fraction * 1000.0) as u64);

@@ -10,13 +10,13 @@ use ostinato_engine::data::preprocessed::preprocess as preprocess_folder;
 use ostinato_engine::data::{DataEvent, DataSpec};
 use ostinato_engine::device::{self, Precision};
 use ostinato_engine::export::{export_run_adapter, ExportFormat, WhichAdapter};
-use ostinato_engine::model::source::ModelSource;
-use ostinato_engine::model::folder::ModelFolder;
 use ostinato_engine::lora::LoraConfig;
+use ostinato_engine::model::folder::ModelFolder;
 use ostinato_engine::model::folder::{LYRIC_TOKENS, TEXT_TOKENS};
 use ostinato_engine::model::footprint::{self, Workload};
-use ostinato_engine::train::fit::lora_parameters;
+use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::train::config::default_runs_dir;
+use ostinato_engine::train::fit::lora_parameters;
 use ostinato_engine::train::history::{list_runs, RunStatus};
 
 use crate::progress::{cut_line, dataset_progress, file_name, issue_line};
@@ -119,7 +119,12 @@ pub fn inspect(model_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn preprocess(audio_dir: &Path, model: Option<PathBuf>, out: &Path, crop_seconds: Option<f64>) -> anyhow::Result<()> {
+pub fn preprocess(
+    audio_dir: &Path,
+    model: Option<PathBuf>,
+    out: &Path,
+    crop_seconds: Option<f64>,
+) -> anyhow::Result<()> {
     if !audio_dir.is_dir() {
         bail!("audio folder {} does not exist or is not a folder", audio_dir.display());
     }
@@ -186,7 +191,8 @@ pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
             println!("{}", if json { serde_json::to_string(&report)? } else { serde_json::to_string_pretty(&report)? });
         }
         Preset::FullTrainPreview30s => {
-            let report = generation::run_training_preview(&name, &spec, req.checkpointing, req.steps, Preset::PREVIEW_FRAMES)?;
+            let report =
+                generation::run_training_preview(&name, &spec, req.checkpointing, req.steps, Preset::PREVIEW_FRAMES)?;
             println!("{}", if json { serde_json::to_string(&report)? } else { serde_json::to_string_pretty(&report)? });
         }
         _ => {

@@ -94,7 +94,10 @@ fn train_writes_an_adapter_and_the_loss_falls() {
     assert!(last < first, "loss falls: {first} -> {last}");
 
     // `runs` lists it as finished with its adapter.
-    let out = ok(ostinato().args(["runs", "--json", "--runs-dir", tmp.path().join("runs").to_str().unwrap()]).output().unwrap());
+    let out = ok(ostinato()
+        .args(["runs", "--json", "--runs-dir", tmp.path().join("runs").to_str().unwrap()])
+        .output()
+        .unwrap());
     let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(runs[0]["status"], "finished");
     assert_eq!(runs[0]["steps"], 36);
@@ -102,7 +105,10 @@ fn train_writes_an_adapter_and_the_loss_falls() {
     // Every export format writes.
     for (format, to) in [("peft", "peft"), ("comfyui", "comfy.safetensors"), ("merged", "merged.safetensors")] {
         let to = tmp.path().join(to);
-        ok(ostinato().args(["export", run.to_str().unwrap(), "--format", format, "--to", to.to_str().unwrap()]).output().unwrap());
+        ok(ostinato()
+            .args(["export", run.to_str().unwrap(), "--format", format, "--to", to.to_str().unwrap()])
+            .output()
+            .unwrap());
         assert!(to.exists(), "{format}");
     }
 }
@@ -162,7 +168,10 @@ fn sigint_mid_run_stops_gracefully_and_leaves_a_resumable_run() {
     assert!(stopped_at < 200);
     assert!(run.join(format!("checkpoints/step-{stopped_at:06}")).is_dir());
 
-    let out = ok(ostinato().args(["resume", run.to_str().unwrap(), "--stop-at-step", &(stopped_at + 2).to_string()]).output().unwrap());
+    let out = ok(ostinato()
+        .args(["resume", run.to_str().unwrap(), "--stop-at-step", &(stopped_at + 2).to_string()])
+        .output()
+        .unwrap());
     assert!(String::from_utf8_lossy(&out.stdout).contains("adapter:"));
     assert_eq!(step_losses(&run).last().unwrap().0, stopped_at + 2);
 }
@@ -177,7 +186,8 @@ fn sigterm_while_the_dataset_is_prepared_stops_promptly() {
     // Eight 30 s songs at the encoder's rate, encoded whole (no crop): seconds each.
     let tone: Vec<f32> = (0..48_000 * 30).map(|i| 0.5 * (i as f32 * 0.05).sin()).collect();
     for i in 0..8 {
-        write_wav(&songs.join(format!("song{i}.wav")), 48_000, SampleFormat::Int(16), std::slice::from_ref(&tone)).unwrap();
+        write_wav(&songs.join(format!("song{i}.wav")), 48_000, SampleFormat::Int(16), std::slice::from_ref(&tone))
+            .unwrap();
     }
     let runs = tmp.path().join("runs");
     let mut child = ostinato()
@@ -189,7 +199,8 @@ fn sigterm_while_the_dataset_is_prepared_stops_promptly() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first_song = lines.by_ref().map(|l| l.unwrap()).find(|l| l.contains(r#""type":"dataset_progress""#) && l.contains(".wav"));
+    let first_song =
+        lines.by_ref().map(|l| l.unwrap()).find(|l| l.contains(r#""type":"dataset_progress""#) && l.contains(".wav"));
     assert!(first_song.is_some(), "no dataset_progress line for a song");
     // Keep reading, so the child never blocks on a full pipe.
     let rest = std::thread::spawn(move || lines.map(|l| l.unwrap()).collect::<Vec<_>>());
@@ -205,7 +216,12 @@ fn sigterm_while_the_dataset_is_prepared_stops_promptly() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_eq!(status.code(), Some(130));
-    let songs_started = rest.join().unwrap().iter().filter(|l| l.contains(r#""type":"dataset_progress""#) && l.contains(".wav")).count();
+    let songs_started = rest
+        .join()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains(r#""type":"dataset_progress""#) && l.contains(".wav"))
+        .count();
     assert!(songs_started <= 1, "{songs_started} more songs were prepared after SIGTERM");
 
     let out = ok(ostinato().args(["runs", "--runs-dir", runs.to_str().unwrap(), "--json"]).output().unwrap());
@@ -238,12 +254,18 @@ fn bad_input_gives_clear_errors_and_non_zero_exit() {
 
     let empty = tmp.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    fails_once_with(ostinato().args(["train", empty.to_str().unwrap(), "--runs-dir", runs, "--name", "e"]), "no audio files");
+    fails_once_with(
+        ostinato().args(["train", empty.to_str().unwrap(), "--runs-dir", runs, "--name", "e"]),
+        "no audio files",
+    );
 
     let junk = tmp.path().join("junk");
     std::fs::create_dir(&junk).unwrap();
     std::fs::write(junk.join("song.wav"), "not audio at all").unwrap();
-    fails_once_with(ostinato().args(["train", junk.to_str().unwrap(), "--runs-dir", runs, "--name", "j"]), "no usable audio");
+    fails_once_with(
+        ostinato().args(["train", junk.to_str().unwrap(), "--runs-dir", runs, "--name", "j"]),
+        "no usable audio",
+    );
     // A start that failed leaves no run behind: the name is free for the next one.
     for name in ["e", "j"] {
         assert!(!tmp.path().join("runs").join(name).exists(), "{name}");
@@ -254,7 +276,16 @@ fn bad_input_gives_clear_errors_and_non_zero_exit() {
     let bad_model = tmp.path().join("model");
     std::fs::create_dir(&bad_model).unwrap();
     fails_with(
-        ostinato().args(["train", songs.to_str().unwrap(), "--model", bad_model.to_str().unwrap(), "--runs-dir", runs, "--name", "m"]),
+        ostinato().args([
+            "train",
+            songs.to_str().unwrap(),
+            "--model",
+            bad_model.to_str().unwrap(),
+            "--runs-dir",
+            runs,
+            "--name",
+            "m",
+        ]),
         "model",
     );
     fails_with(ostinato().args(["train", songs.to_str().unwrap(), "--precision", "fp8"]), "fp8");
@@ -267,11 +298,20 @@ fn preprocess_then_train_on_the_preprocessed_folder() {
     let tmp = tempfile::tempdir().unwrap();
     let songs = audio(tmp.path());
     let out = tmp.path().join("pre");
-    ok(ostinato().args(["preprocess", songs.to_str().unwrap(), "--out", out.to_str().unwrap(), "--crop-seconds", "3"]).output().unwrap());
+    ok(ostinato()
+        .args(["preprocess", songs.to_str().unwrap(), "--out", out.to_str().unwrap(), "--crop-seconds", "3"])
+        .output()
+        .unwrap());
     let written: Vec<_> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(written.iter().filter(|n| n.to_string_lossy().ends_with(".safetensors")).count(), 3, "{written:?}");
-    let sample = candle_core::safetensors::load(out.join(written.iter().find(|n| n.to_string_lossy().ends_with(".safetensors")).unwrap()), &candle_core::Device::Cpu).unwrap();
-    for key in ["target_latents", "attention_mask", "encoder_hidden_states", "encoder_attention_mask", "context_latents"] {
+    let sample = candle_core::safetensors::load(
+        out.join(written.iter().find(|n| n.to_string_lossy().ends_with(".safetensors")).unwrap()),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    for key in
+        ["target_latents", "attention_mask", "encoder_hidden_states", "encoder_attention_mask", "context_latents"]
+    {
         assert!(sample.contains_key(key), "{key}");
     }
     assert_eq!(sample["target_latents"].dims(), &[75, 64]);
@@ -347,7 +387,16 @@ fn without_a_terminal_progress_is_plain_timestamped_lines_and_quiet_keeps_only_t
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stderr}");
     assert!(stderr.lines().all(timestamped), "every line timestamped:\n{stderr}");
-    for needle in ["preparing dataset", "skipped", "broken.wav", "training on", "3 songs", "step 4/4", "checkpoint at step 3", "finished after 4 steps"] {
+    for needle in [
+        "preparing dataset",
+        "skipped",
+        "broken.wav",
+        "training on",
+        "3 songs",
+        "step 4/4",
+        "checkpoint at step 3",
+        "finished after 4 steps",
+    ] {
         assert!(stderr.contains(needle), "`{needle}` in:\n{stderr}");
     }
     assert!(String::from_utf8_lossy(&out.stdout).contains("adapter:"));
@@ -368,7 +417,11 @@ fn negative_numbers_are_values_and_errors_name_the_setting() {
     let tmp = tempfile::tempdir().unwrap();
     let songs = audio(tmp.path());
     for lr in [&["--lr", "-1"][..], &["--lr=-1"][..]] {
-        let out = ostinato().args(["train", songs.to_str().unwrap(), "--runs-dir", tmp.path().to_str().unwrap()]).args(lr).output().unwrap();
+        let out = ostinato()
+            .args(["train", songs.to_str().unwrap(), "--runs-dir", tmp.path().to_str().unwrap()])
+            .args(lr)
+            .output()
+            .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success());
         assert!(stderr.contains("setting `lr`: -1 must be a positive number"), "{stderr}");
@@ -385,7 +438,9 @@ fn cfg_dropout_is_set_shown_and_checked() {
     let tmp = tempfile::tempdir().unwrap();
     let songs = audio(tmp.path());
     let started = |name: &str, extra: &[&str]| -> serde_json::Value {
-        let out = ok(train(tmp.path(), &songs, name, &[&["--max-steps", "1", "--json"][..], extra].concat()).output().unwrap());
+        let out = ok(train(tmp.path(), &songs, name, &[&["--max-steps", "1", "--json"][..], extra].concat())
+            .output()
+            .unwrap());
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
         let line = stdout.lines().find(|l| l.contains("\"run_started\"")).expect("a run_started event");
         serde_json::from_str(line).unwrap()
@@ -394,7 +449,8 @@ fn cfg_dropout_is_set_shown_and_checked() {
     let toml = std::fs::read_to_string(tmp.path().join("runs/cfg/run.toml")).unwrap();
     assert!(toml.contains("cfg_dropout = 0.5"), "{toml}");
     assert_eq!(started("default", &[])["cfg_dropout"], 0.0);
-    let plain = ok(train(tmp.path(), &songs, "plain", &["--max-steps", "1", "--cfg-dropout", "0.25"]).output().unwrap());
+    let plain =
+        ok(train(tmp.path(), &songs, "plain", &["--max-steps", "1", "--cfg-dropout", "0.25"]).output().unwrap());
     let stderr = String::from_utf8_lossy(&plain.stderr);
     assert!(stderr.contains("CFG dropout 0.25"), "the start line shows it: {stderr}");
 
@@ -411,7 +467,17 @@ fn cfg_dropout_is_set_shown_and_checked() {
 fn train_writes_previews_and_reports_them() {
     let tmp = tempfile::tempdir().unwrap();
     let songs = audio(tmp.path());
-    let flags = ["--max-steps", "4", "--json", "--preview-every-steps", "2", "--preview-seconds", "1", "--preview-caption", "soft bells"];
+    let flags = [
+        "--max-steps",
+        "4",
+        "--json",
+        "--preview-every-steps",
+        "2",
+        "--preview-seconds",
+        "1",
+        "--preview-caption",
+        "soft bells",
+    ];
     let out = ok(train(tmp.path(), &songs, "previews", &flags).output().unwrap());
     let previews: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -431,11 +497,21 @@ fn train_writes_previews_and_reports_them() {
     let toml = std::fs::read_to_string(run.join("run.toml")).unwrap();
     assert!(toml.contains("preview_every_steps = 2") && toml.contains("preview_caption = \"soft bells\""), "{toml}");
 
-    let lines = ok(train(tmp.path(), &songs, "lines", &["--max-steps", "1", "--preview-every-steps", "1", "--preview-seconds", "1"]).output().unwrap());
+    let lines = ok(train(
+        tmp.path(),
+        &songs,
+        "lines",
+        &["--max-steps", "1", "--preview-every-steps", "1", "--preview-seconds", "1"],
+    )
+    .output()
+    .unwrap());
     let stderr = String::from_utf8_lossy(&lines.stderr);
     assert!(stderr.contains("preview of the base model: previews/base.wav"), "{stderr}");
     assert!(stderr.contains("preview of step 1: previews/step-000001.wav"), "{stderr}");
-    fails_with(ostinato().args(["train", songs.to_str().unwrap(), "--preview-seconds", "0"]), "setting `preview_seconds`");
+    fails_with(
+        ostinato().args(["train", songs.to_str().unwrap(), "--preview-seconds", "0"]),
+        "setting `preview_seconds`",
+    );
 }
 
 fn tiny_model() -> PathBuf {
@@ -470,9 +546,16 @@ fn inspect_checks_every_weight_and_names_what_is_wrong() {
     fails_with(ostinato().args(["inspect", model.to_str().unwrap()]), &config.display().to_string());
     let songs = audio(tmp.path());
     let mut c = ostinato();
-    c.args(["train", songs.to_str().unwrap(), "--model", model.to_str().unwrap(), "--runs-dir", tmp.path().join("runs").to_str().unwrap()])
-        .args(["--crop-seconds", "2", "--max-steps", "1"])
-        .env("XDG_CACHE_HOME", tmp.path().join("cache"));
+    c.args([
+        "train",
+        songs.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--runs-dir",
+        tmp.path().join("runs").to_str().unwrap(),
+    ])
+    .args(["--crop-seconds", "2", "--max-steps", "1"])
+    .env("XDG_CACHE_HOME", tmp.path().join("cache"));
     fails_with(&mut c, &config.display().to_string());
 
     // Not a model folder: a file, or one part of a model.
@@ -488,7 +571,8 @@ struct SmallDisk(PathBuf);
 impl SmallDisk {
     fn mount(dir: &Path) -> Option<Self> {
         std::fs::create_dir_all(dir).unwrap();
-        let status = Command::new("mount").args(["-t", "tmpfs", "-o", "size=3m", "tmpfs", dir.to_str().unwrap()]).status();
+        let status =
+            Command::new("mount").args(["-t", "tmpfs", "-o", "size=3m", "tmpfs", dir.to_str().unwrap()]).status();
         if !status.is_ok_and(|s| s.success()) {
             eprintln!("SKIPPED: cannot mount a tmpfs here (needs root); the full-disk test did not run");
             return None;
@@ -563,7 +647,10 @@ fn a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_blocks_nothi
     let listed = runs_json(&tmp.path().join("runs"));
     assert_eq!((&listed[0]["status"], &listed[0]["resumable"]), (&"interrupted".into(), &true.into()));
     let logged = step_losses(&run).len() as u64;
-    ok(ostinato().args(["resume", run.to_str().unwrap(), "--stop-at-step", &(logged + 1).to_string()]).output().unwrap());
+    ok(ostinato()
+        .args(["resume", run.to_str().unwrap(), "--stop-at-step", &(logged + 1).to_string()])
+        .output()
+        .unwrap());
     assert_eq!(step_losses(&run).last().unwrap().0, logged + 1);
 }
 
@@ -657,7 +744,8 @@ fn runs_json_is_truthful_about_checkpoints_and_damaged_logs() {
 /// `generate --demo` with a short duration and the given extra flags.
 fn generate(out: &Path, extra: &[&str]) -> Command {
     let mut c = ostinato();
-    c.args(["generate", "--demo", "--caption", "warm lo-fi piano", "--duration", "2", "--out", out.to_str().unwrap()]).args(extra);
+    c.args(["generate", "--demo", "--caption", "warm lo-fi piano", "--duration", "2", "--out", out.to_str().unwrap()])
+        .args(extra);
     c
 }
 
@@ -666,7 +754,8 @@ fn generate_is_deterministic_and_decode_reproduces_it() {
     let tmp = tempfile::tempdir().unwrap();
     let (a, b, c) = (tmp.path().join("a.wav"), tmp.path().join("b.wav"), tmp.path().join("c.wav"));
     let latents = tmp.path().join("a.safetensors");
-    let out = ok(generate(&a, &["--seed", "5", "--json", "--latents-out", latents.to_str().unwrap()]).output().unwrap());
+    let out =
+        ok(generate(&a, &["--seed", "5", "--json", "--latents-out", latents.to_str().unwrap()]).output().unwrap());
     ok(generate(&b, &["--seed", "5"]).output().unwrap());
     ok(generate(&c, &["--seed", "6"]).output().unwrap());
     let bytes = std::fs::read(&a).unwrap();
@@ -681,14 +770,18 @@ fn generate_is_deterministic_and_decode_reproduces_it() {
     assert!(audio.peak() > 1e-3 && audio.peak() < 96.0);
 
     // JSON events: started, 8 steps, decoding, written.
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let types: Vec<&str> = lines.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(types, [&["started"][..], &["step"; 8], &["decoding", "written"]].concat());
     assert_eq!(lines[0]["frames"], 50);
 
     // The latents decode to the same WAV.
     let d = tmp.path().join("d.wav");
-    ok(ostinato().args(["decode", latents.to_str().unwrap(), "--demo", "--out", d.to_str().unwrap()]).output().unwrap());
+    ok(ostinato()
+        .args(["decode", latents.to_str().unwrap(), "--demo", "--out", d.to_str().unwrap()])
+        .output()
+        .unwrap());
     assert_eq!(std::fs::read(&d).unwrap(), bytes);
 }
 
@@ -698,13 +791,15 @@ fn random_adapter(source: &ostinato_engine::model::source::ModelSource, dir: &Pa
     let dev = candle_core::Device::Cpu;
     let (cfg, w) = source.load_decoder(candle_core::DType::F32, &dev).unwrap();
     let dit = ostinato_engine::model::DitModel::new(&cfg, &w).unwrap();
-    let config = LoraConfig { r: 2, alpha: 4.0, dropout: 0.0, target_modules: targets.iter().map(|t| t.to_string()).collect(), use_rslora: false };
+    let config = LoraConfig {
+        r: 2,
+        alpha: 4.0,
+        dropout: 0.0,
+        target_modules: targets.iter().map(|t| t.to_string()).collect(),
+        use_rslora: false,
+    };
     let fresh = LoraAdapter::new(config.clone(), &dit, 1).unwrap();
-    let tensors = fresh
-        .named_tensors()
-        .into_iter()
-        .map(|(k, t)| (k, (t.randn_like(0.0, 0.5).unwrap())))
-        .collect();
+    let tensors = fresh.named_tensors().into_iter().map(|(k, t)| (k, (t.randn_like(0.0, 0.5).unwrap()))).collect();
     LoraAdapter::from_tensors(config, &dit, &tensors, dir).unwrap().save_peft(dir).unwrap();
 }
 
@@ -712,7 +807,11 @@ fn random_adapter(source: &ostinato_engine::model::source::ModelSource, dir: &Pa
 fn adapter_scale_zero_is_the_base_model_and_one_changes_the_song() {
     let tmp = tempfile::tempdir().unwrap();
     let adapter = tmp.path().join("adapter");
-    random_adapter(&ostinato_engine::model::source::ModelSource::Demo, &adapter, &["q_proj", "k_proj", "v_proj", "o_proj"]);
+    random_adapter(
+        &ostinato_engine::model::source::ModelSource::Demo,
+        &adapter,
+        &["q_proj", "k_proj", "v_proj", "o_proj"],
+    );
     let song = |name: &str, extra: &[&str]| {
         let p = tmp.path().join(name);
         ok(generate(&p, extra).output().unwrap());
@@ -739,11 +838,33 @@ fn generates_and_decodes_with_an_acestep_model_folder() {
     let z = candle_core::safetensors::load(&latents, &candle_core::Device::Cpu).unwrap();
     assert_eq!(z["latents"].dims(), [25, 8]);
     let again = tmp.path().join("again.wav");
-    ok(ostinato().args(["decode", latents.to_str().unwrap(), "--model", model.to_str().unwrap(), "--out", again.to_str().unwrap()]).output().unwrap());
+    ok(ostinato()
+        .args([
+            "decode",
+            latents.to_str().unwrap(),
+            "--model",
+            model.to_str().unwrap(),
+            "--out",
+            again.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap());
     assert_eq!(std::fs::read(&again).unwrap(), std::fs::read(&out).unwrap());
     // The turbo model has no guidance to give.
     fails_with(
-        ostinato().args(["generate", "--model", model.to_str().unwrap(), "--caption", "x", "--duration", "1", "--guidance", "7"]).args(["--out", again.to_str().unwrap()]),
+        ostinato()
+            .args([
+                "generate",
+                "--model",
+                model.to_str().unwrap(),
+                "--caption",
+                "x",
+                "--duration",
+                "1",
+                "--guidance",
+                "7",
+            ])
+            .args(["--out", again.to_str().unwrap()]),
         "turbo",
     );
 }
@@ -752,8 +873,14 @@ fn generates_and_decodes_with_an_acestep_model_folder() {
 fn bad_generate_and_decode_input_gives_clear_errors_and_writes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out.wav");
-    fails_with(ostinato().args(["generate", "--demo", "--caption", "x", "--duration", "0", "--out", out.to_str().unwrap()]), "duration 0");
-    fails_with(ostinato().args(["generate", "--demo", "--caption", "x", "--duration", "601", "--out", out.to_str().unwrap()]), "600");
+    fails_with(
+        ostinato().args(["generate", "--demo", "--caption", "x", "--duration", "0", "--out", out.to_str().unwrap()]),
+        "duration 0",
+    );
+    fails_with(
+        ostinato().args(["generate", "--demo", "--caption", "x", "--duration", "601", "--out", out.to_str().unwrap()]),
+        "600",
+    );
 
     let no_config = tmp.path().join("not-an-adapter");
     std::fs::create_dir(&no_config).unwrap();
@@ -763,7 +890,10 @@ fn bad_generate_and_decode_input_gives_clear_errors_and_writes_nothing() {
     let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/real/model");
     let other = tmp.path().join("other-adapter");
     random_adapter(&ostinato_engine::model::source::ModelSource::Folder { path: model }, &other, &["q_proj"]);
-    fails_with(&mut generate(&out, &["--adapter", other.to_str().unwrap()]), "layers.0.cross_attn.q_proj.lora_A.weight` has shape [2, 32]");
+    fails_with(
+        &mut generate(&out, &["--adapter", other.to_str().unwrap()]),
+        "layers.0.cross_attn.q_proj.lora_A.weight` has shape [2, 32]",
+    );
     // Targets the model does not have.
     let config = other.join("adapter_config.json");
     let text = std::fs::read_to_string(&config).unwrap().replace("\"q_proj\"", "\"gate_projection\"");
@@ -774,7 +904,10 @@ fn bad_generate_and_decode_input_gives_clear_errors_and_writes_nothing() {
     let no_weights = tmp.path().join("no-weights");
     std::fs::create_dir(&no_weights).unwrap();
     std::fs::copy(other.join("adapter_config.json"), no_weights.join("adapter_config.json")).unwrap();
-    fails_with(&mut generate(&out, &["--adapter", no_weights.to_str().unwrap()]), "no-weights/adapter_model.safetensors");
+    fails_with(
+        &mut generate(&out, &["--adapter", no_weights.to_str().unwrap()]),
+        "no-weights/adapter_model.safetensors",
+    );
 
     fails_with(&mut generate(&out, &["--guidance", "5"]), "turbo");
     let unwritable = tmp.path().join("no/such/folder/out.wav");
@@ -783,15 +916,25 @@ fn bad_generate_and_decode_input_gives_clear_errors_and_writes_nothing() {
     std::fs::create_dir(&folder).unwrap();
     fails_with(&mut generate(&folder, &[]), "a-folder.wav: is a folder");
     // An unwritable --latents-out fails before the song is made: no WAV either.
-    fails_with(&mut generate(&out, &["--latents-out", unwritable.with_extension("safetensors").to_str().unwrap()]), "no/such/folder/out.safetensors");
+    fails_with(
+        &mut generate(&out, &["--latents-out", unwritable.with_extension("safetensors").to_str().unwrap()]),
+        "no/such/folder/out.safetensors",
+    );
 
     // Latents of the wrong shape.
     let z = tmp.path().join("z.safetensors");
     let t = candle_core::Tensor::zeros((10, 32), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
-    candle_core::safetensors::save(&[("latents".to_string(), t)].into_iter().collect::<std::collections::HashMap<_, _>>(), &z).unwrap();
+    candle_core::safetensors::save(
+        &[("latents".to_string(), t)].into_iter().collect::<std::collections::HashMap<_, _>>(),
+        &z,
+    )
+    .unwrap();
     fails_with(ostinato().args(["decode", z.to_str().unwrap(), "--demo", "--out", out.to_str().unwrap()]), "[10, 32]");
     fails_with(ostinato().args(["decode", z.to_str().unwrap(), "--out", out.to_str().unwrap()]), "--demo");
-    fails_with(ostinato().args(["decode", z.to_str().unwrap(), "--demo", "--out", unwritable.to_str().unwrap()]), "no/such/folder/out.wav");
+    fails_with(
+        ostinato().args(["decode", z.to_str().unwrap(), "--demo", "--out", unwritable.to_str().unwrap()]),
+        "no/such/folder/out.wav",
+    );
 
     assert!(!out.exists(), "nothing is written on failure");
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
@@ -805,7 +948,10 @@ fn validation_flags_best_adapter_in_runs_and_export_which() {
     let val = ["--val-files", "drum_groove_128.wav", "--val-every-steps", "3", "--max-steps", "6"];
     ok(train(tmp.path(), &songs, "val", &val).output().unwrap());
     let run = tmp.path().join("runs/val");
-    let out = ok(ostinato().args(["runs", "--json", "--runs-dir", tmp.path().join("runs").to_str().unwrap()]).output().unwrap());
+    let out = ok(ostinato()
+        .args(["runs", "--json", "--runs-dir", tmp.path().join("runs").to_str().unwrap()])
+        .output()
+        .unwrap());
     let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let best_step = runs[0]["best_step"].as_u64().expect("a best step");
     assert!([3, 6].contains(&best_step), "{runs}");
@@ -817,7 +963,11 @@ fn validation_flags_best_adapter_in_runs_and_export_which() {
         c.args(["export", run.to_str().unwrap(), "--format", "peft", "--to", to.to_str().unwrap(), "--which", which]);
         (c, to)
     };
-    for (which, from) in [("best", "best/adapter".to_string()), ("final", "final/adapter".into()), ("step-3", "checkpoints/step-000003/adapter".into())] {
+    for (which, from) in [
+        ("best", "best/adapter".to_string()),
+        ("final", "final/adapter".into()),
+        ("step-3", "checkpoints/step-000003/adapter".into()),
+    ] {
         let (mut c, to) = export(which, which);
         ok(c.output().unwrap());
         let file = "adapter_model.safetensors";
@@ -826,11 +976,17 @@ fn validation_flags_best_adapter_in_runs_and_export_which() {
     fails_with(&mut export("step-4", "x").0, "no checkpoint of step 4");
     fails_with(&mut export("worst", "x").0, "expected best, final or step-N");
     // Held out one way only; a run without validation has no best adapter.
-    fails_with(&mut train(tmp.path(), &songs, "both", &["--val-files", "a.wav", "--val-fraction", "0.5"]), "--val-fraction");
+    fails_with(
+        &mut train(tmp.path(), &songs, "both", &["--val-files", "a.wav", "--val-fraction", "0.5"]),
+        "--val-fraction",
+    );
     fails_with(&mut train(tmp.path(), &songs, "noperiod", &["--val-fraction", "0.5"]), "val_every_steps");
     ok(train(tmp.path(), &songs, "plain", &["--max-steps", "1"]).output().unwrap());
     let plain = tmp.path().join("runs/plain");
-    fails_with(ostinato().args(["export", plain.to_str().unwrap(), "--format", "peft", "--to", "x", "--which", "best"]), "no best adapter");
+    fails_with(
+        ostinato().args(["export", plain.to_str().unwrap(), "--format", "peft", "--to", "x", "--which", "best"]),
+        "no best adapter",
+    );
 }
 
 /// `runs --charts` replays a trained run's log into PNG and SVG charts: the loss with
@@ -861,7 +1017,8 @@ fn runs_charts_writes_every_chart_of_a_trained_run_with_loss_by_noise_level() {
         assert!(texts("noise-levels").iter().any(|t| t == text), "{text} in {:?}", texts("noise-levels"));
     }
     assert!(texts("loss").iter().any(|t| t == "validation"), "{:?}", texts("loss"));
-    let left: Vec<_> = std::fs::read_dir(&charts).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let left: Vec<_> =
+        std::fs::read_dir(&charts).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     assert!(left.iter().all(|n| !n.starts_with('.')), "no temporary files left: {left:?}");
     fails_with(ostinato().args(["runs", "--charts", tmp.path().to_str().unwrap()]), "not a run directory");
 }
@@ -912,7 +1069,10 @@ fn models_download_list_verify_add_and_remove() {
     // Listed complete, verified, and opened by `inspect`.
     let list: serde_json::Value = serde_json::from_str(&text(run(&["list", "--json"]))).unwrap();
     assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
-    assert_eq!((&list[0]["variant"], &list[0]["complete"], &list[0]["origin"]), (&"turbo".into(), &true.into(), &"hub_cache".into()));
+    assert_eq!(
+        (&list[0]["variant"], &list[0]["complete"], &list[0]["origin"]),
+        (&"turbo".into(), &true.into(), &"hub_cache".into())
+    );
     assert_eq!(list[0]["path"], model.to_str().unwrap());
     let verified = text(run(&["verify", "turbo"]));
     assert!(verified.starts_with("ok ") && verified.contains("9 files match their hub checksums"), "{verified}");
@@ -956,7 +1116,8 @@ fn a_run_predicted_past_memory_is_refused_and_fit_auto_says_what_it_chose() {
     let out = ok(train(tmp.path(), &songs, "fitted", &["--max-steps", "1", "--fit", "auto"]).output().unwrap());
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stderr}");
-    let line = stderr.lines().find(|l| l.starts_with("memory: predicted peak")).expect("the plan is shown before training");
+    let line =
+        stderr.lines().find(|l| l.starts_with("memory: predicted peak")).expect("the plan is shown before training");
     assert!(line.contains("(fit auto: gradient checkpointing off)"), "{line}");
     let config = RunConfig::from_toml_file(&runs.join("fitted/run.toml")).unwrap();
     assert!(!config.gradient_checkpointing);

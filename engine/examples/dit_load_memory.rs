@@ -69,11 +69,7 @@ fn write_checkpoint(path: &std::path::Path, cfg: &DitConfig) -> std::io::Result<
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let keep = args.iter().any(|a| a == "--keep");
-    let dir = args
-        .iter()
-        .find(|a| !a.starts_with("--"))
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
+    let dir = args.iter().find(|a| !a.starts_with("--")).map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
     let path = dir.join("ostinato-dit-full-bf16.safetensors");
     let cfg = full_config();
 

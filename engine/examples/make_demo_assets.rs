@@ -2,10 +2,8 @@
 //! (DIR defaults to assets/demo).
 
 fn main() -> std::io::Result<()> {
-    let dir = std::env::args_os()
-        .nth(1)
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(ostinato_engine::data::synth::demo_dir);
+    let dir =
+        std::env::args_os().nth(1).map(std::path::PathBuf::from).unwrap_or_else(ostinato_engine::data::synth::demo_dir);
     for wav in ostinato_engine::data::synth::write_demo(&dir)? {
         println!("{}", wav.display());
     }

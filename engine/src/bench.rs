@@ -21,13 +21,13 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::lora::{LoraAdapter, LoraConfig, LoraMode};
-use crate::{heap, metrics};
 use crate::model::footprint::{self, Workload};
 use crate::model::{DecoderWeights, DitConfig, DitModel, LayerType};
 use crate::train::fit::lora_parameters;
 use crate::train::flow::{Batch, FlowBatch};
 use crate::train::grads;
 use crate::train::optim::{clip_grad_norm, AdamW, AdamWConfig};
+use crate::{heap, metrics};
 use crate::{Error, Result};
 
 /// The shapes a bench runs.
@@ -114,13 +114,10 @@ impl Preset {
 impl std::str::FromStr for Preset {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        Preset::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = Preset::ALL.iter().map(|p| p.name()).collect();
-                format!("unknown preset `{s}` (expected one of {})", names.join(", "))
-            })
+        Preset::ALL.into_iter().find(|p| p.name() == s).ok_or_else(|| {
+            let names: Vec<_> = Preset::ALL.iter().map(|p| p.name()).collect();
+            format!("unknown preset `{s}` (expected one of {})", names.join(", "))
+        })
     }
 }
 
@@ -153,17 +150,19 @@ impl std::str::FromStr for AnyPreset {
 /// LoRA r 16, alpha 32 on q/k/v/o (self- and cross-attention), no dropout (the
 /// PyTorch reference runs the same).
 fn bench_lora() -> LoraConfig {
-    LoraConfig {
-        r: 16,
-        alpha: 32.0,
-        dropout: 0.0,
-        ..Default::default()
-    }
+    LoraConfig { r: 16, alpha: 32.0, dropout: 0.0, ..Default::default() }
 }
 
 /// An ACE-Step 1.5 DiT config of the given size: patch 2, 192 input / 64 latent
 /// channels, sliding window 128 on even layers, as the real model.
-fn dit_config(hidden: usize, intermediate: usize, layers: usize, heads: usize, kv_heads: usize, head_dim: usize) -> DitConfig {
+fn dit_config(
+    hidden: usize,
+    intermediate: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> DitConfig {
     DitConfig {
         hidden_size: hidden,
         intermediate_size: intermediate,
@@ -201,7 +200,14 @@ impl BenchSpec {
     /// The same shapes with `layers` layers (sliding on even layers, as the real model).
     pub fn with_layers(mut self, layers: usize) -> Self {
         let c = &self.config;
-        self.config = dit_config(c.hidden_size, c.intermediate_size, layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        self.config = dit_config(
+            c.hidden_size,
+            c.intermediate_size,
+            layers,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+        );
         self
     }
 }
@@ -356,7 +362,6 @@ fn device_name(device: &Device) -> &'static str {
         Device::Metal(_) => "metal",
     }
 }
-
 
 fn random_batch(spec: &BenchSpec, device: &Device) -> Result<Batch> {
     let (b, t, l) = (spec.batch, spec.frames, spec.encoder_len);

@@ -121,15 +121,7 @@ fn step_points(events: &[Event]) -> Vec<StepPoint> {
     const MIB: f64 = 1024.0 * 1024.0;
     let mut out: Vec<StepPoint> = Vec::new();
     for event in events {
-        if let Event::Step {
-            step,
-            loss,
-            samples_per_sec,
-            memory_now_bytes,
-            memory_peak_bytes,
-            ..
-        } = *event
-        {
+        if let Event::Step { step, loss, samples_per_sec, memory_now_bytes, memory_peak_bytes, .. } = *event {
             drop_redone(&mut out, step, |p| p.step);
             out.push(StepPoint {
                 step,
@@ -166,21 +158,12 @@ fn series(chart: Chart, events: &[Event]) -> Vec<Series> {
         Chart::Loss => {
             let raw = line("loss", |p| p.loss);
             let mut smoother = LossSmoother::new(LOSS_SMOOTHING);
-            let smoothed = Series {
-                name: "smoothed",
-                points: raw
-                    .points
-                    .iter()
-                    .map(|&(x, y)| (x, smoother.push(y)))
-                    .collect(),
-            };
+            let smoothed =
+                Series { name: "smoothed", points: raw.points.iter().map(|&(x, y)| (x, smoother.push(y))).collect() };
             vec![raw, smoothed]
         }
         Chart::Throughput => vec![line("samples/s", |p| p.samples_per_sec)],
-        Chart::Memory => vec![
-            line("now", |p| p.memory_now_mib),
-            line("peak", |p| p.memory_peak_mib),
-        ],
+        Chart::Memory => vec![line("now", |p| p.memory_now_mib), line("peak", |p| p.memory_peak_mib)],
         // Not a chart over steps: `noise_level_figure` draws it.
         Chart::NoiseLevel => Vec::new(),
     }
@@ -211,19 +194,12 @@ fn step_range(steps: impl Iterator<Item = u64>) -> std::ops::Range<u64> {
 /// A range that shows `values` with a 5% margin; a sensible default when there is
 /// nothing (or only one value) to show.
 fn value_range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
-    let (lo, hi) = values
-        .filter(|v| v.is_finite())
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-            (lo.min(v), hi.max(v))
-        });
+    let (lo, hi) =
+        values.filter(|v| v.is_finite()).fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
     if lo > hi {
         return 0.0..1.0;
     }
-    let pad = if hi > lo {
-        (hi - lo) * 0.05
-    } else {
-        lo.abs().max(1.0) * 0.1
-    };
+    let pad = if hi > lo { (hi - lo) * 0.05 } else { lo.abs().max(1.0) * 0.1 };
     (lo - pad)..(hi + pad)
 }
 
@@ -233,10 +209,8 @@ fn chart_error(e: impl std::fmt::Display) -> Error {
 
 fn ensure_font() -> Result<()> {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
-    let ok = *REGISTERED
-        .get_or_init(|| register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_ok());
-    ok.then_some(())
-        .ok_or_else(|| Error::Chart("the embedded font could not be loaded".into()))
+    let ok = *REGISTERED.get_or_init(|| register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_ok());
+    ok.then_some(()).ok_or_else(|| Error::Chart("the embedded font could not be loaded".into()))
 }
 
 /// One line of a figure, with its look.
@@ -271,10 +245,20 @@ fn step_figure(chart: Chart, events: &[Event], palette: &Palette) -> Figure<u64>
     let count = plain.len();
     let mut lines: Vec<Line<u64>> = (plain.into_iter().zip(styles(palette, count)))
         // A line needs two points: mark a lone first one so it shows.
-        .map(|(s, style)| Line { name: s.name.into(), marker: if s.points.len() == 1 { 3 } else { 0 }, points: s.points, style })
+        .map(|(s, style)| Line {
+            name: s.name.into(),
+            marker: if s.points.len() == 1 { 3 } else { 0 },
+            points: s.points,
+            style,
+        })
         .collect();
     if let Some(v) = validation_series(events).filter(|_| chart == Chart::Loss) {
-        lines.push(Line { name: v.name.into(), points: v.points, style: palette.validation.stroke_width(2), marker: 3 });
+        lines.push(Line {
+            name: v.name.into(),
+            points: v.points,
+            style: palette.validation.stroke_width(2),
+            marker: 3,
+        });
     }
     let (title, y_desc) = chart.title_and_unit();
     Figure {
@@ -365,12 +349,7 @@ where
 }
 
 /// Draws `chart` of a run's events as an SVG document of `size` pixels.
-pub fn render_svg(
-    chart: Chart,
-    events: &[Event],
-    size: (u32, u32),
-    theme: Theme,
-) -> Result<String> {
+pub fn render_svg(chart: Chart, events: &[Event], size: (u32, u32), theme: Theme) -> Result<String> {
     ensure_font()?;
     let mut svg = String::new();
     {
@@ -381,13 +360,7 @@ pub fn render_svg(
 }
 
 /// Draws `chart` of a run's events into a PNG file of `size` pixels.
-pub fn render_png(
-    chart: Chart,
-    events: &[Event],
-    size: (u32, u32),
-    theme: Theme,
-    path: &Path,
-) -> Result<()> {
+pub fn render_png(chart: Chart, events: &[Event], size: (u32, u32), theme: Theme, path: &Path) -> Result<()> {
     ensure_font()?;
     let root = BitMapBackend::new(path, size).into_drawing_area();
     draw(&root, chart, events, theme).map_err(|e| Error::Chart(format!("{}: {e}", path.display())))

@@ -62,26 +62,14 @@ pub fn select(force_cpu: bool) -> Result<Selected> {
     #[cfg(target_os = "macos")]
     {
         match Device::new_metal(0) {
-            Ok(device) => {
-                return Ok(Selected {
-                    device,
-                    name: "metal",
-                    reason: "Metal GPU".into(),
-                })
-            }
+            Ok(device) => return Ok(Selected { device, name: "metal", reason: "Metal GPU".into() }),
             Err(e) => return Ok(cpu(format!("Metal unavailable ({e}), using CPU"))),
         }
     }
     #[cfg(feature = "cuda")]
     {
         match Device::new_cuda(0) {
-            Ok(device) => {
-                return Ok(Selected {
-                    device,
-                    name: "cuda",
-                    reason: "CUDA GPU 0".into(),
-                })
-            }
+            Ok(device) => return Ok(Selected { device, name: "cuda", reason: "CUDA GPU 0".into() }),
             Err(e) => return Ok(cpu(format!("CUDA unavailable ({e}), using CPU"))),
         }
     }
@@ -90,11 +78,7 @@ pub fn select(force_cpu: bool) -> Result<Selected> {
 }
 
 fn cpu(reason: String) -> Selected {
-    Selected {
-        device: Device::Cpu,
-        name: "cpu",
-        reason,
-    }
+    Selected { device: Device::Cpu, name: "cpu", reason }
 }
 
 /// Runs one training step inside an Objective-C autorelease pool on macOS, so that

@@ -31,21 +31,13 @@ pub enum Error {
     /// Weights that do not fit the model their config describes: every problem found,
     /// and the config the expected shapes come from.
     #[error("{}", weights_message(path, config.as_deref(), problems))]
-    Weights {
-        path: PathBuf,
-        config: Option<PathBuf>,
-        problems: Vec<String>,
-    },
+    Weights { path: PathBuf, config: Option<PathBuf>, problems: Vec<String> },
 
     #[error("weights: missing tensor `{key}` (expected shape {expected:?})")]
     MissingTensor { key: String, expected: Vec<usize> },
 
     #[error("weights: tensor `{key}` has shape {found:?}, expected {expected:?}")]
-    ShapeMismatch {
-        key: String,
-        expected: Vec<usize>,
-        found: Vec<usize>,
-    },
+    ShapeMismatch { key: String, expected: Vec<usize>, found: Vec<usize> },
 
     #[error("weights: unexpected tensor(s) not used by the model: {}", .0.join(", "))]
     UnexpectedTensors(Vec<String>),
@@ -63,11 +55,7 @@ pub enum Error {
     GradientCount { params: usize, grads: usize },
 
     #[error("{path}:{line}: {reason}")]
-    EventLog {
-        path: PathBuf,
-        line: usize,
-        reason: String,
-    },
+    EventLog { path: PathBuf, line: usize, reason: String },
 
     #[error("chart: {0}")]
     Chart(String),
@@ -103,11 +91,7 @@ pub enum Error {
 
     /// A folder the run reads (its audio, its model) is not where the config says.
     #[error("{what} {path} cannot be read: {cause}")]
-    InputFolder {
-        what: &'static str,
-        path: PathBuf,
-        cause: std::io::Error,
-    },
+    InputFolder { what: &'static str, path: PathBuf, cause: std::io::Error },
 
     /// Another process holds the run directory's lock: one writer per run.
     #[error("{dir} is being trained by {}: one process at a time may train a run", holder(.pid))]
@@ -133,24 +117,15 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn io(path: impl Into<PathBuf>, cause: std::io::Error) -> Self {
-        Error::Io {
-            path: path.into(),
-            cause,
-        }
+        Error::Io { path: path.into(), cause }
     }
 
     pub fn download(what: impl Into<String>, reason: impl Into<String>) -> Self {
-        Error::Download {
-            what: what.into(),
-            reason: reason.into(),
-        }
+        Error::Download { what: what.into(), reason: reason.into() }
     }
 
     pub fn setting(field: &str, reason: impl Into<String>) -> Self {
-        Error::Setting {
-            field: field.to_string(),
-            reason: reason.into(),
-        }
+        Error::Setting { field: field.to_string(), reason: reason.into() }
     }
 }
 
@@ -169,8 +144,5 @@ fn weights_message(path: &Path, config: Option<&Path>, problems: &[String]) -> S
 /// Reads and parses a JSON file; errors name the file.
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text).map_err(|cause| Error::Json {
-        path: path.to_path_buf(),
-        cause,
-    })
+    serde_json::from_str(&text).map_err(|cause| Error::Json { path: path.to_path_buf(), cause })
 }

@@ -284,12 +284,7 @@ impl EventLog {
     pub fn open(path: impl Into<PathBuf>) -> Result<Self> {
         let path = path.into();
         let io = |e| Error::io(&path, e);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(&path)
-            .map_err(io)?;
+        let mut file = OpenOptions::new().read(true).append(true).create(true).open(&path).map_err(io)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(io)?;
         if bytes.last().is_some_and(|&b| b != b'\n') {
@@ -350,20 +345,13 @@ pub(crate) fn drop_redone<T>(out: &mut Vec<T>, step: u64, step_of: impl Fn(&T) -
 
 /// One event as its log line (without the newline): `{"v":1,"type":...}`.
 pub fn to_json_line(event: &Event) -> String {
-    serde_json::to_string(&Line {
-        v: SCHEMA_VERSION,
-        event,
-    })
-    .expect("events serialise: their numbers are finite")
+    serde_json::to_string(&Line { v: SCHEMA_VERSION, event }).expect("events serialise: their numbers are finite")
 }
 
 fn parse_line(line: &[u8]) -> std::result::Result<Event, String> {
-    let Line { v, event } =
-        serde_json::from_slice::<Line<Event>>(line).map_err(|e| e.to_string())?;
+    let Line { v, event } = serde_json::from_slice::<Line<Event>>(line).map_err(|e| e.to_string())?;
     if v > SCHEMA_VERSION {
-        return Err(format!(
-            "schema version {v} is newer than this engine's {SCHEMA_VERSION}"
-        ));
+        return Err(format!("schema version {v} is newer than this engine's {SCHEMA_VERSION}"));
     }
     Ok(event)
 }
@@ -416,13 +404,7 @@ mod tests {
                 },
                 total_steps: 40,
             },
-            Event::DatasetProgress {
-                done: 1,
-                total: 3,
-                file: "a.wav".into(),
-                seconds_done: None,
-                seconds_total: None,
-            },
+            Event::DatasetProgress { done: 1, total: 3, file: "a.wav".into(), seconds_done: None, seconds_total: None },
             Event::DatasetProgress {
                 done: 1,
                 total: 3,
@@ -430,11 +412,7 @@ mod tests {
                 seconds_done: Some(10.0),
                 seconds_total: Some(240.5),
             },
-            Event::DatasetIssue {
-                file: "b.mp3".into(),
-                reason: "cannot decode".into(),
-                kind: IssueKind::Skipped,
-            },
+            Event::DatasetIssue { file: "b.mp3".into(), reason: "cannot decode".into(), kind: IssueKind::Skipped },
             Event::DatasetIssue {
                 file: "a.json".into(),
                 reason: "field \"bpm\" = \"fast\" is not a number: ignored; the song is used".into(),
@@ -447,21 +425,9 @@ mod tests {
                 note: Some("cut to 240 s".into()),
             },
             step(1, 0.9),
-            Event::StepSkipped {
-                step: 2,
-                reason: "non-finite gradients".into(),
-                consecutive: 1,
-                loss_scale: 32768.0,
-            },
-            Event::EpochEnd {
-                epoch: 0,
-                step: 1,
-                mean_loss: Some(0.9),
-            },
-            Event::CheckpointSaved {
-                step: 1,
-                path: "checkpoints/step-000001".into(),
-            },
+            Event::StepSkipped { step: 2, reason: "non-finite gradients".into(), consecutive: 1, loss_scale: 32768.0 },
+            Event::EpochEnd { epoch: 0, step: 1, mean_loss: Some(0.9) },
+            Event::CheckpointSaved { step: 1, path: "checkpoints/step-000001".into() },
             Event::Preview {
                 step: 2,
                 path: "previews/step-000002.wav".into(),
@@ -472,28 +438,12 @@ mod tests {
             },
             Event::Paused { step: 1 },
             Event::Resumed { step: 1 },
-            Event::Warning {
-                message: "fell back to an older checkpoint".into(),
-            },
-            Event::Finished {
-                adapter_path: "final/adapter".into(),
-                steps: 1,
-                final_loss: Some(0.9),
-                reason: None,
-            },
+            Event::Warning { message: "fell back to an older checkpoint".into() },
+            Event::Finished { adapter_path: "final/adapter".into(), steps: 1, final_loss: Some(0.9), reason: None },
             Event::Validation { step: 1, loss: 0.8, best: true },
-            Event::Stopped {
-                step: 1,
-                adapter_path: Some("final/adapter".into()),
-            },
-            Event::Stopped {
-                step: 0,
-                adapter_path: None,
-            },
-            Event::Failed {
-                step: 1,
-                reason: "20 consecutive non-finite steps".into(),
-            },
+            Event::Stopped { step: 1, adapter_path: Some("final/adapter".into()) },
+            Event::Stopped { step: 0, adapter_path: None },
+            Event::Failed { step: 1, reason: "20 consecutive non-finite steps".into() },
         ]
     }
 
@@ -501,10 +451,7 @@ mod tests {
     fn lines_are_tagged_and_versioned() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.jsonl");
-        EventLog::open(&path)
-            .unwrap()
-            .append(&step(3, 0.25))
-            .unwrap();
+        EventLog::open(&path).unwrap().append(&step(3, 0.25)).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         let value: serde_json::Value = serde_json::from_str(text.trim_end()).unwrap();
         assert_eq!(value["v"], 1);
@@ -541,17 +488,13 @@ mod tests {
         log.append(&step(2, 0.4)).unwrap();
         drop(log);
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-        f.write_all(br#"{"v":1,"type":"step","step":3,"ep"#)
-            .unwrap();
+        f.write_all(br#"{"v":1,"type":"step","step":3,"ep"#).unwrap();
         drop(f);
         assert_eq!(read_events(&path).unwrap(), [step(1, 0.5), step(2, 0.4)]);
 
         let mut log = EventLog::open(&path).unwrap();
         log.append(&step(3, 0.3)).unwrap();
-        assert_eq!(
-            read_events(&path).unwrap(),
-            [step(1, 0.5), step(2, 0.4), step(3, 0.3)]
-        );
+        assert_eq!(read_events(&path).unwrap(), [step(1, 0.5), step(2, 0.4), step(3, 0.3)]);
     }
 
     #[test]
@@ -614,7 +557,9 @@ mod tests {
             &events[1],
             Event::RunStarted { dataset: DatasetSummary { seconds_in_files: None, total_seconds, .. }, .. } if *total_seconds == 12.5
         ));
-        assert!(matches!(&events[1], Event::RunStarted { cfg_dropout, timestep_levels: None, .. } if *cfg_dropout == 0.0));
+        assert!(
+            matches!(&events[1], Event::RunStarted { cfg_dropout, timestep_levels: None, .. } if *cfg_dropout == 0.0)
+        );
         assert!(matches!(&events[2], Event::Step { samples, loss, .. } if samples.is_empty() && *loss == 0.5));
         // And a new step line without samples is the old line.
         assert!(!to_json_line(&events[2]).contains("samples\""), "{}", to_json_line(&events[2]));

@@ -88,7 +88,10 @@ pub fn export_run_adapter(run_dir: &Path, which: WhichAdapter, format: ExportFor
         ExportFormat::MergedModel => match &config.model {
             ModelSource::Folder { path } => write_merged_model(&ModelFolder::open(path, None)?.dit_dir, &adapter, to)?,
             ModelSource::Demo => {
-                return Err(Error::setting("format", "merged-model needs a model folder; the built-in demo model has none"))
+                return Err(Error::setting(
+                    "format",
+                    "merged-model needs a model folder; the built-in demo model has none",
+                ))
             }
         },
     }
@@ -147,7 +150,8 @@ pub fn write_merged_model(dit_dir: &Path, adapter: &LoraAdapter, to: &Path) -> R
     let name = target.file_name().and_then(|n| n.to_str()).unwrap_or("merged");
     let temp = parent.join(format!(".{name}.partial-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&temp);
-    let written = fill_merged_model(&source, adapter, &temp).and_then(|()| std::fs::rename(&temp, &target).map_err(|e| Error::io(&target, e)));
+    let written = fill_merged_model(&source, adapter, &temp)
+        .and_then(|()| std::fs::rename(&temp, &target).map_err(|e| Error::io(&target, e)));
     if written.is_err() {
         let _ = std::fs::remove_dir_all(&temp);
     }
@@ -173,7 +177,13 @@ fn fill_merged_model(source: &Path, adapter: &LoraAdapter, out: &Path) -> Result
     let mut tensors = Vec::new();
     for (key, view) in file.tensors() {
         let module = key.strip_prefix("decoder.").and_then(|k| k.strip_suffix(".weight"));
-        let base = || file.load(&key, &Device::Cpu).map_err(|e| Error::ModelFile { path: weights_path.clone(), key: key.clone(), reason: e.to_string() });
+        let base = || {
+            file.load(&key, &Device::Cpu).map_err(|e| Error::ModelFile {
+                path: weights_path.clone(),
+                key: key.clone(),
+                reason: e.to_string(),
+            })
+        };
         let entry = match module {
             Some(module) if adapter.adapts(module) => {
                 merged += 1;
@@ -187,7 +197,10 @@ fn fill_merged_model(source: &Path, adapter: &LoraAdapter, out: &Path) -> Result
     if merged != adapter.module_names().count() {
         return Err(Error::BadFile {
             path: weights_path,
-            reason: format!("holds {merged} of the adapter's {} modules under `decoder.` (original names)", adapter.module_names().count()),
+            reason: format!(
+                "holds {merged} of the adapter's {} modules under `decoder.` (original names)",
+                adapter.module_names().count()
+            ),
         });
     }
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
@@ -240,14 +253,16 @@ fn adapter_dir(run_dir: &Path, which: WhichAdapter) -> Result<PathBuf> {
             .next()
             .map(|newest| newest.join("adapter"))
             .ok_or_else(|| missing("the run has no adapter yet (no final/ and no checkpoint)".into())),
-        WhichAdapter::Best => Some(run_dir.join("best/adapter"))
-            .filter(|d| d.is_dir())
-            .ok_or_else(|| missing("the run has no best adapter (it is written by validation: --val-files or --val-fraction)".into())),
+        WhichAdapter::Best => Some(run_dir.join("best/adapter")).filter(|d| d.is_dir()).ok_or_else(|| {
+            missing("the run has no best adapter (it is written by validation: --val-files or --val-fraction)".into())
+        }),
         WhichAdapter::Step(step) => state::list_checkpoints(run_dir)?
             .into_iter()
             .find(|d| d.file_name().is_some_and(|n| n == format!("step-{step:06}").as_str()))
             .map(|d| d.join("adapter"))
-            .ok_or_else(|| missing(format!("the run has no checkpoint of step {step} (older ones are pruned: keep_checkpoints)"))),
+            .ok_or_else(|| {
+                missing(format!("the run has no checkpoint of step {step} (older ones are pruned: keep_checkpoints)"))
+            }),
     }
 }
 

@@ -63,9 +63,7 @@ impl LoraConfig {
 
     /// Whether module `module` is adapted: PEFT's suffix match.
     pub fn targets(&self, module: &str) -> bool {
-        self.target_modules
-            .iter()
-            .any(|t| module == t || module.ends_with(&format!(".{t}")))
+        self.target_modules.iter().any(|t| module == t || module.ends_with(&format!(".{t}")))
     }
 }
 
@@ -115,9 +113,7 @@ impl LoraAdapter {
         let mut modules = BTreeMap::new();
         for (name, (inp, out)) in targets {
             let bound = 1.0 / (inp as f64).sqrt();
-            let a: Vec<f32> = (0..config.r * inp)
-                .map(|_| rng.random_range(-bound..bound) as f32)
-                .collect();
+            let a: Vec<f32> = (0..config.r * inp).map(|_| rng.random_range(-bound..bound) as f32).collect();
             let a = Var::from_tensor(&Tensor::from_vec(a, (config.r, inp), device)?)?;
             let b = Var::zeros((out, config.r), DType::F32, device)?;
             modules.insert(name, LoraModule { a, b });
@@ -132,24 +128,15 @@ impl LoraAdapter {
         tensors: &HashMap<String, Tensor>,
         origin: &Path,
     ) -> Result<Self> {
-        let bad = |reason: String| Error::Adapter {
-            path: origin.to_path_buf(),
-            reason,
-        };
+        let bad = |reason: String| Error::Adapter { path: origin.to_path_buf(), reason };
         let targets = Self::matched_modules(&config, model).map_err(|e| bad(e.to_string()))?;
         let mut modules = BTreeMap::new();
         for (name, (inp, out)) in &targets {
             let fetch = |which: &str, shape: [usize; 2]| -> Result<Var> {
                 let key = format!("{name}.{which}.weight");
-                let t = tensors
-                    .get(&key)
-                    .ok_or_else(|| bad(format!("missing tensor `{key}`")))?;
+                let t = tensors.get(&key).ok_or_else(|| bad(format!("missing tensor `{key}`")))?;
                 if t.dims() != shape {
-                    return Err(bad(format!(
-                        "tensor `{key}` has shape {:?}, expected {:?}",
-                        t.dims(),
-                        shape
-                    )));
+                    return Err(bad(format!("tensor `{key}` has shape {:?}, expected {:?}", t.dims(), shape)));
                 }
                 Ok(Var::from_tensor(&t.to_dtype(DType::F32)?.to_device(model.device())?)?)
             };
@@ -157,10 +144,8 @@ impl LoraAdapter {
             let b = fetch("lora_B", [*out, config.r])?;
             modules.insert(name.clone(), LoraModule { a, b });
         }
-        let known: Vec<String> = targets
-            .keys()
-            .flat_map(|n| [format!("{n}.lora_A.weight"), format!("{n}.lora_B.weight")])
-            .collect();
+        let known: Vec<String> =
+            targets.keys().flat_map(|n| [format!("{n}.lora_A.weight"), format!("{n}.lora_B.weight")]).collect();
         let mut extra: Vec<&String> = tensors.keys().filter(|k| !known.contains(k)).collect();
         if !extra.is_empty() {
             extra.sort();
@@ -176,19 +161,14 @@ impl LoraAdapter {
         let config = peft_config_from_file(&config_path)?;
         let weights_path = dir.join("adapter_model.safetensors");
         if !weights_path.is_file() {
-            return Err(Error::Adapter {
-                path: weights_path,
-                reason: "file not found".into(),
-            });
+            return Err(Error::Adapter { path: weights_path, reason: "file not found".into() });
         }
         let raw = candle_core::safetensors::load(&weights_path, &Device::Cpu).map_err(|e| Error::Adapter {
             path: weights_path.clone(),
             reason: format!("cannot read safetensors: {e}"),
         })?;
-        let tensors = raw
-            .into_iter()
-            .map(|(k, t)| (k.strip_prefix(PEFT_PREFIX).unwrap_or(&k).to_string(), t))
-            .collect();
+        let tensors =
+            raw.into_iter().map(|(k, t)| (k.strip_prefix(PEFT_PREFIX).unwrap_or(&k).to_string(), t)).collect();
         Self::from_tensors(config, model, &tensors, &weights_path)
     }
 
@@ -198,11 +178,8 @@ impl LoraAdapter {
         let config_path = dir.join("adapter_config.json");
         let json = serde_json::to_string_pretty(&self.peft_config_json()).expect("config serialises");
         std::fs::write(&config_path, json).map_err(|e| Error::io(&config_path, e))?;
-        let tensors: HashMap<String, Tensor> = self
-            .named_tensors()
-            .into_iter()
-            .map(|(k, t)| (format!("{PEFT_PREFIX}{k}"), t))
-            .collect();
+        let tensors: HashMap<String, Tensor> =
+            self.named_tensors().into_iter().map(|(k, t)| (format!("{PEFT_PREFIX}{k}"), t)).collect();
         let weights_path = dir.join("adapter_model.safetensors");
         save_tensors_with_metadata(&tensors, Some(self.header_metadata()), &weights_path)
     }
@@ -273,10 +250,7 @@ impl LoraAdapter {
 
     /// The trainable variables in a stable order (module name, then A before B).
     pub fn vars(&self) -> Vec<Var> {
-        self.modules
-            .values()
-            .flat_map(|m| [m.a.clone(), m.b.clone()])
-            .collect()
+        self.modules.values().flat_map(|m| [m.a.clone(), m.b.clone()]).collect()
     }
 
     pub fn module_names(&self) -> impl Iterator<Item = &String> {
@@ -302,21 +276,13 @@ impl LoraAdapter {
     }
 
     pub fn ctx(&self, mode: LoraMode, tracked: bool) -> LoraCtx<'_> {
-        LoraCtx {
-            adapter: self,
-            mode,
-            tracked,
-            strength: 1.0,
-        }
+        LoraCtx { adapter: self, mode, tracked, strength: 1.0 }
     }
 
     fn matched_modules(config: &LoraConfig, model: &DitModel) -> Result<BTreeMap<String, (usize, usize)>> {
         validate_config(config)?;
-        let matched: BTreeMap<_, _> = model
-            .adaptable_linears()
-            .into_iter()
-            .filter(|(name, _)| config.targets(name))
-            .collect();
+        let matched: BTreeMap<_, _> =
+            model.adaptable_linears().into_iter().filter(|(name, _)| config.targets(name)).collect();
         if matched.is_empty() {
             return Err(Error::setting(
                 "lora.target_modules",
@@ -348,13 +314,9 @@ pub fn validate_config(config: &LoraConfig) -> Result<()> {
 }
 
 fn peft_config_from_file(path: &Path) -> Result<LoraConfig> {
-    let bad = |reason: String| Error::Adapter {
-        path: path.to_path_buf(),
-        reason,
-    };
+    let bad = |reason: String| Error::Adapter { path: path.to_path_buf(), reason };
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("invalid JSON: {e}")))?;
     if v["peft_type"].as_str() != Some("LORA") {
         return Err(bad(format!("peft_type is {}, expected \"LORA\"", v["peft_type"])));
     }

@@ -19,10 +19,7 @@ pub enum MemoryProbe {
     /// Metal buffers allocated by candle's device, which has no peak counter: the
     /// peak is the highest value sampled.
     #[cfg(target_os = "macos")]
-    Metal {
-        device: candle_core::MetalDevice,
-        peak_bytes: u64,
-    },
+    Metal { device: candle_core::MetalDevice, peak_bytes: u64 },
 }
 
 impl MemoryProbe {
@@ -30,10 +27,7 @@ impl MemoryProbe {
     pub fn for_device(device: &Device) -> Self {
         match device {
             #[cfg(target_os = "macos")]
-            Device::Metal(device) => MemoryProbe::Metal {
-                device: device.clone(),
-                peak_bytes: 0,
-            },
+            Device::Metal(device) => MemoryProbe::Metal { device: device.clone(), peak_bytes: 0 },
             _ => MemoryProbe::Process,
         }
     }
@@ -44,20 +38,14 @@ impl MemoryProbe {
             MemoryProbe::Process => {
                 let now_bytes = process_rss_bytes().unwrap_or(0);
                 let peak_bytes = peak_rss_bytes().unwrap_or(0).max(now_bytes);
-                MemorySample {
-                    now_bytes,
-                    peak_bytes,
-                }
+                MemorySample { now_bytes, peak_bytes }
             }
             // Only compiled on macOS; not compile-checked on the Linux machines.
             #[cfg(target_os = "macos")]
             MemoryProbe::Metal { device, peak_bytes } => {
                 let now_bytes = device.current_allocated_size() as u64;
                 *peak_bytes = (*peak_bytes).max(now_bytes);
-                MemorySample {
-                    now_bytes,
-                    peak_bytes: *peak_bytes,
-                }
+                MemorySample { now_bytes, peak_bytes: *peak_bytes }
             }
         }
     }
@@ -106,11 +94,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
     }
     let max_rss = u64::try_from(usage.ru_maxrss).ok()?;
     // macOS reports bytes; Linux and the BSDs report KiB.
-    Some(if cfg!(target_os = "macos") {
-        max_rss
-    } else {
-        max_rss * 1024
-    })
+    Some(if cfg!(target_os = "macos") { max_rss } else { max_rss * 1024 })
 }
 
 /// CPU seconds (user + system) the process has used, all threads together: on a
@@ -157,12 +141,20 @@ pub fn machine_memory(device: &Device) -> Option<MachineMemory> {
         #[cfg(target_os = "macos")]
         Device::Metal(metal) => {
             let set = metal.device().recommended_max_working_set_size() as u64;
-            Some(MachineMemory { available_bytes: set, total_bytes: set, source: "Metal recommended working set".into() })
+            Some(MachineMemory {
+                available_bytes: set,
+                total_bytes: set,
+                source: "Metal recommended working set".into(),
+            })
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(cuda) => {
             let (free, total) = cuda.cuda_stream().context().mem_get_info().ok()?;
-            Some(MachineMemory { available_bytes: free as u64, total_bytes: total as u64, source: "CUDA free memory".into() })
+            Some(MachineMemory {
+                available_bytes: free as u64,
+                total_bytes: total as u64,
+                source: "CUDA free memory".into(),
+            })
         }
         _ => ram(),
     }
@@ -177,7 +169,8 @@ fn ram() -> Option<MachineMemory> {
         Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
     };
     let (mut available, mut total) = (field("MemAvailable:")?, field("MemTotal:")?);
-    let cgroup = |name: &str| std::fs::read_to_string(format!("/sys/fs/cgroup/{name}")).ok()?.trim().parse::<u64>().ok();
+    let cgroup =
+        |name: &str| std::fs::read_to_string(format!("/sys/fs/cgroup/{name}")).ok()?.trim().parse::<u64>().ok();
     let mut source = "RAM available".to_string();
     if let Some(limit) = cgroup("memory.max") {
         let free = limit.saturating_sub(cgroup("memory.current").unwrap_or(0));
@@ -217,10 +210,7 @@ pub struct RateMeter {
 impl RateMeter {
     /// A meter averaging over the last `window` steps.
     pub fn new(window: usize) -> Self {
-        Self {
-            window: VecDeque::with_capacity(window.max(1)),
-            capacity: window.max(1),
-        }
+        Self { window: VecDeque::with_capacity(window.max(1)), capacity: window.max(1) }
     }
 
     /// Records a step that trained `samples` samples in `seconds`.
@@ -272,11 +262,7 @@ pub struct LossSmoother {
 impl LossSmoother {
     /// `beta` in [0, 1): the weight of history (0.9 averages over roughly 10 steps).
     pub fn new(beta: f64) -> Self {
-        Self {
-            beta: beta.clamp(0.0, 0.999_999),
-            ema: 0.0,
-            count: 0,
-        }
+        Self { beta: beta.clamp(0.0, 0.999_999), ema: 0.0, count: 0 }
     }
 
     /// Adds a loss value and returns the smoothed loss.

@@ -39,19 +39,10 @@ pub fn loss_by_noise_level(events: &[Event]) -> LossByNoiseLevel {
     let mut steps: Vec<(u64, u64, &[SampleLoss])> = Vec::new();
     for event in events {
         match event {
-            Event::RunStarted {
-                timestep_levels, ..
-            } => {
-                fixed = timestep_levels
-                    .as_ref()
-                    .map(|l| l.iter().map(|&t| t as f64).collect());
+            Event::RunStarted { timestep_levels, .. } => {
+                fixed = timestep_levels.as_ref().map(|l| l.iter().map(|&t| t as f64).collect());
             }
-            Event::Step {
-                step,
-                epoch,
-                samples,
-                ..
-            } => {
+            Event::Step { step, epoch, samples, .. } => {
                 drop_redone(&mut steps, *step, |s| s.0);
                 steps.push((*step, *epoch, samples));
             }
@@ -65,15 +56,13 @@ pub fn loss_by_noise_level(events: &[Event]) -> LossByNoiseLevel {
             l.dedup();
             l
         }
-        None => (0..SPANS)
-            .map(|i| (i as f64 + 0.5) / SPANS as f64)
-            .collect(),
+        None => (0..SPANS).map(|i| (i as f64 + 0.5) / SPANS as f64).collect(),
     };
     let bucket = |t: f64| match fixed {
         // The nearest fixed timestep (the logged t is the trainer's f32 of it).
-        Some(_) => (0..levels.len())
-            .min_by(|&a, &b| (levels[a] - t).abs().total_cmp(&(levels[b] - t).abs()))
-            .unwrap_or(0),
+        Some(_) => {
+            (0..levels.len()).min_by(|&a, &b| (levels[a] - t).abs().total_cmp(&(levels[b] - t).abs())).unwrap_or(0)
+        }
         None => ((t * SPANS as f64) as usize).min(SPANS - 1),
     };
     let with_samples = || steps.iter().filter(|s| !s.2.is_empty()).map(|s| s.1);
@@ -92,23 +81,11 @@ pub fn loss_by_noise_level(events: &[Event]) -> LossByNoiseLevel {
                 sums[i] += sample.loss as f64;
                 counts[i] += 1;
             }
-            let means = sums
-                .iter()
-                .zip(&counts)
-                .map(|(&s, &n)| (n > 0).then(|| s / n as f64))
-                .collect();
-            EpochLosses {
-                epoch,
-                means,
-                counts,
-            }
+            let means = sums.iter().zip(&counts).map(|(&s, &n)| (n > 0).then(|| s / n as f64)).collect();
+            EpochLosses { epoch, means, counts }
         })
         .collect();
-    LossByNoiseLevel {
-        fixed: fixed.is_some(),
-        levels,
-        epochs,
-    }
+    LossByNoiseLevel { fixed: fixed.is_some(), levels, epochs }
 }
 
 #[cfg(test)]
@@ -127,10 +104,7 @@ mod tests {
             memory_peak_bytes: 0,
             elapsed_s: 0.0,
             eta_s: None,
-            samples: samples
-                .iter()
-                .map(|&(t, loss)| SampleLoss { t, loss })
-                .collect(),
+            samples: samples.iter().map(|&(t, loss)| SampleLoss { t, loss }).collect(),
         }
     }
 
@@ -174,13 +148,8 @@ mod tests {
         ];
         let r = loss_by_noise_level(&events);
         assert!(!r.fixed);
-        assert_eq!(
-            r.levels,
-            [0.0625, 0.1875, 0.3125, 0.4375, 0.5625, 0.6875, 0.8125, 0.9375]
-        );
-        let [first, latest] = &r.epochs[..] else {
-            panic!("{:?}", r.epochs)
-        };
+        assert_eq!(r.levels, [0.0625, 0.1875, 0.3125, 0.4375, 0.5625, 0.6875, 0.8125, 0.9375]);
+        let [first, latest] = &r.epochs[..] else { panic!("{:?}", r.epochs) };
         assert_eq!(first.epoch, 0);
         assert_eq!(
             first.means,
@@ -189,22 +158,14 @@ mod tests {
         );
         assert_eq!(first.counts, [2, 0, 0, 0, 0, 0, 0, 2]);
         assert_eq!(latest.epoch, 2, "the latest epoch, not the one between");
-        assert_eq!(
-            latest.means,
-            [Some(1.0), None, None, None, Some(0.5), None, None, None]
-        );
+        assert_eq!(latest.means, [Some(1.0), None, None, None, Some(0.5), None, None, None]);
     }
 
     #[test]
     fn fixed_timesteps_are_the_buckets_and_the_trainers_f32_t_finds_its_own() {
-        let turbo = crate::train::schedule::turbo_timesteps(3.0)
-            .map(|t| t as f32)
-            .to_vec();
+        let turbo = crate::train::schedule::turbo_timesteps(3.0).map(|t| t as f32).to_vec();
         let (t_09, t_03) = (turbo[2], turbo[7]);
-        let events = [
-            started(Some(turbo.clone())),
-            step(1, 0, &[(t_09, 2.0), (t_03, 5.0), (t_09, 4.0)]),
-        ];
+        let events = [started(Some(turbo.clone())), step(1, 0, &[(t_09, 2.0), (t_03, 5.0), (t_09, 4.0)])];
         let r = loss_by_noise_level(&events);
         assert!(r.fixed);
         let mut ascending: Vec<f64> = turbo.iter().map(|&t| t as f64).collect();

@@ -62,7 +62,12 @@ fn random_eight_layer_model_same_gradients_with_dropout_and_padding() {
 /// recompute takes the output the first pass kept.
 #[test]
 fn long_random_model_same_gradients() {
-    random_eight_layer_model("random-8-layer, 800 positions", &["q_proj", "k_proj", "v_proj", "o_proj"], (1, 1600), &[]);
+    random_eight_layer_model(
+        "random-8-layer, 800 positions",
+        &["q_proj", "k_proj", "v_proj", "o_proj"],
+        (1, 1600),
+        &[],
+    );
 }
 
 #[test]
@@ -73,7 +78,12 @@ fn random_eight_layer_model_with_an_adapted_mlp_same_gradients() {
 /// The first sample sees the null condition, the second its own.
 #[test]
 fn random_eight_layer_model_same_gradients_with_cfg_dropout() {
-    random_eight_layer_model("random-8-layer, CFG dropout", &["q_proj", "k_proj", "v_proj", "o_proj"], (2, 23), &[true, false]);
+    random_eight_layer_model(
+        "random-8-layer, CFG dropout",
+        &["q_proj", "k_proj", "v_proj", "o_proj"],
+        (2, 23),
+        &[true, false],
+    );
 }
 
 /// `(batch, frames)`: the last item's last 6 frames are padding; `dropped` samples
@@ -93,11 +103,8 @@ fn random_eight_layer_model(name: &str, targets: &[&str], (b, t): (usize, usize)
     let lora = LoraConfig { r: 4, alpha: 8.0, dropout: 0.1, target_modules, ..Default::default() };
     let mut adapter = LoraAdapter::new(lora, &model, 11).unwrap();
     // Non-zero B so every LoRA tensor's gradient is informative.
-    let filled: std::collections::HashMap<String, Tensor> = adapter
-        .named_tensors()
-        .into_iter()
-        .map(|(k, t)| (k, t.randn_like(0.0, 0.05).unwrap()))
-        .collect();
+    let filled: std::collections::HashMap<String, Tensor> =
+        adapter.named_tensors().into_iter().map(|(k, t)| (k, t.randn_like(0.0, 0.05).unwrap())).collect();
     adapter = LoraAdapter::from_tensors(adapter.config.clone(), &model, &filled, std::path::Path::new("test")).unwrap();
     let mask: Vec<f32> = (0..b * t).map(|i| if i >= b * t - 6 { 0.0 } else { 1.0 }).collect();
     let batch = Batch {

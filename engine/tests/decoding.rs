@@ -33,7 +33,12 @@ fn vae_decoder_matches_diffusers() {
     let vae = tiny_vae();
     let audio = vae.decoder().decode(&f["in.latents"], 750).unwrap();
     let err = max_diff(&audio, &f["out.audio"]);
-    println!("vae decode {:?} -> {:?}: max abs err {err:.2e} (|audio| max {:.3})", f["in.latents"].dims(), audio.dims(), peak(&f["out.audio"]));
+    println!(
+        "vae decode {:?} -> {:?}: max abs err {err:.2e} (|audio| max {:.3})",
+        f["in.latents"].dims(),
+        audio.dims(),
+        peak(&f["out.audio"])
+    );
     assert!(err <= 1e-4, "decoder err {err}");
 
     // Through the trait: stereo at 48 kHz, T * 1920 samples, values unchanged.
@@ -58,12 +63,16 @@ fn receptive_field_bounds_what_a_frame_changes() {
     assert_eq!(rf, 11);
     let z = random_latents(40, 1);
     let p = 20;
-    let bump = Tensor::zeros((40, 8), DType::F32, &Device::Cpu).unwrap().slice_assign(&[p..p + 1, 0..8], &Tensor::ones((1, 8), DType::F32, &Device::Cpu).unwrap()).unwrap();
+    let bump = Tensor::zeros((40, 8), DType::F32, &Device::Cpu)
+        .unwrap()
+        .slice_assign(&[p..p + 1, 0..8], &Tensor::ones((1, 8), DType::F32, &Device::Cpu).unwrap())
+        .unwrap();
     let (a, b) = (vae.decoder().decode(&z, 1000).unwrap(), vae.decoder().decode(&(&z + bump).unwrap(), 1000).unwrap());
     let changed: Vec<f32> = (&a - &b).unwrap().abs().unwrap().max(0).unwrap().to_vec1().unwrap();
     let first = changed.iter().position(|&d| d > 0.0).unwrap();
     let last = changed.iter().rposition(|&d| d > 0.0).unwrap();
-    let (reach_before, reach_after) = ((p * hop - first) as f64 / hop as f64, (last + 1 - (p + 1) * hop) as f64 / hop as f64);
+    let (reach_before, reach_after) =
+        ((p * hop - first) as f64 / hop as f64, (last + 1 - (p + 1) * hop) as f64 / hop as f64);
     println!("a change of frame {p} reaches {reach_before:.2} frames before and {reach_after:.2} after (bound {rf})");
     assert!(reach_before <= rf as f64 && reach_after <= rf as f64);
     assert!(reach_before > 1.0 && reach_after > 1.0, "the bound is exercised");

@@ -14,10 +14,7 @@ use ostinato_engine::model::tensors::save_tensors;
 use ostinato_engine::model::DitModel;
 
 fn real_model() -> &'static Path {
-    Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/real/model"
-    ))
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/real/model"))
 }
 
 /// An adapter on the real fixture model with non-zero A and B (a fresh one has B = 0).
@@ -27,12 +24,7 @@ fn adapter(model: &DitModel, config: LoraConfig) -> LoraAdapter {
         .named_tensors()
         .into_iter()
         .enumerate()
-        .map(|(i, (k, t))| {
-            (
-                k,
-                Tensor::randn_like(&t, 0.0, 0.05 * (1 + i % 3) as f64).unwrap(),
-            )
-        })
+        .map(|(i, (k, t))| (k, Tensor::randn_like(&t, 0.0, 0.05 * (1 + i % 3) as f64).unwrap()))
         .collect();
     LoraAdapter::from_tensors(config, model, &tensors, Path::new("test")).unwrap()
 }
@@ -64,9 +56,7 @@ fn peft_header_carries_diffusers_metadata_and_format_pt() {
             r,
             alpha,
             use_rslora: rslora,
-            target_modules: ["q_proj", "k_proj", "v_proj", "o_proj", "self_attn.q_proj"]
-                .map(String::from)
-                .to_vec(),
+            target_modules: ["q_proj", "k_proj", "v_proj", "o_proj", "self_attn.q_proj"].map(String::from).to_vec(),
             ..Default::default()
         };
         let a = adapter(&model, config);
@@ -74,11 +64,7 @@ fn peft_header_carries_diffusers_metadata_and_format_pt() {
         a.save_peft(dir.path()).unwrap();
         let file = dir.path().join("adapter_model.safetensors");
         let meta = header(&file);
-        assert_eq!(
-            meta.get("format").map(String::as_str),
-            Some("pt"),
-            "{meta:?}"
-        );
+        assert_eq!(meta.get("format").map(String::as_str), Some("pt"), "{meta:?}");
         let raw = &meta[LORA_METADATA_KEY];
         println!("r {r}, alpha {alpha}, rsLoRA {rslora}: {raw}");
         let lora: serde_json::Value = serde_json::from_str(raw).unwrap();
@@ -86,26 +72,13 @@ fn peft_header_carries_diffusers_metadata_and_format_pt() {
         assert_eq!(lora["transformer.lora_alpha"], alpha);
         assert_eq!(lora["transformer.use_rslora"], rslora);
         assert_eq!(lora["transformer.peft_type"], "LORA");
-        let targets: Vec<&str> = lora["transformer.target_modules"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_str().unwrap())
-            .collect();
-        assert_eq!(
-            targets,
-            ["self_attn.to_q", "to_k", "to_out.0", "to_q", "to_v"]
-        );
+        let targets: Vec<&str> =
+            lora["transformer.target_modules"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+        assert_eq!(targets, ["self_attn.to_q", "to_k", "to_out.0", "to_q", "to_v"]);
         // Every key under diffusers' `transformer.` prefix, sorted, two-space indent.
         let keys: Vec<&String> = lora.as_object().unwrap().keys().collect();
-        assert!(
-            keys.iter().all(|k| k.starts_with("transformer.")),
-            "{keys:?}"
-        );
-        assert!(
-            raw.starts_with("{\n  \"transformer.alpha_pattern\": {},\n"),
-            "{raw}"
-        );
+        assert!(keys.iter().all(|k| k.starts_with("transformer.")), "{keys:?}");
+        assert!(raw.starts_with("{\n  \"transformer.alpha_pattern\": {},\n"), "{raw}");
         // The adapter reads back the same (PEFT's loader ignores the header).
         let back = LoraAdapter::load_peft(dir.path(), &model).unwrap();
         assert_eq!(back.config.scaling(), a.config.scaling());
@@ -117,14 +90,7 @@ fn peft_header_carries_diffusers_metadata_and_format_pt() {
 fn every_exported_file_is_readable_by_others() {
     use ostinato_engine::export::{write_comfyui, write_merged};
     let (folder, model) = open_model();
-    let a = adapter(
-        &model,
-        LoraConfig {
-            r: 4,
-            alpha: 8.0,
-            ..Default::default()
-        },
-    );
+    let a = adapter(&model, LoraConfig { r: 4, alpha: 8.0, ..Default::default() });
     let dir = tempfile::tempdir().unwrap();
     let peft = dir.path().join("peft");
     a.save_peft(&peft).unwrap();
@@ -135,26 +101,12 @@ fn every_exported_file_is_readable_by_others() {
     write_merged(&weights, &a, &merged).unwrap();
     let model_dir = dir.path().join("acestep-v15-mine");
     write_merged_model(&folder.dit_dir, &a, &model_dir).unwrap();
-    let mut files = vec![
-        peft.join("adapter_model.safetensors"),
-        comfy,
-        merged,
-        model_dir.clone(),
-    ];
-    files.extend(
-        std::fs::read_dir(&model_dir)
-            .unwrap()
-            .map(|e| e.unwrap().path()),
-    );
+    let mut files = vec![peft.join("adapter_model.safetensors"), comfy, merged, model_dir.clone()];
+    files.extend(std::fs::read_dir(&model_dir).unwrap().map(|e| e.unwrap().path()));
     for f in &files {
         let m = mode(f);
         println!("{:o} {}", m, f.display());
-        assert_eq!(
-            m & 0o044,
-            0o044,
-            "{} is {m:o}: others cannot read it",
-            f.display()
-        );
+        assert_eq!(m & 0o044, 0o044, "{} is {m:o}: others cannot read it", f.display());
     }
     assert_eq!(mode(&peft.join("adapter_model.safetensors")), 0o644);
 }
@@ -165,10 +117,7 @@ fn model_copy(dtype: DType) -> tempfile::TempDir {
     copy_dir(real_model(), dir.path());
     let weights = dir.path().join("acestep-v15-turbo/model.safetensors");
     let tensors = candle_core::safetensors::load(&weights, &Device::Cpu).unwrap();
-    let converted = tensors
-        .into_iter()
-        .map(|(k, t)| (k, t.to_dtype(dtype).unwrap()))
-        .collect();
+    let converted = tensors.into_iter().map(|(k, t)| (k, t.to_dtype(dtype).unwrap())).collect();
     save_tensors(&converted, &weights).unwrap();
     dir
 }
@@ -190,25 +139,10 @@ fn copy_dir(from: &Path, to: &Path) {
 fn merged_model_opens_as_a_model_and_holds_base_plus_delta_in_the_source_dtype() {
     let root = model_copy(DType::BF16);
     let source = ModelFolder::open(root.path(), None).unwrap();
-    let model = DitModel::new(
-        &source.dit,
-        &source.load_decoder(DType::F32, &Device::Cpu).unwrap(),
-    )
-    .unwrap();
+    let model = DitModel::new(&source.dit, &source.load_decoder(DType::F32, &Device::Cpu).unwrap()).unwrap();
     let base = candle_core::safetensors::load(source.dit_weights(), &Device::Cpu).unwrap();
-    for (name, r, alpha, rslora) in [
-        ("acestep-v15-alpha", 4, 12.0, false),
-        ("acestep-v15-rslora", 8, 4.0, true),
-    ] {
-        let a = adapter(
-            &model,
-            LoraConfig {
-                r,
-                alpha,
-                use_rslora: rslora,
-                ..Default::default()
-            },
-        );
+    for (name, r, alpha, rslora) in [("acestep-v15-alpha", 4, 12.0, false), ("acestep-v15-rslora", 8, 4.0, true)] {
+        let a = adapter(&model, LoraConfig { r, alpha, use_rslora: rslora, ..Default::default() });
         let out = root.path().join(name);
         write_merged_model(&source.dit_dir, &a, &out).unwrap();
 
@@ -223,50 +157,28 @@ fn merged_model_opens_as_a_model_and_holds_base_plus_delta_in_the_source_dtype()
         }
         let merged = candle_core::safetensors::load(opened.dit_weights(), &Device::Cpu).unwrap();
         assert_eq!(merged.len(), base.len());
-        let scaling = if rslora {
-            alpha / (r as f64).sqrt()
-        } else {
-            alpha / r as f64
-        };
+        let scaling = if rslora { alpha / (r as f64).sqrt() } else { alpha / r as f64 };
         let tensors: HashMap<String, Tensor> = a.named_tensors().into_iter().collect();
         let (mut adapted, mut worst) = (0, 0f32);
         for (key, b) in &base {
             let m = &merged[key];
             assert_eq!(m.dtype(), DType::BF16, "{key}");
-            let module = key
-                .strip_prefix("decoder.")
-                .and_then(|k| k.strip_suffix(".weight"));
+            let module = key.strip_prefix("decoder.").and_then(|k| k.strip_suffix(".weight"));
             match module.filter(|m| a.adapts(m)) {
                 Some(module) => {
                     adapted += 1;
-                    let (la, lb) = (
-                        &tensors[&format!("{module}.lora_A.weight")],
-                        &tensors[&format!("{module}.lora_B.weight")],
-                    );
-                    let expected = (b.to_dtype(DType::F32).unwrap()
-                        + (lb.matmul(la).unwrap() * scaling).unwrap())
-                    .unwrap();
-                    let rounded = expected
-                        .to_dtype(DType::BF16)
-                        .unwrap()
-                        .to_dtype(DType::F32)
-                        .unwrap();
+                    let (la, lb) =
+                        (&tensors[&format!("{module}.lora_A.weight")], &tensors[&format!("{module}.lora_B.weight")]);
+                    let expected =
+                        (b.to_dtype(DType::F32).unwrap() + (lb.matmul(la).unwrap() * scaling).unwrap()).unwrap();
+                    let rounded = expected.to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap();
                     let err = max_abs(&m.to_dtype(DType::F32).unwrap(), &rounded);
                     worst = worst.max(err);
-                    assert_eq!(
-                        err, 0.0,
-                        "{key}: merged differs from bf16(base + scaling B A)"
-                    );
-                    assert!(
-                        max_abs(&rounded, &b.to_dtype(DType::F32).unwrap()) > 0.0,
-                        "{key}: the delta is not there"
-                    );
+                    assert_eq!(err, 0.0, "{key}: merged differs from bf16(base + scaling B A)");
+                    assert!(max_abs(&rounded, &b.to_dtype(DType::F32).unwrap()) > 0.0, "{key}: the delta is not there");
                 }
                 None => assert_eq!(
-                    max_abs(
-                        &m.to_dtype(DType::F32).unwrap(),
-                        &b.to_dtype(DType::F32).unwrap()
-                    ),
+                    max_abs(&m.to_dtype(DType::F32).unwrap(), &b.to_dtype(DType::F32).unwrap()),
                     0.0,
                     "{key}"
                 ),
@@ -284,31 +196,13 @@ fn merged_model_opens_as_a_model_and_holds_base_plus_delta_in_the_source_dtype()
 fn merged_model_never_writes_into_the_source_or_over_a_folder() {
     let root = model_copy(DType::F32);
     let source = ModelFolder::open(root.path(), None).unwrap();
-    let model = DitModel::new(
-        &source.dit,
-        &source.load_decoder(DType::F32, &Device::Cpu).unwrap(),
-    )
-    .unwrap();
-    let a = adapter(
-        &model,
-        LoraConfig {
-            r: 4,
-            alpha: 8.0,
-            ..Default::default()
-        },
-    );
+    let model = DitModel::new(&source.dit, &source.load_decoder(DType::F32, &Device::Cpu).unwrap()).unwrap();
+    let a = adapter(&model, LoraConfig { r: 4, alpha: 8.0, ..Default::default() });
     let before = std::fs::read_dir(&source.dit_dir).unwrap().count();
-    let inside = write_merged_model(&source.dit_dir, &a, &source.dit_dir.join("merged"))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        inside.contains("inside the source model folder"),
-        "{inside}"
-    );
+    let inside = write_merged_model(&source.dit_dir, &a, &source.dit_dir.join("merged")).unwrap_err().to_string();
+    assert!(inside.contains("inside the source model folder"), "{inside}");
     assert_eq!(std::fs::read_dir(&source.dit_dir).unwrap().count(), before);
-    let taken = write_merged_model(&source.dit_dir, &a, &root.path().join("vae"))
-        .unwrap_err()
-        .to_string();
+    let taken = write_merged_model(&source.dit_dir, &a, &root.path().join("vae")).unwrap_err().to_string();
     assert!(taken.contains("already exists"), "{taken}");
     let leftovers: Vec<_> = std::fs::read_dir(root.path())
         .unwrap()
@@ -319,14 +213,5 @@ fn merged_model_never_writes_into_the_source_or_over_a_folder() {
 }
 
 fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
+    (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
 }

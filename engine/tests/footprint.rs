@@ -15,16 +15,7 @@ fn predicted_peak_is_within_15_percent_of_the_measured_heap_peak() {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     for preset in [Preset::Small30s, Preset::Small240s] {
         for checkpointing in [true, false] {
-            let r = run_spec(
-                preset.name(),
-                &preset.spec(),
-                checkpointing,
-                1,
-                1,
-                &Device::Cpu,
-                DType::F32,
-            )
-            .unwrap();
+            let r = run_spec(preset.name(), &preset.spec(), checkpointing, 1, 1, &Device::Cpu, DType::F32).unwrap();
             let measured = r.peak_heap_bytes.expect("the heap is counted");
             let ratio = r.predicted_peak_bytes as f64 / measured as f64;
             println!(
@@ -33,10 +24,7 @@ fn predicted_peak_is_within_15_percent_of_the_measured_heap_peak() {
                 mib(measured),
                 mib(r.predicted_peak_bytes)
             );
-            assert!(
-                (ratio - 1.0).abs() <= 0.15,
-                "{preset}: prediction off by more than 15% ({ratio:.3})"
-            );
+            assert!((ratio - 1.0).abs() <= 0.15, "{preset}: prediction off by more than 15% ({ratio:.3})");
         }
     }
 }

@@ -65,7 +65,11 @@ fn text2music_condition_and_latents_match_diffusers_pipeline() {
         assert_eq!(frames as u64, case["frames"].as_u64().unwrap(), "case {i}: frames");
         let reference = folder.silence_latent().unwrap();
         let reference = reference.narrow(0, 0, t("timbre_reference").dim(0).unwrap()).unwrap();
-        assert_eq!(max_diff(&reference, t("timbre_reference")), 0.0, "case {i}: the timbre reference is the silence latent");
+        assert_eq!(
+            max_diff(&reference, t("timbre_reference")),
+            0.0,
+            "case {i}: the timbre reference is the silence latent"
+        );
         let c = loaded.conditioner.generation_condition(&meta, frames).unwrap();
         let errs = [
             ("encoder_hidden_states", max_diff(&c.encoder_hidden_states, t("encoder_hidden_states"))),
@@ -79,7 +83,8 @@ fn text2music_condition_and_latents_match_diffusers_pipeline() {
             encoder_hidden_states: c.encoder_hidden_states.unsqueeze(0).unwrap(),
         };
         let noise = t("noise").unsqueeze(0).unwrap();
-        let latents = sample(&loaded.dit, None, &noise, &cond, &timesteps(8, 3.0).unwrap(), None, |_, _| Ok(())).unwrap();
+        let latents =
+            sample(&loaded.dit, None, &noise, &cond, &timesteps(8, 3.0).unwrap(), None, |_, _| Ok(())).unwrap();
         let latents_err = max_diff(&latents.squeeze(0).unwrap(), t("latents"));
         println!(
             "text2music case {i} ({} text, {} lyric tokens, {frames} frames): {errs:?}, latents {latents_err:.2e}",
@@ -119,7 +124,14 @@ fn base_model(dir: &Path, null: bool) -> PathBuf {
 }
 
 fn spec(guidance: Option<f64>) -> GenerateSpec {
-    GenerateSpec { caption: "warm lo-fi piano".into(), duration_seconds: 1.0, seed: 3, steps: Some(4), guidance, ..GenerateSpec::default() }
+    GenerateSpec {
+        caption: "warm lo-fi piano".into(),
+        duration_seconds: 1.0,
+        seed: 3,
+        steps: Some(4),
+        guidance,
+        ..GenerateSpec::default()
+    }
 }
 
 #[test]

@@ -10,8 +10,7 @@ use hub_server::{blob_id, FakeHub, Fault};
 use ostinato_engine::cancel::Cancel;
 use ostinato_engine::load::catalog::MAIN_REPO;
 use ostinato_engine::load::{
-    find_models, verify_model, AddedFolders, DitVariant, DownloadEvent, Downloader, Hub, HubCache,
-    ModelPlaces, Origin,
+    find_models, verify_model, AddedFolders, DitVariant, DownloadEvent, Downloader, Hub, HubCache, ModelPlaces, Origin,
 };
 use ostinato_engine::model::folder::{ModelFolder, Variant};
 use ostinato_engine::Error;
@@ -27,11 +26,7 @@ fn fixture() -> PathBuf {
 /// not need (and the download must leave alone).
 fn main_repo(hub: &FakeHub) {
     hub.add_folder(MAIN_REPO, COMMIT, &fixture(), "");
-    hub.add_repo_file(
-        MAIN_REPO,
-        "acestep-5Hz-lm-1.7B/model.safetensors",
-        b"not needed".to_vec(),
-    );
+    hub.add_repo_file(MAIN_REPO, "acestep-5Hz-lm-1.7B/model.safetensors", b"not needed".to_vec());
     hub.add_repo_file(MAIN_REPO, "README.md", b"# ACE-Step 1.5\n".to_vec());
 }
 
@@ -47,11 +42,7 @@ impl Setup {
         main_repo(&hub);
         let mut client = Hub::new(&hub.url, None);
         client.retry_delay = Duration::from_millis(5);
-        Self {
-            hub,
-            client,
-            dir: tempfile::tempdir().unwrap(),
-        }
+        Self { hub, client, dir: tempfile::tempdir().unwrap() }
     }
 
     fn cache(&self) -> PathBuf {
@@ -59,27 +50,17 @@ impl Setup {
     }
 
     fn downloader(&self) -> Downloader<'_> {
-        Downloader {
-            hub: &self.client,
-            cache: HubCache::new(self.cache()),
-            models_dir: self.dir.path().join("models"),
-        }
+        Downloader { hub: &self.client, cache: HubCache::new(self.cache()), models_dir: self.dir.path().join("models") }
     }
 
     fn download(&self, variant: DitVariant) -> (Result<PathBuf, Error>, Vec<DownloadEvent>) {
         let mut events = Vec::new();
-        let r = self
-            .downloader()
-            .download(variant, &mut |e| events.push(e), &Cancel::never());
+        let r = self.downloader().download(variant, &mut |e| events.push(e), &Cancel::never());
         (r, events)
     }
 
     fn places(&self) -> ModelPlaces {
-        ModelPlaces {
-            downloads: self.dir.path().join("models"),
-            hub_cache: Some(self.cache()),
-            ..Default::default()
-        }
+        ModelPlaces { downloads: self.dir.path().join("models"), hub_cache: Some(self.cache()), ..Default::default() }
     }
 
     fn repo_dir(&self, repo: &str) -> PathBuf {
@@ -116,10 +97,7 @@ fn turbo_downloads_into_the_hub_cache_and_is_then_found_complete() {
     let repo = s.repo_dir(MAIN_REPO);
     let snapshot = repo.join("snapshots").join(COMMIT);
     assert_eq!(model, snapshot.join("acestep-v15-turbo"));
-    assert_eq!(
-        std::fs::read_to_string(repo.join("refs/main")).unwrap(),
-        COMMIT
-    );
+    assert_eq!(std::fs::read_to_string(repo.join("refs/main")).unwrap(), COMMIT);
 
     // Every file a run needs, linked to a blob named by its hub id; nothing else fetched.
     let files = fixture_files();
@@ -131,49 +109,23 @@ fn turbo_downloads_into_the_hub_cache_and_is_then_found_complete() {
             std::fs::canonicalize(&link).unwrap(),
             std::fs::canonicalize(repo.join("blobs").join(blob_id(f, &data))).unwrap()
         );
-        assert!(
-            std::fs::symlink_metadata(&link)
-                .unwrap()
-                .file_type()
-                .is_symlink(),
-            "{f} is a link into blobs/"
-        );
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "{f} is a link into blobs/");
     }
     assert!(!snapshot.join("acestep-5Hz-lm-1.7B").exists() && !snapshot.join("README.md").exists());
-    assert_eq!(
-        std::fs::read_dir(repo.join("blobs")).unwrap().count(),
-        files.len(),
-        "no .incomplete left"
-    );
+    assert_eq!(std::fs::read_dir(repo.join("blobs")).unwrap().count(), files.len(), "no .incomplete left");
 
     // Events: the plan, then per-file progress up to every byte, then the model.
-    let total: u64 = files
-        .iter()
-        .map(|f| std::fs::metadata(fixture().join(f)).unwrap().len())
-        .sum();
+    let total: u64 = files.iter().map(|f| std::fs::metadata(fixture().join(f)).unwrap().len()).sum();
     assert!(
         matches!(&events[0], DownloadEvent::Planned { files: n, bytes, missing_bytes, .. } if *n == files.len() && *bytes == total && *missing_bytes == total)
     );
     let last_progress = events.iter().rev().find_map(|e| match e {
-        DownloadEvent::Progress {
-            total_done, total, ..
-        } => Some((*total_done, *total)),
+        DownloadEvent::Progress { total_done, total, .. } => Some((*total_done, *total)),
         _ => None,
     });
     assert_eq!(last_progress, Some((total, total)));
-    assert_eq!(
-        events
-            .iter()
-            .filter(|e| matches!(e, DownloadEvent::FileVerified { .. }))
-            .count(),
-        files.len()
-    );
-    assert_eq!(
-        events.last(),
-        Some(&DownloadEvent::Finished {
-            model: model.clone()
-        })
-    );
+    assert_eq!(events.iter().filter(|e| matches!(e, DownloadEvent::FileVerified { .. })).count(), files.len());
+    assert_eq!(events.last(), Some(&DownloadEvent::Finished { model: model.clone() }));
 
     // Found by the model list, complete, and opened by ModelFolder.
     let found = find_models(&s.places());
@@ -184,10 +136,7 @@ fn turbo_downloads_into_the_hub_cache_and_is_then_found_complete() {
         (model.as_path(), "turbo", Origin::HubCache, true)
     );
     assert_eq!(m.bytes, total);
-    assert_eq!(
-        ModelFolder::open(&m.path, None).unwrap().variant,
-        Variant::Turbo
-    );
+    assert_eq!(ModelFolder::open(&m.path, None).unwrap().variant, Variant::Turbo);
     let v = verify_model(&m.path, &mut |_| {}).unwrap();
     assert_eq!((v.hashed, v.unhashed), (files.len(), 0));
     assert!(v.tensors > 0);
@@ -196,52 +145,31 @@ fn turbo_downloads_into_the_hub_cache_and_is_then_found_complete() {
     let before = s.hub.requests().len();
     let (again, events) = s.download(DitVariant::Turbo);
     assert_eq!(again.unwrap(), model);
-    assert!(matches!(
-        events[0],
-        DownloadEvent::Planned {
-            missing_bytes: 0,
-            ..
-        }
-    ));
-    assert!(s.hub.requests()[before..]
-        .iter()
-        .all(|(p, _)| p.starts_with("/api/")));
+    assert!(matches!(events[0], DownloadEvent::Planned { missing_bytes: 0, .. }));
+    assert!(s.hub.requests()[before..].iter().all(|(p, _)| p.starts_with("/api/")));
 
     // A weight changed on disk afterwards (the header still fits) fails `verify`, by name.
-    let blob =
-        std::fs::canonicalize(snapshot.join("vae/diffusion_pytorch_model.safetensors")).unwrap();
+    let blob = std::fs::canonicalize(snapshot.join("vae/diffusion_pytorch_model.safetensors")).unwrap();
     let mut bytes = std::fs::read(&blob).unwrap();
     *bytes.last_mut().unwrap() ^= 1;
     std::fs::write(&blob, bytes).unwrap();
     let msg = verify_model(&model, &mut |_| {}).unwrap_err().to_string();
-    assert!(
-        msg.contains("vae/diffusion_pytorch_model.safetensors: sha256 mismatch"),
-        "{msg}"
-    );
+    assert!(msg.contains("vae/diffusion_pytorch_model.safetensors: sha256 mismatch"), "{msg}");
 }
 
 #[test]
 fn a_dropped_connection_resumes_with_a_range_request() {
     let s = Setup::new();
     let size = s.hub.file(MAIN_REPO, TURBO_WEIGHTS).len();
-    s.hub.fault(
-        &format!("{MAIN_REPO}/{TURBO_WEIGHTS}"),
-        Fault::DropAfter(size / 3),
-    );
+    s.hub.fault(&format!("{MAIN_REPO}/{TURBO_WEIGHTS}"), Fault::DropAfter(size / 3));
     let (model, events) = s.download(DitVariant::Turbo);
     let model = model.unwrap();
-    assert_eq!(
-        s.resolve_requests(TURBO_WEIGHTS),
-        [None, Some((size / 3) as u64)]
-    );
-    assert!(events.iter().any(
-        |e| matches!(e, DownloadEvent::Retrying { path, attempt: 1, .. } if path == TURBO_WEIGHTS)
-    ));
+    assert_eq!(s.resolve_requests(TURBO_WEIGHTS), [None, Some((size / 3) as u64)]);
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, DownloadEvent::Retrying { path, attempt: 1, .. } if path == TURBO_WEIGHTS)));
     assert!(events.iter().any(|e| matches!(e, DownloadEvent::FileStarted { path, from, .. } if path == TURBO_WEIGHTS && *from == (size / 3) as u64)));
-    assert_eq!(
-        std::fs::read(model.join("model.safetensors")).unwrap(),
-        s.hub.file(MAIN_REPO, TURBO_WEIGHTS)
-    );
+    assert_eq!(std::fs::read(model.join("model.safetensors")).unwrap(), s.hub.file(MAIN_REPO, TURBO_WEIGHTS));
     verify_model(&model, &mut |_| {}).unwrap();
 }
 
@@ -250,10 +178,7 @@ fn a_quit_download_resumes_from_its_incomplete_blob() {
     let s = Setup::new();
     // Cancel once the DiT weights have started: the partial file stays for next time.
     let data = s.hub.file(MAIN_REPO, TURBO_WEIGHTS);
-    s.hub.fault(
-        &format!("{MAIN_REPO}/{TURBO_WEIGHTS}"),
-        Fault::DropAfter(data.len() / 2),
-    );
+    s.hub.fault(&format!("{MAIN_REPO}/{TURBO_WEIGHTS}"), Fault::DropAfter(data.len() / 2));
     let cancel = Cancel::never();
     let mut events = Vec::new();
     let r = s.downloader().download(
@@ -267,18 +192,9 @@ fn a_quit_download_resumes_from_its_incomplete_blob() {
         &cancel,
     );
     assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
-    let partial = s
-        .repo_dir(MAIN_REPO)
-        .join("blobs")
-        .join(format!("{}.incomplete", blob_id(TURBO_WEIGHTS, &data)));
-    assert_eq!(
-        std::fs::metadata(&partial).unwrap().len(),
-        (data.len() / 2) as u64
-    );
-    assert!(
-        find_models(&s.places()).is_empty(),
-        "nothing looks like a model yet"
-    );
+    let partial = s.repo_dir(MAIN_REPO).join("blobs").join(format!("{}.incomplete", blob_id(TURBO_WEIGHTS, &data)));
+    assert_eq!(std::fs::metadata(&partial).unwrap().len(), (data.len() / 2) as u64);
+    assert!(find_models(&s.places()).is_empty(), "nothing looks like a model yet");
 
     // The next run asks only for the rest: not the files verified before the quit, and
     // not the first half of the weights.
@@ -303,9 +219,7 @@ fn a_quit_download_resumes_from_its_incomplete_blob() {
         _ => unreachable!(),
     };
     let last = events.iter().rev().find_map(|e| match e {
-        DownloadEvent::Progress {
-            total_done, total, ..
-        } => Some((*total_done, *total)),
+        DownloadEvent::Progress { total_done, total, .. } => Some((*total_done, *total)),
         _ => None,
     });
     assert_eq!(last, Some((planned, planned)));
@@ -319,16 +233,10 @@ fn corrupted_bytes_fail_the_checksum_and_leave_nothing_complete() {
     let (r, _) = s.download(DitVariant::Turbo);
     let msg = r.unwrap_err().to_string();
     println!("{msg}");
-    assert!(
-        msg.contains(vae) && msg.contains("sha256 mismatch"),
-        "{msg}"
-    );
+    assert!(msg.contains(vae) && msg.contains("sha256 mismatch"), "{msg}");
     let repo = s.repo_dir(MAIN_REPO);
     let id = blob_id(vae, &s.hub.file(MAIN_REPO, vae));
-    assert!(
-        !repo.join("blobs").join(&id).exists()
-            && !repo.join("blobs").join(format!("{id}.incomplete")).exists()
-    );
+    assert!(!repo.join("blobs").join(&id).exists() && !repo.join("blobs").join(format!("{id}.incomplete")).exists());
     assert!(
         !repo.join("snapshots").exists() && !repo.join("refs").exists(),
         "no snapshot before every file is verified"
@@ -342,29 +250,24 @@ fn a_missing_file_or_repository_is_named() {
     let tok = "Qwen3-Embedding-0.6B/tokenizer.json";
     s.hub.fault(&format!("{MAIN_REPO}/{tok}"), Fault::NotFound);
     let msg = s.download(DitVariant::Turbo).0.unwrap_err().to_string();
-    assert!(
-        msg.contains(MAIN_REPO) && msg.contains(tok) && msg.contains("404"),
-        "{msg}"
-    );
+    assert!(msg.contains(MAIN_REPO) && msg.contains(tok) && msg.contains("404"), "{msg}");
 
     // base lives in a repository this hub does not have.
     let msg = s.download(DitVariant::Base).0.unwrap_err().to_string();
-    assert!(
-        msg.contains("ACE-Step/acestep-v15-base") && msg.contains("no such repository"),
-        "{msg}"
-    );
+    assert!(msg.contains("ACE-Step/acestep-v15-base") && msg.contains("no such repository"), "{msg}");
 }
 
 #[test]
 fn a_server_error_is_retried_then_succeeds() {
     let s = Setup::new();
     let cfg = "vae/config.json";
-    s.hub
-        .fault(&format!("{MAIN_REPO}/{cfg}"), Fault::ServerErrorOnce);
+    s.hub.fault(&format!("{MAIN_REPO}/{cfg}"), Fault::ServerErrorOnce);
     let (model, events) = s.download(DitVariant::Turbo);
     model.unwrap();
     assert_eq!(s.resolve_requests(cfg).len(), 2);
-    assert!(events.iter().any(|e| matches!(e, DownloadEvent::Retrying { path, reason, .. } if path == cfg && reason.contains("500"))));
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, DownloadEvent::Retrying { path, reason, .. } if path == cfg && reason.contains("500"))));
 }
 
 #[test]
@@ -375,13 +278,8 @@ fn a_gated_repository_needs_the_token() {
     assert!(msg.contains("gated") && msg.contains("HF_TOKEN"), "{msg}");
     let mut client = Hub::new(&s.hub.url, Some("hf_secret".into()));
     client.retry_delay = Duration::from_millis(5);
-    let d = Downloader {
-        hub: &client,
-        cache: HubCache::new(s.cache()),
-        models_dir: s.dir.path().join("models"),
-    };
-    d.download(DitVariant::Turbo, &mut |_| {}, &Cancel::never())
-        .unwrap();
+    let d = Downloader { hub: &client, cache: HubCache::new(s.cache()), models_dir: s.dir.path().join("models") };
+    d.download(DitVariant::Turbo, &mut |_| {}, &Cancel::never()).unwrap();
 }
 
 #[test]
@@ -398,55 +296,27 @@ fn base_is_put_together_from_its_own_repository_and_the_main_ones_parts() {
     let s = Setup::new();
     // ACE-Step/acestep-v15-base: the DiT folder at the repository's root.
     let dit = tempfile::tempdir().unwrap();
-    for f in std::fs::read_dir(fixture().join("acestep-v15-turbo"))
-        .unwrap()
-        .flatten()
-    {
+    for f in std::fs::read_dir(fixture().join("acestep-v15-turbo")).unwrap().flatten() {
         std::fs::copy(f.path(), dit.path().join(f.file_name())).unwrap();
     }
     let cfg = dit.path().join("config.json");
-    let mut json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
     json["model_version"] = "base".into();
     json["is_turbo"] = false.into();
     std::fs::write(&cfg, json.to_string()).unwrap();
-    s.hub
-        .add_folder("ACE-Step/acestep-v15-base", "b45e", dit.path(), "");
+    s.hub.add_folder("ACE-Step/acestep-v15-base", "b45e", dit.path(), "");
 
     let model = s.download(DitVariant::Base).0.unwrap();
-    assert_eq!(
-        model,
-        s.dir
-            .path()
-            .join("models/acestep-v15-base/acestep-v15-base")
-    );
-    assert_eq!(
-        ModelFolder::open(&model, None).unwrap().variant,
-        Variant::Base
-    );
-    assert!(s
-        .repo_dir("ACE-Step/acestep-v15-base")
-        .join("snapshots/b45e/model.safetensors")
-        .is_file());
+    assert_eq!(model, s.dir.path().join("models/acestep-v15-base/acestep-v15-base"));
+    assert_eq!(ModelFolder::open(&model, None).unwrap().variant, Variant::Base);
+    assert!(s.repo_dir("ACE-Step/acestep-v15-base").join("snapshots/b45e/model.safetensors").is_file());
     // The main repository gave only vae/ and the text encoder.
-    assert!(!s
-        .repo_dir(MAIN_REPO)
-        .join("snapshots")
-        .join(COMMIT)
-        .join("acestep-v15-turbo")
-        .exists());
+    assert!(!s.repo_dir(MAIN_REPO).join("snapshots").join(COMMIT).join("acestep-v15-turbo").exists());
 
     // Listed once (not again as the bare DiT snapshot in the cache), complete.
     let found = find_models(&s.places());
     assert_eq!(found.len(), 1, "{found:?}");
-    assert_eq!(
-        (
-            found[0].variant.as_str(),
-            found[0].origin,
-            found[0].complete
-        ),
-        ("base", Origin::Downloaded, true)
-    );
+    assert_eq!((found[0].variant.as_str(), found[0].origin, found[0].complete), ("base", Origin::Downloaded, true));
 }
 
 #[test]
@@ -455,39 +325,17 @@ fn checkpoints_and_added_folders_are_found_with_what_is_missing() {
     // An ACE-Step checkpoints folder: turbo complete, sft without its weights.
     let ckpt = dir.path().join("ACE-Step-1.5/checkpoints");
     copy_dir(&fixture(), &ckpt);
-    copy_dir(
-        &fixture().join("acestep-v15-turbo"),
-        &ckpt.join("acestep-v15-sft"),
-    );
+    copy_dir(&fixture().join("acestep-v15-turbo"), &ckpt.join("acestep-v15-sft"));
     std::fs::remove_file(ckpt.join("acestep-v15-sft/model.safetensors")).unwrap();
-    let places = ModelPlaces {
-        checkpoints: vec![ckpt.clone(), dir.path().join("nowhere")],
-        ..Default::default()
-    };
+    let places = ModelPlaces { checkpoints: vec![ckpt.clone(), dir.path().join("nowhere")], ..Default::default() };
     let found = find_models(&places);
     assert_eq!(
-        found
-            .iter()
-            .map(|m| (m.path.clone(), m.complete))
-            .collect::<Vec<_>>(),
-        [
-            (ckpt.join("acestep-v15-sft"), false),
-            (ckpt.join("acestep-v15-turbo"), true)
-        ]
+        found.iter().map(|m| (m.path.clone(), m.complete)).collect::<Vec<_>>(),
+        [(ckpt.join("acestep-v15-sft"), false), (ckpt.join("acestep-v15-turbo"), true)]
     );
     let sft = &found[0];
-    assert_eq!(
-        (sft.variant.as_str(), sft.origin),
-        ("turbo", Origin::Checkpoints),
-        "the copied config says turbo"
-    );
-    assert!(
-        sft.problems
-            .iter()
-            .any(|p| p.contains("acestep-v15-sft/model.safetensors")),
-        "{:?}",
-        sft.problems
-    );
+    assert_eq!((sft.variant.as_str(), sft.origin), ("turbo", Origin::Checkpoints), "the copied config says turbo");
+    assert!(sft.problems.iter().any(|p| p.contains("acestep-v15-sft/model.safetensors")), "{:?}", sft.problems);
 
     // Added folders persist in models.json; a folder without a model is refused.
     let config = dir.path().join("config");
@@ -495,19 +343,11 @@ fn checkpoints_and_added_folders_are_found_with_what_is_missing() {
     copy_dir(&fixture(), &other);
     let added = AddedFolders::add(&config, &other).unwrap();
     assert_eq!(AddedFolders::load(&config).unwrap().folders, [added]);
-    let err = AddedFolders::add(&config, dir.path())
-        .unwrap_err()
-        .to_string();
+    let err = AddedFolders::add(&config, dir.path()).unwrap_err().to_string();
     assert!(err.contains("no ACE-Step model"), "{err}");
-    let places = ModelPlaces {
-        added: AddedFolders::load(&config).unwrap().folders,
-        ..Default::default()
-    };
+    let places = ModelPlaces { added: AddedFolders::load(&config).unwrap().folders, ..Default::default() };
     let found = find_models(&places);
-    assert_eq!(
-        (found.len(), found[0].origin, found[0].complete),
-        (1, Origin::Added, true)
-    );
+    assert_eq!((found.len(), found[0].origin, found[0].complete), (1, Origin::Added, true));
     assert!(AddedFolders::remove(&config, &other).unwrap());
     assert!(AddedFolders::load(&config).unwrap().folders.is_empty());
 }

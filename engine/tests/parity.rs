@@ -74,10 +74,8 @@ fn lora_forward_loss_and_gradients_match_reference() {
         assert!(err <= FORWARD_TOL, "{}: out.lora error {err:e}", f.name);
 
         let loss = (&out - f.t("in.target")).unwrap().sqr().unwrap().mean_all().unwrap();
-        let (ours, theirs) = (
-            loss.to_scalar::<f32>().unwrap(),
-            f.t("out.loss").flatten_all().unwrap().to_vec1::<f32>().unwrap()[0],
-        );
+        let (ours, theirs) =
+            (loss.to_scalar::<f32>().unwrap(), f.t("out.loss").flatten_all().unwrap().to_vec1::<f32>().unwrap()[0]);
         let rel = (ours - theirs).abs() / theirs.abs();
         println!("{}: loss {ours} vs {theirs}, relative error {rel:.3e}", f.name);
         assert!(rel <= LOSS_REL_TOL, "{}: loss relative error {rel:e}", f.name);
@@ -145,7 +143,8 @@ fn peft_adapter_directory_reproduces_lora_output_and_round_trips() {
         let saved = tempfile::tempdir().unwrap();
         adapter.save_peft(saved.path()).unwrap();
         let original = candle_core::safetensors::load(dir.join("adapter_model.safetensors"), &Device::Cpu).unwrap();
-        let written = candle_core::safetensors::load(saved.path().join("adapter_model.safetensors"), &Device::Cpu).unwrap();
+        let written =
+            candle_core::safetensors::load(saved.path().join("adapter_model.safetensors"), &Device::Cpu).unwrap();
         assert_eq!(sorted_keys(&original), sorted_keys(&written));
         for (k, t) in &original {
             assert_eq!(max_abs_diff(t, &written[k]), 0.0, "{k} changed on a round trip");
@@ -165,9 +164,7 @@ fn sorted_keys(m: &HashMap<String, Tensor>) -> Vec<String> {
 }
 
 fn to_diffusers(name: &str) -> String {
-    let n = name
-        .replace("proj_in.1.", "proj_in_conv.")
-        .replace("proj_out.1.", "proj_out_conv.");
+    let n = name.replace("proj_in.1.", "proj_in_conv.").replace("proj_out.1.", "proj_out_conv.");
     n.replace(".q_proj.", ".to_q.")
         .replace(".k_proj.", ".to_k.")
         .replace(".v_proj.", ".to_v.")

@@ -11,14 +11,14 @@ use ostinato_engine::data::condition::{text_prompt, Conditioner};
 use ostinato_engine::data::encode::LatentEncoder;
 use ostinato_engine::data::preprocessed::{read_preprocessed_dir, read_sample, write_preprocessed, Manifest};
 use ostinato_engine::data::{SongMeta, StereoAudio, TrainingSample};
+use ostinato_engine::model::condition_encoder::ConditionEncoder;
 use ostinato_engine::model::folder::{ModelFolder, Variant, LYRIC_TOKENS, TEXT_TOKENS};
 use ostinato_engine::model::qwen3::Qwen3Encoder;
+use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::model::tensors::TensorFile;
 use ostinato_engine::model::tokenizer::{Padding, TextTokenizer};
 use ostinato_engine::model::torch_pt::write_pt;
 use ostinato_engine::model::vae::{LatentChoice, TILE_FRAMES};
-use ostinato_engine::model::condition_encoder::ConditionEncoder;
-use ostinato_engine::model::source::ModelSource;
 use ostinato_engine::model::DecoderWeights;
 use ostinato_engine::Error;
 
@@ -35,7 +35,8 @@ fn expected() -> HashMap<String, Tensor> {
 }
 
 fn meta() -> SongMeta {
-    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(real_dir().join("expected.json")).unwrap()).unwrap();
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(real_dir().join("expected.json")).unwrap()).unwrap();
     let m = &j["meta"];
     SongMeta {
         caption: m["caption"].as_str().unwrap().into(),
@@ -87,7 +88,8 @@ fn ints(t: &Tensor) -> Vec<i64> {
 fn tokenizer_matches_transformers() {
     let e = expected();
     let dir = model_dir().join("Qwen3-Embedding-0.6B");
-    let text = TextTokenizer::from_dir(&dir, TEXT_TOKENS, Padding::ToLimit).unwrap().encode(&text_prompt(&meta())).unwrap();
+    let text =
+        TextTokenizer::from_dir(&dir, TEXT_TOKENS, Padding::ToLimit).unwrap().encode(&text_prompt(&meta())).unwrap();
     let ids: Vec<i64> = text.ids.iter().map(|&i| i as i64).collect();
     assert_eq!(ids, ints(&e["text_input_ids"]), "text ids (left padding read from tokenizer_config.json)");
     let mask: Vec<i64> = text.mask.iter().map(|&m| m as i64).collect();
@@ -126,7 +128,13 @@ fn condition_encoder_matches_diffusers() {
     // Training's timbre reference: one zero frame.
     let zero_reference = Tensor::zeros((1, folder.encoder.timbre_hidden_dim), DType::F32, &Device::Cpu).unwrap();
     let packed = enc
-        .forward(&e["text_hidden_states"], &mask("text_attention_mask"), &lyrics, &mask("lyric_attention_mask"), &zero_reference)
+        .forward(
+            &e["text_hidden_states"],
+            &mask("text_attention_mask"),
+            &lyrics,
+            &mask("lyric_attention_mask"),
+            &zero_reference,
+        )
         .unwrap();
     let err = max_diff(&packed.states, &e["encoder_hidden_states"]);
     // Padded lyric rows whose sliding window holds no valid key attend uniformly:
@@ -147,7 +155,9 @@ fn vae_encoder_matches_diffusers_whole_and_chunked() {
     assert_eq!((vae.sample_rate(), vae.frames_per_second(), vae.latent_channels()), (48_000, 25.0, 8));
     let audio = clip();
     let n = audio.left.len();
-    let x = Tensor::from_vec(audio.left.iter().chain(&audio.right).copied().collect::<Vec<f32>>(), (2, n), &Device::Cpu).unwrap();
+    let x =
+        Tensor::from_vec(audio.left.iter().chain(&audio.right).copied().collect::<Vec<f32>>(), (2, n), &Device::Cpu)
+            .unwrap();
 
     let whole = vae.encoder().encode(&x, 10_000, &Cancel::never(), &mut |_, _| {}).unwrap();
     let err_mean = max_diff(&whole.mean, &e["vae_mean"]);
@@ -193,11 +203,18 @@ fn vae_encoder_tiles_equal_the_untiled_encode_on_a_long_song() {
     let (frames, p) = (120, 60 * hop + 7);
     let x = noise_audio(frames * hop, 1);
     let bumped = x.slice_assign(&[0..1, p..p + 1], &Tensor::ones((1, 1), DType::F32, &Device::Cpu).unwrap()).unwrap();
-    let (a, b) = (enc.encode(&x, 100_000, &never, &mut |_, _| {}).unwrap(), enc.encode(&bumped, 100_000, &never, &mut |_, _| {}).unwrap());
+    let (a, b) = (
+        enc.encode(&x, 100_000, &never, &mut |_, _| {}).unwrap(),
+        enc.encode(&bumped, 100_000, &never, &mut |_, _| {}).unwrap(),
+    );
     let changed: Vec<f32> = (&a.mean - &b.mean).unwrap().abs().unwrap().max(1).unwrap().to_vec1().unwrap();
     let first = changed.iter().position(|&d| d > 0.0).unwrap();
     let last = changed.iter().rposition(|&d| d > 0.0).unwrap();
-    println!("sample {p} (frame {}) changes frames {first}..={last}; bound {:.1} frames either side", p / hop, rf as f64 / hop as f64);
+    println!(
+        "sample {p} (frame {}) changes frames {first}..={last}; bound {:.1} frames either side",
+        p / hop,
+        rf as f64 / hop as f64
+    );
     assert!(p - first * hop <= rf + hop && (last + 1) * hop - p <= rf + hop, "outside the receptive field");
     assert!(last - first >= 4, "the bound is exercised");
 
@@ -264,7 +281,9 @@ fn model_folder_end_to_end_matches_reference_preprocessing() {
     let e = expected();
     let folder = ModelFolder::open(&model_dir(), None).unwrap();
     assert_eq!(folder.variant, Variant::Turbo);
-    assert!(matches!(folder.default_timestep_sampling(), ostinato_engine::train::schedule::TimestepSampling::Turbo { shift } if shift == 3.0));
+    assert!(
+        matches!(folder.default_timestep_sampling(), ostinato_engine::train::schedule::TimestepSampling::Turbo { shift } if shift == 3.0)
+    );
     DecoderWeights::load(&[&folder.dit_weights()], &folder.dit, DType::F32, &Device::Cpu).unwrap();
 
     // Encode + condition one clip, as `ostinato preprocess` does.
@@ -294,7 +313,8 @@ fn model_folder_end_to_end_matches_reference_preprocessing() {
 
     // Written and read back.
     let dir = tempfile::tempdir().unwrap();
-    let files = write_preprocessed(dir.path(), std::slice::from_ref(&sample), &Manifest::new(vae.id(), cond.id())).unwrap();
+    let files =
+        write_preprocessed(dir.path(), std::slice::from_ref(&sample), &Manifest::new(vae.id(), cond.id())).unwrap();
     assert_eq!(files, [dir.path().join("clip.safetensors")]);
     let back = read_preprocessed_dir(dir.path()).unwrap();
     assert_eq!(back.len(), 1);
@@ -315,7 +335,13 @@ fn hf_cache_layout_and_test_written_silence_latent() {
     let c = folder.conditioner(&Device::Cpu).unwrap().condition(&meta(), 50).unwrap();
     assert_eq!(c.context_latents.dims(), [50, 16]);
     // Frames past the silence latent's 40 wrap to its start, as ACE-Step pads.
-    assert_eq!(max_diff(&c.context_latents.narrow(0, 40, 10).unwrap().narrow(1, 0, 8).unwrap(), &silence.narrow(0, 0, 10).unwrap()), 0.0);
+    assert_eq!(
+        max_diff(
+            &c.context_latents.narrow(0, 40, 10).unwrap().narrow(1, 0, 8).unwrap(),
+            &silence.narrow(0, 0, 10).unwrap()
+        ),
+        0.0
+    );
 
     // A base variant by config.
     let cfg_path = snap.join("acestep-v15-turbo/config.json");
@@ -339,7 +365,12 @@ fn validation_names_every_missing_or_malformed_file() {
     let Error::ModelFolder { problems, .. } = &err else { panic!("{err}") };
     println!("{err}");
     let text = err.to_string();
-    for file in ["diffusion_pytorch_model.safetensors", "Qwen3-Embedding-0.6B/config.json", "silence_latent.pt", "tokenizer.json"] {
+    for file in [
+        "diffusion_pytorch_model.safetensors",
+        "Qwen3-Embedding-0.6B/config.json",
+        "silence_latent.pt",
+        "tokenizer.json",
+    ] {
         assert!(text.contains(file), "{file} not named in: {text}");
     }
     assert!(problems.len() >= 4);
@@ -394,7 +425,10 @@ fn weight_check_reads_headers_and_names_every_misfit_with_its_config() {
     println!("{err}");
     for layer in 0..2 {
         for proj in ["gate_proj", "up_proj", "down_proj"] {
-            assert!(err.contains(&format!("decoder.layers.{layer}.mlp.{proj}.weight")), "{proj} of layer {layer}: {err}");
+            assert!(
+                err.contains(&format!("decoder.layers.{layer}.mlp.{proj}.weight")),
+                "{proj} of layer {layer}: {err}"
+            );
         }
     }
     assert!(err.contains("model.safetensors") && err.contains(&cfg_path.display().to_string()), "{err}");
@@ -419,7 +453,11 @@ fn weight_check_reads_headers_and_names_every_misfit_with_its_config() {
     let err = ModelFolder::open(&root, None).unwrap().check_weights().unwrap_err().to_string();
     println!("{err}");
     assert!(err.contains("diffusion_pytorch_model.safetensors: tensor `encoder.conv1.bias` has shape [3]"), "{err}");
-    assert!(err.contains("Qwen3-Embedding-0.6B/model.safetensors: missing tensor") && err.contains("layers.1.mlp.up_proj.weight"), "{err}");
+    assert!(
+        err.contains("Qwen3-Embedding-0.6B/model.safetensors: missing tensor")
+            && err.contains("layers.1.mlp.up_proj.weight"),
+        "{err}"
+    );
 }
 
 /// The tiny fixture has no top-level `null_condition_emb` (only a stray

@@ -190,11 +190,8 @@ fn cfg_dropout_resumes_bit_exact_and_ratio_zero_changes_nothing() {
 #[test]
 fn previews_are_written_and_leave_training_bit_exact() {
     let tmp = tempfile::tempdir().unwrap();
-    let previewing = |name: &str| RunConfig {
-        preview_every_steps: Some(2),
-        preview_seconds: Some(1.0),
-        ..config(tmp.path(), name)
-    };
+    let previewing =
+        |name: &str| RunConfig { preview_every_steps: Some(2), preview_seconds: Some(1.0), ..config(tmp.path(), name) };
     let plain = straight_run(tmp.path());
     let handle = Run::start(previewing("previewed")).unwrap();
     let straight = handle.run_dir().to_path_buf();
@@ -212,7 +209,11 @@ fn previews_are_written_and_leave_training_bit_exact() {
     for (dir, name) in [&straight, &run_dir].into_iter().flat_map(|d| files.map(|f| (d, f))) {
         let reader = hound::WavReader::open(dir.join("previews").join(name)).unwrap();
         let spec = reader.spec();
-        assert_eq!((spec.channels, spec.sample_rate, spec.sample_format), (2, 48_000, hound::SampleFormat::Float), "{name}");
+        assert_eq!(
+            (spec.channels, spec.sample_rate, spec.sample_format),
+            (2, 48_000, hound::SampleFormat::Float),
+            "{name}"
+        );
         assert!((reader.duration() as f64 / 48_000.0 - 1.0).abs() < 0.05, "{name}: {} samples", reader.duration());
     }
     let read = |dir: &Path, name: &str| std::fs::read(dir.join("previews").join(name)).unwrap();
@@ -220,7 +221,11 @@ fn previews_are_written_and_leave_training_bit_exact() {
     assert!(read(&straight, "base.wav") != read(&straight, "step-000008.wav"), "training changes the preview");
 
     let previews = |dir: &Path| -> Vec<Event> {
-        read_events(&dir.join("events.jsonl")).unwrap().into_iter().filter(|e| matches!(e, Event::Preview { .. })).collect()
+        read_events(&dir.join("events.jsonl"))
+            .unwrap()
+            .into_iter()
+            .filter(|e| matches!(e, Event::Preview { .. }))
+            .collect()
     };
     let made = previews(&straight);
     assert_eq!(made.len(), files.len());
@@ -231,7 +236,15 @@ fn previews_are_written_and_leave_training_bit_exact() {
         assert_eq!((*seconds, *seed), (1.0, previewing("x").preview_seed()));
         assert!(*took_s > 0.0);
     }
-    let steps_of = |events: Vec<Event>| events.iter().map(|e| match e { Event::Preview { step, .. } => *step, _ => 0 }).collect::<Vec<_>>();
+    let steps_of = |events: Vec<Event>| {
+        events
+            .iter()
+            .map(|e| match e {
+                Event::Preview { step, .. } => *step,
+                _ => 0,
+            })
+            .collect::<Vec<_>>()
+    };
     assert_eq!(steps_of(previews(&run_dir)), steps_of(made), "each preview once across the resume");
 }
 
@@ -264,7 +277,9 @@ fn same_seed_same_run_and_complete_event_log() {
     let events = read_events(&a.join("events.jsonl")).unwrap();
     assert!(matches!(events.first(), Some(Event::DatasetProgress { .. })));
     let started = events.iter().find_map(|e| match e {
-        Event::RunStarted { memory, trainable_params, dataset, .. } => Some((memory.clone(), *trainable_params, dataset.clone())),
+        Event::RunStarted { memory, trainable_params, dataset, .. } => {
+            Some((memory.clone(), *trainable_params, dataset.clone()))
+        }
         _ => None,
     });
     let (memory, trainable, dataset) = started.expect("run_started");
@@ -323,7 +338,8 @@ fn f16_optimizer_moments_are_restored_as_f32() {
     let halved: std::collections::HashMap<_, _> = tensors
         .into_iter()
         .map(|(k, t)| {
-            let t = if k.starts_with("adamw.m") || k.starts_with("adamw.v") { t.to_dtype(DType::F16).unwrap() } else { t };
+            let t =
+                if k.starts_with("adamw.m") || k.starts_with("adamw.v") { t.to_dtype(DType::F16).unwrap() } else { t };
             (k, t)
         })
         .collect();
@@ -331,7 +347,11 @@ fn f16_optimizer_moments_are_restored_as_f32() {
 
     let resumed = Run::resume_with(&run_dir, Some(4)).unwrap();
     resumed.join().unwrap();
-    let next = candle_core::safetensors::load(run_dir.join("checkpoints/step-000004/training_state.safetensors"), &Device::Cpu).unwrap();
+    let next = candle_core::safetensors::load(
+        run_dir.join("checkpoints/step-000004/training_state.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
     let moments: Vec<_> = next.iter().filter(|(k, _)| k.starts_with("adamw.m") || k.starts_with("adamw.v")).collect();
     assert!(!moments.is_empty());
     assert!(moments.iter().all(|(_, t)| t.dtype() == DType::F32), "moments are f32 again");
@@ -455,7 +475,8 @@ fn stop_during_dataset_preparation_ends_the_run_stopped_at_step_0() {
     // Eight 20 s songs at the encoder's rate, encoded whole: a moment each.
     let tone: Vec<f32> = (0..48_000 * 20).map(|i| 0.5 * (i as f32 * 0.05).sin()).collect();
     for i in 0..8 {
-        write_wav(&audio.join(format!("song{i}.wav")), 48_000, SampleFormat::Int(16), std::slice::from_ref(&tone)).unwrap();
+        write_wav(&audio.join(format!("song{i}.wav")), 48_000, SampleFormat::Int(16), std::slice::from_ref(&tone))
+            .unwrap();
     }
     let mut c = config(tmp.path(), "stopped-early");
     c.data.folder = audio;
@@ -592,7 +613,8 @@ fn validation_is_deterministic_resumes_bit_exact_and_keeps_the_best_adapter() {
     assert_eq!(values.keys().copied().collect::<Vec<_>>(), [2, 4, 6, 8]);
     assert_eq!(values, validations(&again), "two runs, identical validation values");
 
-    let first = Run::start(RunConfig { stop_at_step: Some(STEPS / 3), ..validated(tmp.path(), "interrupted") }).unwrap();
+    let first =
+        Run::start(RunConfig { stop_at_step: Some(STEPS / 3), ..validated(tmp.path(), "interrupted") }).unwrap();
     let run_dir = first.run_dir().to_path_buf();
     assert!(matches!(first.join().unwrap(), RunEnd::Stopped { steps: 3, .. }));
     assert!(matches!(Run::resume(&run_dir).unwrap().join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
@@ -658,7 +680,12 @@ fn a_runs_adapters_are_readable_by_others_and_carry_diffusers_metadata() {
         let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
         let meta = meta.metadata().clone().unwrap();
         let lora: serde_json::Value = serde_json::from_str(&meta["lora_adapter_metadata"]).unwrap();
-        assert_eq!((lora["transformer.r"].as_u64(), lora["transformer.lora_alpha"].as_f64()), (Some(4), Some(8.0)), "{}", dir.display());
+        assert_eq!(
+            (lora["transformer.r"].as_u64(), lora["transformer.lora_alpha"].as_f64()),
+            (Some(4), Some(8.0)),
+            "{}",
+            dir.display()
+        );
     }
     let predicted = read_events(&run_dir.join("events.jsonl")).unwrap().into_iter().find_map(|e| match e {
         Event::RunStarted { memory, .. } => memory.predicted_peak_bytes,

@@ -45,7 +45,8 @@ fn run(f: &Fixture, model: &DitModel, lora: Option<&LoraCtx>) -> (Vec<Tensor>, T
     let out = sample(model, lora, f.t("in.noise"), &cond, &schedule, g.as_ref(), |_, x| {
         xs.push(x.clone());
         Ok(())
-    }).unwrap();
+    })
+    .unwrap();
     (xs, out)
 }
 
@@ -60,7 +61,12 @@ fn sampler_matches_every_reference_loop() {
             assert!(err <= TOL, "{}: step {k} x_t error {err:e}", f.name);
         }
         let err = max_abs_diff(&out, f.t("out.latents"));
-        println!("{}: out.latents max abs error {err:.3e} ({} steps, guidance {:?})", f.name, xs.len(), guidance(&f).map(|g| g.scale));
+        println!(
+            "{}: out.latents max abs error {err:.3e} ({} steps, guidance {:?})",
+            f.name,
+            xs.len(),
+            guidance(&f).map(|g| g.scale)
+        );
         assert!(err <= TOL, "{}: out.latents error {err:e}", f.name);
 
         let adapter = LoraAdapter::from_tensors(f.lora_config(), &model, &f.group("lora."), &f.weights).unwrap();

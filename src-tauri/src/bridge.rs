@@ -369,7 +369,15 @@ impl AppState {
     pub fn with_model_places(config_dir: PathBuf, runs_dir: PathBuf, places: ModelPlaces) -> Self {
         let (settings, notice) = settings::load(&config_dir);
         AppState(Arc::new(Shared {
-            inner: Mutex::new(Inner { settings, dataset: None, run: CurrentRun::idle(), notice, next_generation: 1, views: 0, dark: false }),
+            inner: Mutex::new(Inner {
+                settings,
+                dataset: None,
+                run: CurrentRun::idle(),
+                notice,
+                next_generation: 1,
+                views: 0,
+                dark: false,
+            }),
             models: Models::new(places, config_dir.clone()),
             config_dir,
             runs_dir,
@@ -422,8 +430,10 @@ impl AppState {
     pub fn save_settings(&self, new: Settings) -> Result<Settings, BridgeError> {
         new.validate().map_err(BridgeError::InvalidSettings)?;
         engine::check_run_settings(&new, &self.0.runs_dir)?;
-        settings::save(&self.0.config_dir, &new)
-            .map_err(|source| BridgeError::Io { context: format!("saving settings in {}", self.0.config_dir.display()), source })?;
+        settings::save(&self.0.config_dir, &new).map_err(|source| BridgeError::Io {
+            context: format!("saving settings in {}", self.0.config_dir.display()),
+            source,
+        })?;
         let mut g = self.lock();
         g.settings = new.clone();
         g.notice = None;
@@ -464,10 +474,8 @@ impl AppState {
     pub fn start_run(&self, sink: impl EventSink) -> Result<RunView, BridgeError> {
         let settings = self.settings();
         settings.validate().map_err(BridgeError::InvalidSettings)?;
-        let dataset_dir = settings
-            .dataset_dir
-            .clone()
-            .ok_or_else(|| BridgeError::Invalid("choose a dataset folder first".into()))?;
+        let dataset_dir =
+            settings.dataset_dir.clone().ok_or_else(|| BridgeError::Invalid("choose a dataset folder first".into()))?;
         if self.lock().run.status.is_active() {
             return Err(BridgeError::RunActive);
         }
@@ -547,7 +555,9 @@ impl AppState {
                     if g.run.status.is_active() {
                         // The engine's thread went away without saying how the run ended.
                         g.run.status = RunStatus::Failed;
-                        g.run.error.get_or_insert_with(|| "the engine stopped sending events without finishing the run".into());
+                        g.run.error.get_or_insert_with(|| {
+                            "the engine stopped sending events without finishing the run".into()
+                        });
                     }
                     g.run_view()
                 };
@@ -583,7 +593,11 @@ impl AppState {
         }
     }
 
-    fn with_control(&self, next: Option<RunStatus>, f: impl FnOnce(&dyn EngineRun) -> Result<(), BridgeError>) -> Result<RunView, BridgeError> {
+    fn with_control(
+        &self,
+        next: Option<RunStatus>,
+        f: impl FnOnce(&dyn EngineRun) -> Result<(), BridgeError>,
+    ) -> Result<RunView, BridgeError> {
         let mut g = self.lock();
         let control = g.run.control.as_deref().ok_or(BridgeError::NoActiveRun)?;
         f(control)?;
@@ -618,7 +632,11 @@ impl AppState {
         // Runs are directly under the runs dir: the current one is known by its name.
         let active = {
             let g = self.lock();
-            g.run.status.is_active().then(|| g.run.run_dir.as_deref().and_then(Path::file_name).map(|n| n.to_owned())).flatten()
+            g.run
+                .status
+                .is_active()
+                .then(|| g.run.run_dir.as_deref().and_then(Path::file_name).map(|n| n.to_owned()))
+                .flatten()
         };
         let runs_dir = self.0.runs_dir.canonicalize().unwrap_or_else(|_| self.0.runs_dir.clone());
         let mut runs = engine::list_runs(&runs_dir)?;
@@ -680,7 +698,8 @@ pub fn value_channel<T: Serialize + Send + 'static>(rx: Receiver<T>) -> Receiver
         .name("ostinato-event-json".into())
         .spawn(move || {
             for ev in rx {
-                let v = serde_json::to_value(&ev).unwrap_or_else(|e| json!({"type": "bridge_error", "error": e.to_string()}));
+                let v = serde_json::to_value(&ev)
+                    .unwrap_or_else(|e| json!({"type": "bridge_error", "error": e.to_string()}));
                 if tx.send(v).is_err() {
                     break;
                 }
@@ -695,17 +714,17 @@ pub fn value_channel<T: Serialize + Send + 'static>(rx: Receiver<T>) -> Receiver
 // ---------------------------------------------------------------------------------------
 mod engine {
     use super::*;
+    use crate::settings::{ModelChoice, Precision};
     use ostinato_engine::charts::{render_svg, Chart, Theme};
     use ostinato_engine::data::{audio, scan::scan_folder, sidecar::Sidecars};
     use ostinato_engine::device::Precision as EnginePrecision;
     use ostinato_engine::events::{read_events, Event};
     use ostinato_engine::export::{export_run, ExportFormat as EngineFormat};
     use ostinato_engine::model::source::ModelSource;
-    pub use ostinato_engine::train::history::RunSummary;
     use ostinato_engine::train::config::default_run_name;
+    pub use ostinato_engine::train::history::RunSummary;
     use ostinato_engine::train::{fit, history, Run, RunConfig, RunControl, RunHandle};
     use ostinato_engine::Error as EngineError;
-    use crate::settings::{ModelChoice, Precision};
 
     fn engine_err(e: impl std::fmt::Display) -> BridgeError {
         BridgeError::Engine(e.to_string())
@@ -800,7 +819,8 @@ mod engine {
     /// The engine's judgement of the settings a run would get; a setting it refuses is
     /// marked on its field.
     pub fn check_run_settings(settings: &Settings, runs_dir: &Path) -> Result<(), BridgeError> {
-        let req = StartRequest { settings: settings.clone(), dataset_dir: PathBuf::new(), runs_dir: runs_dir.to_path_buf() };
+        let req =
+            StartRequest { settings: settings.clone(), dataset_dir: PathBuf::new(), runs_dir: runs_dir.to_path_buf() };
         match run_config(&req).validate() {
             Ok(()) => Ok(()),
             Err(EngineError::Setting { field, reason }) => {
@@ -842,10 +862,7 @@ mod engine {
     /// The run's control and its events as JSON values; the handle's thread is
     /// joined by the event thread once the events end.
     fn attach(handle: RunHandle) -> (Box<dyn EngineRun>, Receiver<Value>) {
-        let control = Handle {
-            control: handle.control(),
-            run_dir: handle.run_dir().to_path_buf(),
-        };
+        let control = Handle { control: handle.control(), run_dir: handle.run_dir().to_path_buf() };
         let (tx, rx) = std::sync::mpsc::channel::<Event>();
         std::thread::Builder::new()
             .name("ostinato-run-events".into())
@@ -880,9 +897,12 @@ mod engine {
         };
         match plan {
             Ok(p) => Ok(MemoryView { summary: p.summary(), fits: true, changes: p.changes, problem: None }),
-            Err(e @ EngineError::WontFit { .. }) => {
-                Ok(MemoryView { summary: given.summary(), fits: false, changes: Vec::new(), problem: Some(e.to_string()) })
-            }
+            Err(e @ EngineError::WontFit { .. }) => Ok(MemoryView {
+                summary: given.summary(),
+                fits: false,
+                changes: Vec::new(),
+                problem: Some(e.to_string()),
+            }),
             Err(e) => Err(engine_err(e)),
         }
     }
@@ -920,7 +940,12 @@ mod engine {
 
     /// Into the folder `to`: `<run>-peft/`, `<run>-comfyui.safetensors` or
     /// `<run>-merged.safetensors`.
-    pub fn export(run_dir: &Path, format: ExportFormat, to: &Path, _settings: &Settings) -> Result<PathBuf, BridgeError> {
+    pub fn export(
+        run_dir: &Path,
+        format: ExportFormat,
+        to: &Path,
+        _settings: &Settings,
+    ) -> Result<PathBuf, BridgeError> {
         let run = run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let (format, target) = match format {
             ExportFormat::Peft => (EngineFormat::Peft, to.join(format!("{run}-peft"))),
@@ -988,7 +1013,14 @@ mod tests {
         assert!(reply.revision > started.revision, "{} after {}", reply.revision, started.revision);
         tx.send(json!({"type": "paused", "step": 1})).unwrap();
         wait_for(|| state.state().run.status == RunStatus::Paused);
-        let paused = rec.0.lock().unwrap().iter().rev().find(|(e, v)| e == RUN_EVENT && v["status"] == "paused").map(|(_, v)| v.clone());
+        let paused = rec
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|(e, v)| e == RUN_EVENT && v["status"] == "paused")
+            .map(|(_, v)| v.clone());
         let paused = paused.expect("a run-state view for paused");
         assert!(paused["revision"].as_u64().unwrap() > reply.revision, "paused {paused} vs reply {}", reply.revision);
         assert!(state.state().run.revision > paused["revision"].as_u64().unwrap());
@@ -1030,7 +1062,8 @@ mod tests {
         assert_eq!(s.run.recent_events.len(), 6);
         wait_for(|| rec.0.lock().unwrap().iter().filter(|(n, _)| n == ENGINE_EVENT).count() == 6);
         let sent = rec.0.lock().unwrap();
-        let types: Vec<_> = sent.iter().filter(|(n, _)| n == ENGINE_EVENT).map(|(_, v)| v["type"].as_str().unwrap()).collect();
+        let types: Vec<_> =
+            sent.iter().filter(|(n, _)| n == ENGINE_EVENT).map(|(_, v)| v["type"].as_str().unwrap()).collect();
         assert_eq!(types, ["run_started", "step", "step", "paused", "resumed", "stopped"]);
         assert!(sent.iter().any(|(n, v)| n == RUN_EVENT && v["status"] == "stopped"));
     }
@@ -1085,7 +1118,15 @@ mod tests {
         write("a-paused", 100, &[step_line(5, 0.5), json!({"v": 1, "type": "paused", "step": 5})], "");
         // Cut mid-line by a crash: the partial line is skipped and the run is interrupted.
         write("b-crashed", 200, &[step_line(7, 0.4)], "{\"v\":1,\"type\":\"st");
-        write("c-done", 300, &[step_line(9, 0.3), json!({"v": 1, "type": "finished", "adapter_path": "x", "steps": 9, "final_loss": 0.3})], "");
+        write(
+            "c-done",
+            300,
+            &[
+                step_line(9, 0.3),
+                json!({"v": 1, "type": "finished", "adapter_path": "x", "steps": 9, "final_loss": 0.3}),
+            ],
+            "",
+        );
         // Resumable runs have a checkpoint to resume from.
         for (id, step) in [("a-paused", 5), ("b-crashed", 7)] {
             std::fs::create_dir_all(runs.join(id).join(format!("checkpoints/step-{step:06}"))).unwrap();
@@ -1097,7 +1138,8 @@ mod tests {
 
         let state = AppState::new(tmp.path().join("cfg"), runs.clone());
         let list = state.list_runs().unwrap();
-        let got: Vec<_> = list.iter().map(|r| (r.summary.name.as_str(), r.summary.steps, r.summary.resumable, r.active)).collect();
+        let got: Vec<_> =
+            list.iter().map(|r| (r.summary.name.as_str(), r.summary.steps, r.summary.resumable, r.active)).collect();
         assert_eq!(got, [("a-paused", 5, true, false), ("b-crashed", 7, true, false), ("c-done", 9, false, false)]);
         let json = serde_json::to_value(&list).unwrap();
         let statuses: Vec<_> = json.as_array().unwrap().iter().map(|r| r["status"].as_str().unwrap()).collect();
@@ -1110,7 +1152,8 @@ mod tests {
         let (tx, rx) = mpsc::channel::<Value>();
         state.adopt_run(Box::new(Scripted(runs.join("b-crashed"), Default::default())), rx, Recorder::default());
         let list = state.list_runs().unwrap();
-        let active: Vec<_> = list.iter().filter(|r| r.active).map(|r| (r.summary.name.as_str(), r.summary.resumable)).collect();
+        let active: Vec<_> =
+            list.iter().filter(|r| r.active).map(|r| (r.summary.name.as_str(), r.summary.resumable)).collect();
         assert_eq!(active, [("b-crashed", false)]);
         drop(tx);
 

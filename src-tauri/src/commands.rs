@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use serde::Serialize;
 use tauri::{AppHandle, Runtime, State};
 
-use crate::bridge::{AppState, BridgeError, Charts, DatasetView, ExportFormat, HistoryEntry, MemoryView, RunView, StateView};
+use crate::bridge::{
+    AppState, BridgeError, Charts, DatasetView, ExportFormat, HistoryEntry, MemoryView, RunView, StateView,
+};
 use crate::settings::{FieldErrors, Settings};
 use ostinato_engine::load::{DitVariant, FoundModel, Hub};
 
@@ -25,11 +27,9 @@ impl From<BridgeError> for CommandError {
     fn from(e: BridgeError) -> Self {
         let kind = e.kind();
         match e {
-            BridgeError::InvalidSettings(fields) => CommandError {
-                kind,
-                message: fields.values().cloned().collect::<Vec<_>>().join("; "),
-                fields,
-            },
+            BridgeError::InvalidSettings(fields) => {
+                CommandError { kind, message: fields.values().cloned().collect::<Vec<_>>().join("; "), fields }
+            }
             other => CommandError { kind, message: other.to_string(), fields: FieldErrors::new() },
         }
     }
@@ -133,7 +133,8 @@ pub async fn run_charts(state: State<'_, AppState>, dir: Option<String>) -> Res<
 #[tauri::command]
 pub async fn export_run(state: State<'_, AppState>, dir: String, format: ExportFormat, to: String) -> Res<String> {
     let state = state.inner().clone();
-    blocking(move || state.export(&PathBuf::from(dir), format, &PathBuf::from(to)).map(|p| p.display().to_string())).await
+    blocking(move || state.export(&PathBuf::from(dir), format, &PathBuf::from(to)).map(|p| p.display().to_string()))
+        .await
 }
 
 /// The ACE-Step models found on this machine (hub cache, ACE-Step checkpoints, added

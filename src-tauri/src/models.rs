@@ -33,22 +33,13 @@ fn engine_err(e: impl std::fmt::Display) -> BridgeError {
 
 impl Models {
     pub fn new(places: ModelPlaces, config_dir: PathBuf) -> Self {
-        Self {
-            places,
-            config_dir,
-            download: Arc::default(),
-        }
+        Self { places, config_dir, download: Arc::default() }
     }
 
     /// Every model found, with its variant, size and whether it is complete.
     pub fn list(&self) -> Result<Vec<FoundModel>, BridgeError> {
-        let added = AddedFolders::load(&self.config_dir)
-            .map_err(engine_err)?
-            .folders;
-        Ok(find_models(&ModelPlaces {
-            added,
-            ..self.places.clone()
-        }))
+        let added = AddedFolders::load(&self.config_dir).map_err(engine_err)?.folders;
+        Ok(find_models(&ModelPlaces { added, ..self.places.clone() }))
     }
 
     /// Remembers a folder that holds a model; the new list.
@@ -60,10 +51,7 @@ impl Models {
     /// Forgets an added folder; the new list.
     pub fn remove(&self, dir: &Path) -> Result<Vec<FoundModel>, BridgeError> {
         if !AddedFolders::remove(&self.config_dir, dir).map_err(engine_err)? {
-            return Err(BridgeError::Invalid(format!(
-                "{} was not added",
-                dir.display()
-            )));
+            return Err(BridgeError::Invalid(format!("{} was not added", dir.display())));
         }
         self.list()
     }
@@ -78,17 +66,11 @@ impl Models {
 
     /// Starts downloading `variant` into the hub cache on a thread of its own; its
     /// events go to `sink`. One download at a time.
-    pub fn start_download(
-        &self,
-        variant: DitVariant,
-        hub: Hub,
-        sink: impl EventSink,
-    ) -> Result<(), BridgeError> {
-        let cache = self.places.hub_cache.clone().ok_or_else(|| {
-            BridgeError::Invalid(
-                "no Hugging Face cache folder (set HF_HUB_CACHE or HF_HOME)".into(),
-            )
-        })?;
+    pub fn start_download(&self, variant: DitVariant, hub: Hub, sink: impl EventSink) -> Result<(), BridgeError> {
+        let cache =
+            self.places.hub_cache.clone().ok_or_else(|| {
+                BridgeError::Invalid("no Hugging Face cache folder (set HF_HUB_CACHE or HF_HOME)".into())
+            })?;
         let cancel = {
             let mut slot = self.slot();
             if slot.is_some() {
@@ -100,34 +82,17 @@ impl Models {
         std::thread::Builder::new()
             .name("ostinato-download".into())
             .spawn(move || {
-                let downloader = Downloader {
-                    hub: &hub,
-                    cache: HubCache::new(cache),
-                    models_dir,
-                };
-                let mut forward = |e| {
-                    sink.send(
-                        DOWNLOAD_EVENT,
-                        serde_json::to_value(&e).unwrap_or(Value::Null),
-                    )
-                };
+                let downloader = Downloader { hub: &hub, cache: HubCache::new(cache), models_dir };
+                let mut forward = |e| sink.send(DOWNLOAD_EVENT, serde_json::to_value(&e).unwrap_or(Value::Null));
                 let end = downloader.download(variant, &mut forward, &cancel);
                 *slot.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 match end {
                     Ok(_) => {}
-                    Err(ostinato_engine::Error::Cancelled) => {
-                        sink.send(DOWNLOAD_EVENT, json!({"type": "cancelled"}))
-                    }
-                    Err(e) => sink.send(
-                        DOWNLOAD_EVENT,
-                        json!({"type": "failed", "error": e.to_string()}),
-                    ),
+                    Err(ostinato_engine::Error::Cancelled) => sink.send(DOWNLOAD_EVENT, json!({"type": "cancelled"})),
+                    Err(e) => sink.send(DOWNLOAD_EVENT, json!({"type": "failed", "error": e.to_string()})),
                 }
             })
-            .map_err(|e| BridgeError::Io {
-                context: "starting the download".into(),
-                source: e,
-            })?;
+            .map_err(|e| BridgeError::Io { context: "starting the download".into(), source: e })?;
         Ok(())
     }
 

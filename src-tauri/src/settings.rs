@@ -122,10 +122,7 @@ impl Settings {
             bad("dropout", format!("dropout must be at least 0 and below 1 (got {})", self.dropout));
         }
         if !(self.learning_rate.is_finite() && self.learning_rate > 0.0 && self.learning_rate <= 1.0) {
-            bad(
-                "learning_rate",
-                format!("learning rate must be above 0 and at most 1 (got {})", self.learning_rate),
-            );
+            bad("learning_rate", format!("learning rate must be above 0 and at most 1 (got {})", self.learning_rate));
         }
         if !(1..=100_000).contains(&self.epochs) {
             bad("epochs", format!("epochs must be between 1 and 100000 (got {})", self.epochs));
@@ -175,10 +172,7 @@ pub fn load(config_dir: &Path) -> (Settings, Option<String>) {
     let path = settings_path(config_dir);
     match std::fs::read(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Settings::default(), None),
-        Err(e) => (
-            Settings::default(),
-            Some(format!("could not read {}: {e}; using defaults", path.display())),
-        ),
+        Err(e) => (Settings::default(), Some(format!("could not read {}: {e}; using defaults", path.display()))),
         Ok(bytes) => match serde_json::from_slice::<Settings>(&bytes) {
             Ok(s) => match s.validate() {
                 Ok(()) => (s, None),
@@ -191,10 +185,7 @@ pub fn load(config_dir: &Path) -> (Settings, Option<String>) {
                     )),
                 ),
             },
-            Err(e) => (
-                Settings::default(),
-                Some(format!("could not parse {}: {e}; using defaults", path.display())),
-            ),
+            Err(e) => (Settings::default(), Some(format!("could not parse {}: {e}; using defaults", path.display()))),
         },
     }
 }

@@ -78,7 +78,8 @@ fn settings_persist_across_launches() {
         let saved = app.invoke("save_settings", json!({ "settings": s })).unwrap();
         assert_eq!(saved["rank"], 16);
     }
-    let on_disk: Value = serde_json::from_slice(&std::fs::read(dir.path().join("config/settings.json")).unwrap()).unwrap();
+    let on_disk: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("config/settings.json")).unwrap()).unwrap();
     assert_eq!(on_disk["gradient_checkpointing"], false);
 
     let app = TestApp::new(dir.path());
@@ -126,7 +127,11 @@ fn invalid_settings_are_rejected_field_by_field_and_not_saved() {
     }
     assert!(!dir.path().join("config/settings.json").exists(), "nothing was written");
     let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
-    assert_eq!((s["cfg_dropout"].clone(), s["val_fraction"].clone(), s["preview_caption"].clone()), (Value::Null, Value::Null, Value::Null), "the engine's defaults");
+    assert_eq!(
+        (s["cfg_dropout"].clone(), s["val_fraction"].clone(), s["preview_caption"].clone()),
+        (Value::Null, Value::Null, Value::Null),
+        "the engine's defaults"
+    );
     s["val_fraction"] = json!(0.3);
     s["val_every_steps"] = json!(5);
     s["patience"] = json!(2);
@@ -208,7 +213,9 @@ fn scan_start_follow_and_export_a_demo_run() {
     assert_eq!(runs[0]["resumable"], false);
     assert!(runs[0]["adapter"].is_string(), "the final adapter: {runs}");
     let run_dir = runs[0]["dir"].clone();
-    let config = ostinato_engine::train::RunConfig::from_toml_file(&Path::new(run_dir.as_str().unwrap()).join("run.toml")).unwrap();
+    let config =
+        ostinato_engine::train::RunConfig::from_toml_file(&Path::new(run_dir.as_str().unwrap()).join("run.toml"))
+            .unwrap();
     assert_eq!((config.cfg_dropout, config.val_fraction, config.val_every_steps), (Some(0.25), Some(0.5), Some(1)));
     assert_eq!((config.preview_every_steps, config.preview_seconds), (Some(100), Some(1.0)));
     assert_eq!(config.preview_caption.as_deref(), Some("a test caption"));
@@ -216,7 +223,10 @@ fn scan_start_follow_and_export_a_demo_run() {
     let started = events.iter().find(|e| e["type"] == "run_started").unwrap();
     assert_eq!(started["cfg_dropout"], 0.25);
     assert!(events.iter().any(|e| e["type"] == "validation"), "validation on the held-out song");
-    assert!(events.iter().any(|e| e["type"] == "preview" && e["caption"] == "a test caption" && e["step"] == 0), "the base preview");
+    assert!(
+        events.iter().any(|e| e["type"] == "preview" && e["caption"] == "a test caption" && e["step"] == 0),
+        "the base preview"
+    );
     let charts = app.invoke("run_charts", json!({"dir": run_dir})).unwrap();
     for chart in ["loss", "noise_levels", "throughput", "memory"] {
         assert!(charts[chart].as_str().unwrap().contains("<svg"), "{chart}");
@@ -302,7 +312,8 @@ fn command_list_handler_and_capability_agree() {
     assert!(app.invoke("no_such_command", json!({})).unwrap_err().to_string().contains("not found"));
 
     let cap: Value = serde_json::from_str(include_str!("../capabilities/default.json")).unwrap();
-    let mut granted: Vec<String> = cap["permissions"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect();
+    let mut granted: Vec<String> =
+        cap["permissions"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect();
     granted.sort();
     let mut expected: Vec<String> = ostinato_app::command_list::COMMANDS
         .iter()
@@ -310,7 +321,10 @@ fn command_list_handler_and_capability_agree() {
         .chain(["core:event:default".to_string()])
         .collect();
     expected.sort();
-    assert_eq!(granted, expected, "capabilities/default.json must grant exactly the app's commands and event listening");
+    assert_eq!(
+        granted, expected,
+        "capabilities/default.json must grant exactly the app's commands and event listening"
+    );
 }
 
 /// Waits until training has begun (`run_started`): a Stop before it ends the run
@@ -362,7 +376,10 @@ fn a_stopped_run_resumes_after_the_app_is_reopened() {
     let app = TestApp::new(dir.path());
     app.invoke("resume_past_run", json!({"dir": run_dir})).unwrap();
     let state = app.invoke("get_state", json!({})).unwrap();
-    assert!(matches!(state["run"]["status"].as_str(), Some("running" | "stopping" | "stopped" | "finished")), "{state}");
+    assert!(
+        matches!(state["run"]["status"].as_str(), Some("running" | "stopping" | "stopped" | "finished")),
+        "{state}"
+    );
     wait_started(&app);
     app.invoke("stop_run", json!({})).ok();
     wait_status(&app, "stopped");
@@ -417,7 +434,8 @@ fn the_model_picker_lists_hub_cache_and_added_models() {
         downloads: dir.path().join("models"),
         ..Default::default()
     };
-    let app = TestApp::with_state(AppState::with_model_places(dir.path().join("config"), dir.path().join("runs"), places));
+    let app =
+        TestApp::with_state(AppState::with_model_places(dir.path().join("config"), dir.path().join("runs"), places));
 
     let list = app.invoke("list_models", json!({})).unwrap();
     assert_eq!(list.as_array().unwrap().len(), 1, "{list}");

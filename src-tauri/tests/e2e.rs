@@ -42,8 +42,12 @@ impl Drop for Proc {
 }
 
 fn find_tool(name: &str) -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
-    if let Some(home) = std::env::var_os("CARGO_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo"))) {
+    let mut dirs: Vec<PathBuf> =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
+    if let Some(home) = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+    {
         dirs.push(home.join("bin"));
     }
     dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
@@ -196,7 +200,9 @@ async fn the_app_window_loads_and_keeps_settings() {
     }
     let tools = (find_tool("tauri-driver"), find_tool("WebKitWebDriver"), find_tool("Xvfb"));
     let (Some(tauri_driver), Some(_), Some(xvfb)) = tools else {
-        let msg = format!("e2e: tools missing (tauri-driver, WebKitWebDriver, Xvfb) = {tools:?}; run scripts/install-app-deps");
+        let msg = format!(
+            "e2e: tools missing (tauri-driver, WebKitWebDriver, Xvfb) = {tools:?}; run scripts/install-app-deps"
+        );
         assert_ne!(mode, "require", "{msg}");
         eprintln!("\n*** {msg}: SKIPPED ***\n");
         return;
@@ -227,11 +233,32 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
 
     assert_eq!(c.title().await.unwrap(), "Ostinato");
     for id in [
-        "panel-dataset", "dropzone", "choose-dataset", "panel-model", "panel-settings", "panel-run",
-        "panel-charts", "chart-loss", "chart-noise-levels", "chart-throughput", "chart-memory", "panel-files", "panel-history",
-        "set-cfg-dropout", "set-val-fraction", "set-val-every-steps", "set-patience", "set-preview-every-steps",
-        "set-preview-seconds", "set-preview-caption",
-        "start", "pause", "resume", "stop", "statusbar", "run-status",
+        "panel-dataset",
+        "dropzone",
+        "choose-dataset",
+        "panel-model",
+        "panel-settings",
+        "panel-run",
+        "panel-charts",
+        "chart-loss",
+        "chart-noise-levels",
+        "chart-throughput",
+        "chart-memory",
+        "panel-files",
+        "panel-history",
+        "set-cfg-dropout",
+        "set-val-fraction",
+        "set-val-every-steps",
+        "set-patience",
+        "set-preview-every-steps",
+        "set-preview-seconds",
+        "set-preview-caption",
+        "start",
+        "pause",
+        "resume",
+        "stop",
+        "statusbar",
+        "run-status",
     ] {
         c.find(Locator::Css(&format!("[data-testid='{id}']"))).await.unwrap_or_else(|_| panic!("no element {id}"));
     }
@@ -249,7 +276,8 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     let toggle = "return document.getElementById('set-gradient-checkpointing').checked";
     assert!(checked(&js(&c, toggle).await), "gradient checkpointing is on by default");
     c.find(Locator::Css("label[for='set-gradient-checkpointing'] .switch")).await.unwrap().click().await.unwrap();
-    wait_js(&c, "return document.getElementById('settings-status').dataset.state === 'saved'", "settings to save").await;
+    wait_js(&c, "return document.getElementById('settings-status').dataset.state === 'saved'", "settings to save")
+        .await;
     assert!(!checked(&js(&c, toggle).await));
     assert!(text(&c, "#sb-memory").await.contains("Checkpointing off"));
     let on_disk: Value = serde_json::from_slice(&std::fs::read(config.join("settings.json")).unwrap()).unwrap();
@@ -260,7 +288,8 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     rank.clear().await.unwrap();
     rank.send_keys("0").await.unwrap();
     c.find(Locator::Id("h-settings")).await.unwrap().click().await.unwrap(); // blur -> change
-    wait_js(&c, "return document.querySelector('[data-error-for=rank]').textContent.length > 0", "the rank error").await;
+    wait_js(&c, "return document.querySelector('[data-error-for=rank]').textContent.length > 0", "the rank error")
+        .await;
     assert!(text(&c, "[data-error-for=rank]").await.contains("between 1 and 1024"));
     screenshot(&c, "02-validation.png").await;
     rank.clear().await.unwrap();
@@ -286,12 +315,18 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     let share = c.find(Locator::Id("set-val-fraction")).await.unwrap();
     share.send_keys("0.2").await.unwrap();
     c.find(Locator::Id("h-settings")).await.unwrap().click().await.unwrap();
-    wait_js(&c, "return document.querySelector('[data-error-for=val_every_steps]').textContent.length > 0", "the engine's validation error").await;
+    wait_js(
+        &c,
+        "return document.querySelector('[data-error-for=val_every_steps]').textContent.length > 0",
+        "the engine's validation error",
+    )
+    .await;
     assert!(text(&c, "[data-error-for=val_every_steps]").await.contains("held out"));
     let every = c.find(Locator::Id("set-val-every-steps")).await.unwrap();
     every.send_keys("2").await.unwrap();
     c.find(Locator::Id("h-settings")).await.unwrap().click().await.unwrap();
-    wait_js(&c, "return document.getElementById('settings-status').dataset.state === 'saved'", "validation to save").await;
+    wait_js(&c, "return document.getElementById('settings-status').dataset.state === 'saved'", "validation to save")
+        .await;
     let on_disk: Value = serde_json::from_slice(&std::fs::read(config.join("settings.json")).unwrap()).unwrap();
     assert_eq!((on_disk["val_fraction"].as_f64(), on_disk["val_every_steps"].as_u64()), (Some(0.2), Some(2)));
 
@@ -306,7 +341,9 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     wait_js_for(&c, &format!("{points} > {before}"), "the loss chart to grow", ENGINE_WAIT).await;
     // The validation curve beside the loss, and the loss by noise level, drawn live.
     let legend = |chart: &str, name: &str| {
-        format!("return [...document.querySelectorAll('#{chart} svg text')].some(t => t.textContent.trim() === '{name}')")
+        format!(
+            "return [...document.querySelectorAll('#{chart} svg text')].some(t => t.textContent.trim() === '{name}')"
+        )
     };
     wait_js_for(&c, &legend("chart-loss", "validation"), "the validation curve", ENGINE_WAIT).await;
     wait_js_for(&c, &legend("chart-noise-levels", "epoch 1"), "the noise-level chart", ENGINE_WAIT).await;
@@ -322,7 +359,8 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     screenshot(&c, "04-paused.png").await;
 
     // Resume: it moves again. Stop: an adapter is written and the run can be resumed.
-    wait_js(&c, "const b = document.getElementById('btn-resume'); return !b.hidden && !b.disabled", "Resume shown").await;
+    wait_js(&c, "const b = document.getElementById('btn-resume'); return !b.hidden && !b.disabled", "Resume shown")
+        .await;
     c.find(Locator::Id("btn-resume")).await.unwrap().click().await.unwrap();
     wait_js_for(&c, &step_js(&format!("> {paused_at}")), "steps after resuming", ENGINE_WAIT).await;
     c.find(Locator::Id("btn-stop")).await.unwrap().click().await.unwrap();
@@ -334,9 +372,19 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
 
     // Tabs switch panels.
     c.find(Locator::Id("tab-history")).await.unwrap().click().await.unwrap();
-    wait_js(&c, "return !document.getElementById('panel-history').hidden && document.getElementById('panel-charts').hidden", "the history tab").await;
+    wait_js(
+        &c,
+        "return !document.getElementById('panel-history').hidden && document.getElementById('panel-charts').hidden",
+        "the history tab",
+    )
+    .await;
     // The stopped run is listed by the engine's summary: its status, steps and resume button.
-    wait_js(&c, "return document.querySelector('#runs-body tr[data-run] .badge.stopped') !== null", "the stopped run in the history").await;
+    wait_js(
+        &c,
+        "return document.querySelector('#runs-body tr[data-run] .badge.stopped') !== null",
+        "the stopped run in the history",
+    )
+    .await;
     assert_eq!(text(&c, "#runs-body tr[data-run] td.num").await, text(&c, "#sb-step").await.split(' ').nth(1).unwrap());
     assert!(c.find(Locator::Css("#runs-body [data-testid='run-resume']")).await.unwrap().is_enabled().await.unwrap());
     // Its charts replay from its log, the noise-level chart among them.

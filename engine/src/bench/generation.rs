@@ -64,80 +64,46 @@ pub struct GenerationReport {
 pub fn write_random_vae(dir: &Path, seed: u64) -> Result<VaeConfig> {
     let cfg: VaeConfig = serde_json::from_str(ACE_STEP_VAE_CONFIG).expect("the constant parses");
     std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
-    std::fs::write(dir.join("config.json"), ACE_STEP_VAE_CONFIG)
-        .map_err(|e| crate::Error::io(dir, e))?;
+    std::fs::write(dir.join("config.json"), ACE_STEP_VAE_CONFIG).map_err(|e| crate::Error::io(dir, e))?;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut tensors = std::collections::HashMap::new();
-    let mut conv =
-        |name: String, shape: [usize; 3], fan_in: usize, bias: Option<usize>| -> Result<()> {
-            let std = (fan_in as f32).sqrt().recip();
-            let n = shape.iter().product();
-            let v: Vec<f32> = (0..n)
-                .map(|_| {
-                    std * <StandardNormal as Distribution<f32>>::sample(&StandardNormal, &mut rng)
-                })
-                .collect();
-            tensors.insert(
-                format!("{name}.weight"),
-                Tensor::from_vec(v, shape.to_vec(), &Device::Cpu)?,
-            );
-            if let Some(c) = bias {
-                tensors.insert(
-                    format!("{name}.bias"),
-                    Tensor::zeros(c, DType::F32, &Device::Cpu)?,
-                );
-            }
-            Ok(())
-        };
+    let mut conv = |name: String, shape: [usize; 3], fan_in: usize, bias: Option<usize>| -> Result<()> {
+        let std = (fan_in as f32).sqrt().recip();
+        let n = shape.iter().product();
+        let v: Vec<f32> =
+            (0..n).map(|_| std * <StandardNormal as Distribution<f32>>::sample(&StandardNormal, &mut rng)).collect();
+        tensors.insert(format!("{name}.weight"), Tensor::from_vec(v, shape.to_vec(), &Device::Cpu)?);
+        if let Some(c) = bias {
+            tensors.insert(format!("{name}.bias"), Tensor::zeros(c, DType::F32, &Device::Cpu)?);
+        }
+        Ok(())
+    };
     let mut snakes = Vec::new();
     let h = cfg.decoder_channels;
     let mut mult = vec![1];
     mult.extend(&cfg.channel_multiples);
     let n = cfg.downsampling_ratios.len();
     let top = h * mult[n];
-    conv(
-        "decoder.conv1".into(),
-        [top, cfg.latent_channels(), 7],
-        cfg.latent_channels() * 7,
-        Some(top),
-    )?;
+    conv("decoder.conv1".into(), [top, cfg.latent_channels(), 7], cfg.latent_channels() * 7, Some(top))?;
     for (i, &s) in cfg.downsampling_ratios.iter().rev().enumerate() {
         let (cin, cout) = (h * mult[n - i], h * mult[n - i - 1]);
         let block = format!("decoder.block.{i}");
         snakes.push((format!("{block}.snake1"), cin));
-        conv(
-            format!("{block}.conv_t1"),
-            [cin, cout, 2 * s],
-            cin * 2,
-            Some(cout),
-        )?;
+        conv(format!("{block}.conv_t1"), [cin, cout, 2 * s], cin * 2, Some(cout))?;
         for j in 1..=3 {
             let unit = format!("{block}.res_unit{j}");
             snakes.push((format!("{unit}.snake1"), cout));
             snakes.push((format!("{unit}.snake2"), cout));
-            conv(
-                format!("{unit}.conv1"),
-                [cout, cout, 7],
-                cout * 7,
-                Some(cout),
-            )?;
+            conv(format!("{unit}.conv1"), [cout, cout, 7], cout * 7, Some(cout))?;
             conv(format!("{unit}.conv2"), [cout, cout, 1], cout, Some(cout))?;
         }
     }
     snakes.push(("decoder.snake1".into(), h));
-    conv(
-        "decoder.conv2".into(),
-        [cfg.audio_channels, h, 7],
-        h * 7,
-        None,
-    )?;
+    conv("decoder.conv2".into(), [cfg.audio_channels, h, 7], h * 7, None)?;
     // Snake alpha = beta = 0 (log scale): x + sin(x)^2.
     for (name, c) in snakes {
         for p in ["alpha", "beta"] {
-            tensors.insert(
-                format!("{name}.{p}"),
-                Tensor::zeros((1, c, 1), DType::F32, &Device::Cpu)?,
-            );
+            tensors.insert(format!("{name}.{p}"), Tensor::zeros((1, c, 1), DType::F32, &Device::Cpu)?);
         }
     }
     save_tensors(&tensors, &dir.join(VAE_WEIGHTS))?;
@@ -147,9 +113,7 @@ pub fn write_random_vae(dir: &Path, seed: u64) -> Result<VaeConfig> {
 /// Seeded N(0, 1) `[1, a, b]`.
 fn randn(seed: u64, a: usize, b: usize) -> Result<Tensor> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let v: Vec<f32> = (0..a * b)
-        .map(|_| StandardNormal.sample(&mut rng))
-        .collect();
+    let v: Vec<f32> = (0..a * b).map(|_| StandardNormal.sample(&mut rng)).collect();
     Ok(Tensor::from_vec(v, (1, a, b), &Device::Cpu)?)
 }
 
@@ -181,12 +145,7 @@ fn make_song(
     frames: usize,
 ) -> Result<Song> {
     let cond = conditions(spec, frames)?;
-    let x = noise(
-        7,
-        frames,
-        spec.config.audio_acoustic_hidden_dim,
-        &Device::Cpu,
-    )?;
+    let x = noise(7, frames, spec.config.audio_acoustic_hidden_dim, &Device::Cpu)?;
     let schedule = timesteps(TURBO_STEPS, DEFAULT_SHIFT)?;
     let heap_base = heap::live_bytes();
     heap::reset_peak();
@@ -203,9 +162,7 @@ fn make_song(
     step_times_s.push(last.elapsed().as_secs_f64());
     let sampling_s = start.elapsed().as_secs_f64();
     let sampling_peak_rss = metrics::peak_rss_bytes().unwrap_or(0);
-    let sampling_heap = heap_base
-        .zip(heap::peak_bytes())
-        .map(|(b, p)| p.saturating_sub(b));
+    let sampling_heap = heap_base.zip(heap::peak_bytes()).map(|(b, p)| p.saturating_sub(b));
     drop(cond);
 
     let heap_base = heap::live_bytes();
@@ -213,18 +170,9 @@ fn make_song(
     let start = Instant::now();
     let audio = decoder.decode(&latents.squeeze(0)?)?;
     let decode_s = start.elapsed().as_secs_f64();
-    let decode_heap = heap_base
-        .zip(heap::peak_bytes())
-        .map(|(b, p)| p.saturating_sub(b));
+    let decode_heap = heap_base.zip(heap::peak_bytes()).map(|(b, p)| p.saturating_sub(b));
     drop(audio);
-    Ok(Song {
-        step_times_s,
-        sampling_s,
-        decode_s,
-        sampling_peak_rss,
-        sampling_heap,
-        decode_heap,
-    })
+    Ok(Song { step_times_s, sampling_s, decode_s, sampling_peak_rss, sampling_heap, decode_heap })
 }
 
 /// A 30 s song at full size on the CPU: `spec`'s DiT with seeded random weights
@@ -314,27 +262,15 @@ pub fn run_training_preview(
     let mut train_step = |i: usize| -> Result<f64> {
         let start = Instant::now();
         let flow = FlowBatch::new(&batch, &[0.75], &mut rng)?;
-        let mut g = grads::compute(
-            &model,
-            &adapter,
-            &flow,
-            LoraMode::Train {
-                dropout_seed: i as u64,
-            },
-            checkpointing,
-            1.0,
-        )?;
+        let mut g =
+            grads::compute(&model, &adapter, &flow, LoraMode::Train { dropout_seed: i as u64 }, checkpointing, 1.0)?;
         clip_grad_norm(&mut g.grads, 1.0)?;
         optimizer.step(&g.grads, 1e-4)?;
         Ok(start.elapsed().as_secs_f64())
     };
-    let times = (0..steps.max(1))
-        .map(&mut train_step)
-        .collect::<Result<Vec<_>>>()?;
+    let times = (0..steps.max(1)).map(&mut train_step).collect::<Result<Vec<_>>>()?;
     let training_peak = metrics::peak_rss_bytes().unwrap_or(0);
-    let training_heap = heap_base
-        .zip(heap::peak_bytes())
-        .map(|(b, p)| p.saturating_sub(b));
+    let training_heap = heap_base.zip(heap::peak_bytes()).map(|(b, p)| p.saturating_sub(b));
 
     // The preview: the run's model and adapter (strength 1), the decoder loaded for it.
     let vae_dir = tempfile::tempdir().map_err(|e| crate::Error::io(std::env::temp_dir(), e))?;
@@ -375,9 +311,7 @@ mod tests {
         let cfg = write_random_vae(dir.path(), 1).unwrap();
         assert_eq!((cfg.hop(), cfg.latent_channels()), (1920, 64));
         let decoder = VaeDecoder::from_dir(dir.path(), &Device::Cpu).unwrap();
-        let audio = decoder
-            .decode(&Tensor::ones((2, 64), DType::F32, &Device::Cpu).unwrap())
-            .unwrap();
+        let audio = decoder.decode(&Tensor::ones((2, 64), DType::F32, &Device::Cpu).unwrap()).unwrap();
         assert_eq!((audio.sample_rate, audio.frames()), (48_000, 2 * 1920));
         assert!(audio.left.iter().all(|x| x.is_finite()));
     }

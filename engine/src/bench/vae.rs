@@ -29,12 +29,8 @@ pub enum VaePreset {
 }
 
 impl VaePreset {
-    pub const ALL: [VaePreset; 4] = [
-        VaePreset::Encode30s,
-        VaePreset::Encode240s,
-        VaePreset::Decode30s,
-        VaePreset::Decode240s,
-    ];
+    pub const ALL: [VaePreset; 4] =
+        [VaePreset::Encode30s, VaePreset::Encode240s, VaePreset::Decode30s, VaePreset::Decode240s];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -101,13 +97,7 @@ pub fn decoder_flops(cfg: &VaeConfig, frames: usize) -> f64 {
     let mut n = frames;
     let mut c = h * cfg.channel_multiples.last().copied().unwrap_or(1);
     let mut flops = conv_flops(cfg.latent_channels(), c, 7, n);
-    let outs = cfg
-        .channel_multiples
-        .iter()
-        .rev()
-        .skip(1)
-        .chain([&1])
-        .map(|m| h * m);
+    let outs = cfg.channel_multiples.iter().rev().skip(1).chain([&1]).map(|m| h * m);
     for (&s, cout) in cfg.downsampling_ratios.iter().rev().zip(outs) {
         flops += conv_flops(c, cout, 2 * s, n); // each input sample meets all k taps
         n *= s;
@@ -152,49 +142,27 @@ pub struct VaeBenchReport {
 
 /// Builds the encoder or decoder with random weights on `device`, a seeded input of
 /// the preset's length, and times `warmup` untimed then `runs` timed passes.
-pub fn run_vae(
-    preset: VaePreset,
-    warmup: usize,
-    runs: usize,
-    device: &Device,
-) -> Result<VaeBenchReport> {
+pub fn run_vae(preset: VaePreset, warmup: usize, runs: usize, device: &Device) -> Result<VaeBenchReport> {
     if runs == 0 {
-        return Err(Error::setting(
-            "steps",
-            "bench needs at least one timed run",
-        ));
+        return Err(Error::setting("steps", "bench needs at least one timed run"));
     }
     let cfg = ace_step_vae_config();
-    let weights = RandomVaeTensors {
-        seed: 0x0B1EC,
-        device: device.clone(),
-    };
+    let weights = RandomVaeTensors { seed: 0x0B1EC, device: device.clone() };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
     let frames = preset.seconds() * cfg.sampling_rate as usize / cfg.hop();
-    let (pass, gflop, tile_frames): (Box<dyn Fn() -> Result<()>>, f64, usize) = if preset.encodes()
-    {
+    let (pass, gflop, tile_frames): (Box<dyn Fn() -> Result<()>>, f64, usize) = if preset.encodes() {
         let encoder = OobleckEncoder::load(&cfg, &weights)?;
         let n = frames * cfg.hop();
         let audio: Vec<f32> = (0..2 * n).map(|_| rng.random_range(-0.5f32..0.5)).collect();
         let audio = Tensor::from_vec(audio, (2, n), device)?;
-        let pass = move || {
-            encoder
-                .encode(&audio, TILE_FRAMES, &Cancel::never(), &mut |_, _| {})
-                .map(|_| ())
-        };
+        let pass = move || encoder.encode(&audio, TILE_FRAMES, &Cancel::never(), &mut |_, _| {}).map(|_| ());
         (Box::new(pass), encoder_flops(&cfg, n) / 1e9, TILE_FRAMES)
     } else {
         let decoder = OobleckDecoder::load(&cfg, &weights)?;
-        let z: Vec<f32> = (0..frames * cfg.latent_channels())
-            .map(|_| rng.random_range(-1f32..1.0))
-            .collect();
+        let z: Vec<f32> = (0..frames * cfg.latent_channels()).map(|_| rng.random_range(-1f32..1.0)).collect();
         let z = Tensor::from_vec(z, (frames, cfg.latent_channels()), device)?;
         let pass = move || decoder.decode(&z, TILE_FRAMES).map(|_| ());
-        (
-            Box::new(pass),
-            decoder_flops(&cfg, frames) / 1e9,
-            TILE_FRAMES,
-        )
+        (Box::new(pass), decoder_flops(&cfg, frames) / 1e9, TILE_FRAMES)
     };
     let baseline = metrics::process_rss_bytes().unwrap_or(0);
     let heap_baseline = heap::live_bytes();
@@ -231,9 +199,7 @@ pub fn run_vae(
         peak_rss_bytes: peak,
         model_rss_bytes: baseline,
         activation_bytes: peak.saturating_sub(baseline),
-        activation_heap_bytes: heap_baseline
-            .zip(heap::peak_bytes())
-            .map(|(base, peak)| peak.saturating_sub(base)),
+        activation_heap_bytes: heap_baseline.zip(heap::peak_bytes()).map(|(base, peak)| peak.saturating_sub(base)),
     })
 }
 
@@ -261,14 +227,12 @@ impl VaeBenchReport {
             self.warmup,
             self.gflop,
             self.gflop_per_s,
-            self.gflop_per_cpu_s
-                .map_or("n/a".into(), |g| format!("{g:.1}")),
+            self.gflop_per_cpu_s.map_or("n/a".into(), |g| format!("{g:.1}")),
             self.realtime_factor,
             mib(self.peak_rss_bytes),
             mib(self.model_rss_bytes),
             mib(self.activation_bytes),
-            self.activation_heap_bytes
-                .map_or("not counted".into(), |b| format!("{:.1} MiB", mib(b))),
+            self.activation_heap_bytes.map_or("not counted".into(), |b| format!("{:.1} MiB", mib(b))),
         )
     }
 }
@@ -282,15 +246,9 @@ mod tests {
         let cfg = ace_step_vae_config();
         // One second of audio: about 122 GFLOP each way (the residual units at 128
         // channels and full rate alone are 3 * 2 * 8 * 128^2 * 48000 = 37.7 GFLOP).
-        let (enc, dec) = (
-            encoder_flops(&cfg, 48_000) / 1e9,
-            decoder_flops(&cfg, 25) / 1e9,
-        );
+        let (enc, dec) = (encoder_flops(&cfg, 48_000) / 1e9, decoder_flops(&cfg, 25) / 1e9);
         println!("1 s: encoder {enc:.1} GFLOP, decoder {dec:.1} GFLOP");
-        assert!(
-            (115.0..130.0).contains(&enc) && (115.0..130.0).contains(&dec),
-            "{enc} {dec}"
-        );
+        assert!((115.0..130.0).contains(&enc) && (115.0..130.0).contains(&dec), "{enc} {dec}");
         // Linear in length.
         assert!((encoder_flops(&cfg, 480_000) / 1e10 - enc).abs() < 1e-6 * enc);
         for p in VaePreset::ALL {

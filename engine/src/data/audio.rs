@@ -24,11 +24,7 @@ pub struct StereoAudio {
 
 impl StereoAudio {
     pub fn silence(sample_rate: u32, frames: usize) -> Self {
-        Self {
-            sample_rate,
-            left: vec![0.0; frames],
-            right: vec![0.0; frames],
-        }
+        Self { sample_rate, left: vec![0.0; frames], right: vec![0.0; frames] }
     }
 
     pub fn frames(&self) -> usize {
@@ -41,10 +37,7 @@ impl StereoAudio {
 
     /// Largest absolute sample value.
     pub fn peak(&self) -> f32 {
-        self.left
-            .iter()
-            .chain(&self.right)
-            .fold(0.0f32, |m, x| m.max(x.abs()))
+        self.left.iter().chain(&self.right).fold(0.0f32, |m, x| m.max(x.abs()))
     }
 
     /// The frames `[start, start + len)`, clamped to the audio.
@@ -118,10 +111,7 @@ pub fn decode(path: &Path) -> Result<StereoAudio, String> {
 /// the user, without the path.
 pub fn decode_file(path: &Path) -> Result<Decoded, String> {
     let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
-    let len = file
-        .metadata()
-        .map_err(|e| format!("cannot read: {e}"))?
-        .len();
+    let len = file.metadata().map_err(|e| format!("cannot read: {e}"))?.len();
     if len == 0 {
         return Err("empty file (0 bytes)".into());
     }
@@ -130,19 +120,12 @@ pub fn decode_file(path: &Path) -> Result<Decoded, String> {
         hint.with_extension(ext);
     }
     let stream = MediaSourceStream::new(Box::new(file), Default::default());
-    let format_opts = FormatOptions {
-        enable_gapless: true,
-        ..Default::default()
-    };
+    let format_opts = FormatOptions { enable_gapless: true, ..Default::default() };
     let probed = symphonia::default::get_probe()
         .format(&hint, stream, &format_opts, &MetadataOptions::default())
         .map_err(|e| format!("not a readable audio file ({e})"))?;
     let mut format = probed.format;
-    let track = format
-        .tracks()
-        .iter()
-        .find(|t| t.codec_params.codec != CODEC_TYPE_NULL)
-        .ok_or("no audio track")?;
+    let track = format.tracks().iter().find(|t| t.codec_params.codec != CODEC_TYPE_NULL).ok_or("no audio track")?;
     let track_id = track.id;
     let time_base = track.codec_params.time_base;
     let expected_frames = track.codec_params.n_frames;
@@ -203,11 +186,7 @@ pub fn decode_file(path: &Path) -> Result<Decoded, String> {
 
     let sample_rate = sample_rate.ok_or("unknown sample rate")?;
     Ok(Decoded {
-        audio: StereoAudio {
-            sample_rate,
-            left,
-            right,
-        },
+        audio: StereoAudio { sample_rate, left, right },
         stated_frames: expected_frames,
         // symphonia states an Ogg stream's length only once it found the last page.
         unterminated: expected_frames.is_none() && is_ogg(path),
@@ -224,20 +203,12 @@ fn is_ogg(path: &Path) -> bool {
 /// Checks that decoded audio is worth training on.
 pub fn check_usable(audio: &StereoAudio) -> Result<(), String> {
     if audio.duration_seconds() < MIN_SECONDS {
-        return Err(format!(
-            "too short ({:.2} s, need at least {MIN_SECONDS} s)",
-            audio.duration_seconds()
-        ));
+        return Err(format!("too short ({:.2} s, need at least {MIN_SECONDS} s)", audio.duration_seconds()));
     }
     if audio.peak() < SILENCE_PEAK {
         return Err("silent (peak below -80 dBFS)".into());
     }
-    if audio
-        .left
-        .iter()
-        .chain(&audio.right)
-        .any(|x| !x.is_finite())
-    {
+    if audio.left.iter().chain(&audio.right).any(|x| !x.is_finite()) {
         return Err("contains non-finite samples".into());
     }
     Ok(())
@@ -249,18 +220,12 @@ pub fn resample(audio: &StereoAudio, rate: u32) -> Result<StereoAudio, String> {
     if audio.sample_rate == rate {
         return Ok(audio.clone());
     }
-    let err = |e: &dyn std::fmt::Display| {
-        format!("resampling {} Hz -> {rate} Hz: {e}", audio.sample_rate)
-    };
-    let mut r = FftFixedIn::<f32>::new(audio.sample_rate as usize, rate as usize, 1024, 2, 2)
-        .map_err(|e| err(&e))?;
+    let err = |e: &dyn std::fmt::Display| format!("resampling {} Hz -> {rate} Hz: {e}", audio.sample_rate);
+    let mut r = FftFixedIn::<f32>::new(audio.sample_rate as usize, rate as usize, 1024, 2, 2).map_err(|e| err(&e))?;
     let n = audio.frames();
     let want = (n as u64 * rate as u64).div_ceil(audio.sample_rate as u64) as usize;
     let delay = r.output_delay();
-    let mut out = [
-        Vec::with_capacity(want + delay),
-        Vec::with_capacity(want + delay),
-    ];
+    let mut out = [Vec::with_capacity(want + delay), Vec::with_capacity(want + delay)];
     let push = |out: &mut [Vec<f32>; 2], chunk: Vec<Vec<f32>>| {
         for (o, c) in out.iter_mut().zip(chunk) {
             o.extend_from_slice(&c);
@@ -269,37 +234,22 @@ pub fn resample(audio: &StereoAudio, rate: u32) -> Result<StereoAudio, String> {
     let mut pos = 0;
     while pos + r.input_frames_next() <= n {
         let end = pos + r.input_frames_next();
-        push(
-            &mut out,
-            r.process(&[&audio.left[pos..end], &audio.right[pos..end]], None)
-                .map_err(|e| err(&e))?,
-        );
+        push(&mut out, r.process(&[&audio.left[pos..end], &audio.right[pos..end]], None).map_err(|e| err(&e))?);
         pos = end;
     }
     if pos < n {
         let rest = [&audio.left[pos..], &audio.right[pos..]];
-        push(
-            &mut out,
-            r.process_partial(Some(&rest), None).map_err(|e| err(&e))?,
-        );
+        push(&mut out, r.process_partial(Some(&rest), None).map_err(|e| err(&e))?);
     }
     while out[0].len() < want + delay {
-        push(
-            &mut out,
-            r.process_partial::<&[f32]>(None, None)
-                .map_err(|e| err(&e))?,
-        );
+        push(&mut out, r.process_partial::<&[f32]>(None, None).map_err(|e| err(&e))?);
     }
     let [left, right] = out.map(|mut c| {
         c.drain(..delay);
         c.truncate(want);
         c
     });
-    Ok(StereoAudio {
-        sample_rate: rate,
-        left,
-        right,
-    })
+    Ok(StereoAudio { sample_rate: rate, left, right })
 }
 
 /// Which part of a song to train on.
@@ -352,11 +302,7 @@ mod tests {
     fn resampling_keeps_frequency_amplitude_and_length() {
         for (from, to) in [(44_100, 48_000), (8_000, 48_000), (192_000, 48_000)] {
             let x = sine(1000.0, 0.5, from, from as usize * 2);
-            let a = StereoAudio {
-                sample_rate: from,
-                left: x.clone(),
-                right: x,
-            };
+            let a = StereoAudio { sample_rate: from, left: x.clone(), right: x };
             let b = resample(&a, to).unwrap();
             assert_eq!(b.sample_rate, to);
             assert_eq!(b.frames(), (2 * to) as usize);
@@ -368,11 +314,7 @@ mod tests {
             assert!((amp - 0.5).abs() < 0.01, "{from}->{to}: amplitude {amp}");
             // Aligned: the resampled sine matches the ideal one sample by sample.
             let ideal = sine(1000.0, 0.5, to, b.frames());
-            let worst = mid
-                .iter()
-                .zip(&ideal[to as usize / 10..])
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
+            let worst = mid.iter().zip(&ideal[to as usize / 10..]).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
             assert!(worst < 0.02, "{from}->{to}: off the ideal sine by {worst}");
         }
     }
@@ -381,19 +323,12 @@ mod tests {
     #[test]
     fn compressed_formats_decode() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/data/testdata");
-        for (name, rate) in [
-            ("tone.mp3", 44_100),
-            ("tone.ogg", 32_000),
-            ("tone_aac.m4a", 48_000),
-            ("tone_alac.m4a", 16_000),
-        ] {
+        for (name, rate) in
+            [("tone.mp3", 44_100), ("tone.ogg", 32_000), ("tone_aac.m4a", 48_000), ("tone_alac.m4a", 16_000)]
+        {
             let a = decode(&dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(a.sample_rate, rate, "{name}");
-            assert!(
-                (a.duration_seconds() - 1.5).abs() < 0.05,
-                "{name}: {} s",
-                a.duration_seconds()
-            );
+            assert!((a.duration_seconds() - 1.5).abs() < 0.05, "{name}: {} s", a.duration_seconds());
             let mid = |x: &[f32]| x[rate as usize / 4..rate as usize * 5 / 4].to_vec();
             for (channel, freq) in [(&a.left, 440.0), (&a.right, 660.0)] {
                 let (f, amp) = freq_and_amp(&mid(channel), rate);
@@ -442,11 +377,7 @@ mod tests {
         assert_eq!(a.left, a.right);
 
         let chans: Vec<Vec<f32>> = (0..6).map(|c| vec![c as f32 / 10.0; 1000]).collect();
-        let six = write_file(
-            dir.path(),
-            "six.wav",
-            &wav_bytes(192_000, SampleFormat::Int(24), &chans),
-        );
+        let six = write_file(dir.path(), "six.wav", &wav_bytes(192_000, SampleFormat::Int(24), &chans));
         let a = decode(&six).unwrap();
         assert_eq!(a.sample_rate, 192_000);
         assert!(a.left.iter().all(|&x| x.abs() < 1e-6));
@@ -455,31 +386,12 @@ mod tests {
 
     #[test]
     fn cuts() {
-        let a = StereoAudio {
-            sample_rate: 10,
-            left: (0..100).map(|i| i as f32).collect(),
-            right: vec![0.0; 100],
-        };
-        assert_eq!(
-            Cut::Head { max_seconds: 2.0 }.apply(&a).left,
-            (0..20).map(|i| i as f32).collect::<Vec<_>>()
-        );
+        let a = StereoAudio { sample_rate: 10, left: (0..100).map(|i| i as f32).collect(), right: vec![0.0; 100] };
+        assert_eq!(Cut::Head { max_seconds: 2.0 }.apply(&a).left, (0..20).map(|i| i as f32).collect::<Vec<_>>());
         assert_eq!(Cut::Head { max_seconds: 20.0 }.apply(&a).frames(), 100);
-        let c = Cut::Crop {
-            seconds: 3.0,
-            offset: 0.5,
-        }
-        .apply(&a);
+        let c = Cut::Crop { seconds: 3.0, offset: 0.5 }.apply(&a);
         assert_eq!(c.left[0], 35.0);
         assert_eq!(c.frames(), 30);
-        assert_eq!(
-            Cut::Crop {
-                seconds: 30.0,
-                offset: 0.9
-            }
-            .apply(&a)
-            .frames(),
-            100
-        );
+        assert_eq!(Cut::Crop { seconds: 30.0, offset: 0.9 }.apply(&a).frames(), 100);
     }
 }

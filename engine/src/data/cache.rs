@@ -12,13 +12,8 @@ use candle_core::{Device, Tensor};
 use super::{SongMeta, TrainingSample};
 use crate::error::{Error, Result};
 
-const KEYS: [&str; 5] = [
-    "target_latents",
-    "attention_mask",
-    "encoder_hidden_states",
-    "encoder_attention_mask",
-    "context_latents",
-];
+const KEYS: [&str; 5] =
+    ["target_latents", "attention_mask", "encoder_hidden_states", "encoder_attention_mask", "context_latents"];
 const META_KEY: &str = "ostinato.song_meta";
 const FORMAT: &str = "ostinato-latent-cache-v1";
 
@@ -44,8 +39,7 @@ pub fn entry_key(parts: &[&str]) -> EntryKey {
     let mut h = blake3::Hasher::new();
     h.update(FORMAT.as_bytes());
     for p in parts {
-        h.update(&(p.len() as u64).to_le_bytes())
-            .update(p.as_bytes());
+        h.update(&(p.len() as u64).to_le_bytes()).update(p.as_bytes());
     }
     EntryKey(h.finalize())
 }
@@ -104,10 +98,7 @@ impl LatentCache {
     /// never sees half a file.
     pub fn store(&self, key: &EntryKey, sample: &TrainingSample, meta: &SongMeta) -> Result<()> {
         let path = self.path(key);
-        let err = |reason: String| Error::Cache {
-            path: path.clone(),
-            reason,
-        };
+        let err = |reason: String| Error::Cache { path: path.clone(), reason };
         let tensors: Vec<(&str, &Tensor)> = KEYS
             .iter()
             .copied()
@@ -119,10 +110,8 @@ impl LatentCache {
                 &sample.context_latents,
             ])
             .collect();
-        let info = HashMap::from([(
-            META_KEY.to_string(),
-            serde_json::to_string(meta).map_err(|e| err(e.to_string()))?,
-        )]);
+        let info =
+            HashMap::from([(META_KEY.to_string(), serde_json::to_string(meta).map_err(|e| err(e.to_string()))?)]);
         let bytes = safetensors::serialize(tensors, Some(info)).map_err(|e| err(e.to_string()))?;
 
         let dir = path.parent().unwrap_or(&self.dir);
@@ -165,26 +154,14 @@ mod tests {
         let key = entry_key(&["hash", "enc", "cond"]);
         assert!(cache.load(&key, Path::new("x")).is_none());
         let s = sample();
-        let meta = SongMeta {
-            caption: "c".into(),
-            duration_seconds: 3.5,
-            ..SongMeta::default()
-        };
+        let meta = SongMeta { caption: "c".into(), duration_seconds: 3.5, ..SongMeta::default() };
         cache.store(&key, &s, &meta).unwrap();
         let (back, m) = cache.load(&key, Path::new("moved.wav")).unwrap();
         assert_eq!(m, meta);
         assert_eq!(back.source, PathBuf::from("moved.wav"));
         let same = |a: &Tensor, b: &Tensor| {
             a.dims() == b.dims()
-                && (a - b)
-                    .unwrap()
-                    .abs()
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap()
-                    == 0.0
+                && (a - b).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() == 0.0
         };
         assert!(same(&back.target_latents, &s.target_latents));
         assert!(same(&back.encoder_hidden_states, &s.encoder_hidden_states));
@@ -192,12 +169,8 @@ mod tests {
 
         // The file holds exactly ACE-Step's keys.
         let bytes = std::fs::read(cache.path(&key)).unwrap();
-        let mut names: Vec<String> = safetensors::SafeTensors::deserialize(&bytes)
-            .unwrap()
-            .names()
-            .into_iter()
-            .map(String::from)
-            .collect();
+        let mut names: Vec<String> =
+            safetensors::SafeTensors::deserialize(&bytes).unwrap().names().into_iter().map(String::from).collect();
         names.sort();
         let mut want = KEYS.map(String::from).to_vec();
         want.sort();

@@ -48,10 +48,7 @@ pub fn text_prompt(meta: &SongMeta) -> String {
         na(meta.keyscale.clone()),
         meta.duration_seconds.floor() as u64,
     );
-    format!(
-        "# Instruction\n{INSTRUCTION}\n\n# Caption\n{}\n\n# Metas\n{metas}<|endoftext|>\n",
-        meta.caption
-    )
+    format!("# Instruction\n{INSTRUCTION}\n\n# Caption\n{}\n\n# Metas\n{metas}<|endoftext|>\n", meta.caption)
 }
 
 /// The lyrics as ACE-Step's generation gives them to the text encoder (its handler's
@@ -108,12 +105,7 @@ impl HashConditioner {
     /// `silence` is the latent encoder's silence latent (N, C), e.g. from
     /// `encode::silence_latent`. Token lengths default to ACE-Step's 256 / 512.
     pub fn new(hidden_size: usize, silence: Tensor) -> Self {
-        Self {
-            hidden_size,
-            text_tokens: 256,
-            lyric_tokens: 512,
-            silence,
-        }
+        Self { hidden_size, text_tokens: 256, lyric_tokens: 512, silence }
     }
 
     /// For a weight-free encoder whose silence latent is the same every frame (the
@@ -132,9 +124,7 @@ impl HashConditioner {
 
     fn embedding(&self, namespace: &str, token: &str) -> Vec<f32> {
         let mut h = blake3::Hasher::new();
-        h.update(namespace.as_bytes())
-            .update(&[0])
-            .update(token.as_bytes());
+        h.update(namespace.as_bytes()).update(&[0]).update(token.as_bytes());
         let seed: [u8; 32] = *h.finalize().as_bytes();
         let mut rng = rand_chacha::ChaCha8Rng::from_seed(seed);
         (0..self.hidden_size)
@@ -181,9 +171,7 @@ impl Conditioner for HashConditioner {
         }
         let valid = states.len() / d;
         states.resize(rows * d, 0.0);
-        let mask: Vec<f32> = (0..rows)
-            .map(|i| if i < valid { 1.0 } else { 0.0 })
-            .collect();
+        let mask: Vec<f32> = (0..rows).map(|i| if i < valid { 1.0 } else { 0.0 }).collect();
 
         Ok(Conditioning {
             encoder_hidden_states: Tensor::from_vec(states, (rows, d), &Device::Cpu)?,
@@ -234,18 +222,12 @@ mod tests {
 
     #[test]
     fn tokenizer() {
-        assert_eq!(
-            tokens("Hello, World! lo-fi"),
-            ["hello", ",", "world", "!", "lo", "-", "fi"]
-        );
+        assert_eq!(tokens("Hello, World! lo-fi"), ["hello", ",", "world", "!", "lo", "-", "fi"]);
     }
 
     #[test]
     fn packing_mask_and_context() {
-        let silence = Tensor::arange(0f32, 6.0, &Device::Cpu)
-            .unwrap()
-            .reshape((3, 2))
-            .unwrap();
+        let silence = Tensor::arange(0f32, 6.0, &Device::Cpu).unwrap().reshape((3, 2)).unwrap();
         let c = HashConditioner::new(8, silence).with_max_tokens(64, 16);
         let mut m = meta();
         m.lyrics = "la la la".into();
@@ -262,16 +244,7 @@ mod tests {
         assert!(states[..valid].iter().all(|r| r.iter().any(|&x| x != 0.0)));
         // Context: silence rows 0,1,2,0,1 then ones.
         let ctx: Vec<Vec<f32>> = out.context_latents.to_vec2().unwrap();
-        assert_eq!(
-            ctx,
-            [
-                [0., 1., 1., 1.],
-                [2., 3., 1., 1.],
-                [4., 5., 1., 1.],
-                [0., 1., 1., 1.],
-                [2., 3., 1., 1.]
-            ]
-        );
+        assert_eq!(ctx, [[0., 1., 1., 1.], [2., 3., 1., 1.], [4., 5., 1., 1.], [0., 1., 1., 1.], [2., 3., 1., 1.]]);
     }
 
     #[test]
@@ -283,22 +256,11 @@ mod tests {
         let mut other = meta();
         other.caption = "aggressive metal".into();
         let d = c.condition(&other, 10).unwrap().encoder_hidden_states;
-        let diff = |x: &Tensor, y: &Tensor| {
-            (x - y)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap()
-        };
+        let diff =
+            |x: &Tensor, y: &Tensor| (x - y).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
         assert_eq!(diff(&a, &b), 0.0);
         assert!(diff(&a, &d) > 0.0);
         assert_eq!(a.dims(), [512 + 1 + 256, 32]);
-        assert_eq!(
-            c.condition(&meta(), 10).unwrap().context_latents.dims(),
-            [10, 128]
-        );
+        assert_eq!(c.condition(&meta(), 10).unwrap().context_latents.dims(), [10, 128]);
     }
 }

@@ -15,8 +15,7 @@ use super::cache::{entry_key, file_hash, EntryKey, LatentCache};
 use super::scan::{scan_folder, AUDIO_EXTENSIONS};
 use super::sidecar::{apply_trigger, Sidecars};
 use super::{
-    Conditioner, DataEvent, DataSpec, FileUse, Issue, IssueKind, LatentEncoder, SongMeta, Stage,
-    TrainingSample,
+    Conditioner, DataEvent, DataSpec, FileUse, Issue, IssueKind, LatentEncoder, SongMeta, Stage, TrainingSample,
 };
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
@@ -45,13 +44,7 @@ pub struct PreparedDataset {
 impl PreparedDataset {
     /// No songs yet.
     pub fn empty(spec: &DataSpec) -> Self {
-        Self {
-            spec: spec.clone(),
-            items: Vec::new(),
-            issues: Vec::new(),
-            cache_hits: 0,
-            cache_misses: 0,
-        }
+        Self { spec: spec.clone(), items: Vec::new(), issues: Vec::new(), cache_hits: 0, cache_misses: 0 }
     }
 
     pub fn len(&self) -> usize {
@@ -70,20 +63,13 @@ impl PreparedDataset {
                 let seconds = s.target_latents.dim(0)? as f64 / frames_per_second;
                 Ok(DatasetItem {
                     source: s.source.clone(),
-                    meta: SongMeta {
-                        duration_seconds: seconds,
-                        ..SongMeta::default()
-                    },
+                    meta: SongMeta { duration_seconds: seconds, ..SongMeta::default() },
                     seconds_used: seconds,
                     cached: Some(s),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
-            cache_hits: items.len(),
-            items,
-            ..Self::empty(spec)
-        })
+        Ok(Self { cache_hits: items.len(), items, ..Self::empty(spec) })
     }
 
     /// Files left out (the other issues are warnings about used songs).
@@ -127,30 +113,18 @@ pub fn encode_item(
     conditioner: &dyn Conditioner,
     rng: &mut dyn RngCore,
 ) -> Result<TrainingSample> {
-    let bad = |reason| Error::BadAudio {
-        path: item.source.clone(),
-        reason,
-    };
+    let bad = |reason| Error::BadAudio { path: item.source.clone(), reason };
     let decoded = decode_checked(&item.source).map_err(bad)?;
     let cut = cut_for(spec, Some(rng.random::<f64>()));
-    let song = Song {
-        source: &item.source,
-        audio: &decoded.audio,
-        meta: &item.meta,
-    };
+    let song = Song { source: &item.source, audio: &decoded.audio, meta: &item.meta };
     encode_song(&song, cut, encoder, conditioner, &Cancel::never(), &mut |_, _| {})
 }
 
 /// The cut for a spec: a crop at `offset` (the centre when None), else the head.
 fn cut_for(spec: &DataSpec, offset: Option<f64>) -> Cut {
     match spec.crop_seconds {
-        Some(seconds) => Cut::Crop {
-            seconds: seconds.min(spec.max_duration_seconds),
-            offset: offset.unwrap_or(0.5),
-        },
-        None => Cut::Head {
-            max_seconds: spec.max_duration_seconds,
-        },
+        Some(seconds) => Cut::Crop { seconds: seconds.min(spec.max_duration_seconds), offset: offset.unwrap_or(0.5) },
+        None => Cut::Head { max_seconds: spec.max_duration_seconds },
     }
 }
 
@@ -158,14 +132,12 @@ fn cut_for(spec: &DataSpec, offset: Option<f64>) -> Cut {
 /// `random`: crops are drawn afresh each epoch (no cache) rather than centred.
 fn cut_note(cut: Cut, seconds: f64, random: bool) -> Option<String> {
     match cut {
-        Cut::Head { max_seconds } if seconds > max_seconds => Some(format!(
-            "cut to {max_seconds} s (the longest a song is trained on)"
-        )),
-        Cut::Crop { seconds: crop, .. } if seconds > crop => Some(if random {
-            format!("a random {crop} s crop each epoch")
-        } else {
-            format!("the middle {crop} s")
-        }),
+        Cut::Head { max_seconds } if seconds > max_seconds => {
+            Some(format!("cut to {max_seconds} s (the longest a song is trained on)"))
+        }
+        Cut::Crop { seconds: crop, .. } if seconds > crop => {
+            Some(if random { format!("a random {crop} s crop each epoch") } else { format!("the middle {crop} s") })
+        }
         _ => None,
     }
 }
@@ -192,12 +164,8 @@ fn encode_song(
     cancel: &Cancel,
     progress: &mut dyn FnMut(f64, f64),
 ) -> Result<TrainingSample> {
-    let piece = audio::resample(&cut.apply(song.audio), encoder.sample_rate()).map_err(|reason| {
-        Error::BadAudio {
-            path: song.source.to_path_buf(),
-            reason,
-        }
-    })?;
+    let piece = audio::resample(&cut.apply(song.audio), encoder.sample_rate())
+        .map_err(|reason| Error::BadAudio { path: song.source.to_path_buf(), reason })?;
     let target_latents = encoder.encode_cancellable(&piece, cancel, progress)?;
     let frames = target_latents.dim(0)?;
     let c = conditioner.condition(song.meta, frames)?;
@@ -233,10 +201,7 @@ pub fn prepare_dataset(
         conditioner,
         cache,
         cancel,
-        settings: format!(
-            "max{}:crop{:?}:cut-centre",
-            spec.max_duration_seconds, spec.crop_seconds
-        ),
+        settings: format!("max{}:crop{:?}:cut-centre", spec.max_duration_seconds, spec.crop_seconds),
         sidecars: Sidecars::new(),
         data: PreparedDataset::empty(spec),
         position: (0, total),
@@ -245,13 +210,7 @@ pub fn prepare_dataset(
     for (file, reason) in scanned.skipped {
         prep.issue(file, reason, IssueKind::Skipped);
     }
-    (prep.report)(DataEvent::Progress {
-        stage: Stage::Scanning,
-        done: total,
-        total,
-        file: None,
-        seconds: None,
-    });
+    (prep.report)(DataEvent::Progress { stage: Stage::Scanning, done: total, total, file: None, seconds: None });
     for (done, path) in scanned.audio.into_iter().enumerate() {
         cancel.check()?;
         (prep.report)(DataEvent::Progress {
@@ -264,13 +223,7 @@ pub fn prepare_dataset(
         prep.position = (done, total);
         prep.add(path)?;
     }
-    (prep.report)(DataEvent::Progress {
-        stage: Stage::Encoding,
-        done: total,
-        total,
-        file: None,
-        seconds: None,
-    });
+    (prep.report)(DataEvent::Progress { stage: Stage::Encoding, done: total, total, file: None, seconds: None });
     let data = prep.data;
     if data.items.is_empty() {
         return Err(nothing_usable(&data, total));
@@ -282,21 +235,11 @@ pub fn prepare_dataset(
 fn nothing_usable(data: &PreparedDataset, total: usize) -> Error {
     let first = data.issues.iter().find(|i| i.kind == IssueKind::Skipped);
     let detail = match first {
-        _ if total == 0 => format!(
-            "no audio files found (supported: {})",
-            AUDIO_EXTENSIONS.join(", ")
-        ),
-        Some(i) => format!(
-            "none of {total} audio file(s) could be used (e.g. {}: {})",
-            i.file.display(),
-            i.reason
-        ),
+        _ if total == 0 => format!("no audio files found (supported: {})", AUDIO_EXTENSIONS.join(", ")),
+        Some(i) => format!("none of {total} audio file(s) could be used (e.g. {}: {})", i.file.display(), i.reason),
         None => format!("none of {total} audio file(s) could be used"),
     };
-    Error::NoUsableAudio {
-        folder: data.spec.folder.clone(),
-        detail,
-    }
+    Error::NoUsableAudio { folder: data.spec.folder.clone(), detail }
 }
 
 /// A song to use, or why the file is skipped; `Err` of the outer `Result` ends
@@ -377,11 +320,7 @@ impl Preparer<'_> {
         };
         warnings.extend(decoded.shortfall().map(|w| (path.to_path_buf(), w)));
         meta.duration_seconds = decoded.audio.duration_seconds();
-        let song = Song {
-            source: path,
-            audio: &decoded.audio,
-            meta: &meta,
-        };
+        let song = Song { source: path, audio: &decoded.audio, meta: &meta };
         let cached = match (self.cache, key) {
             (Some(cache), Some(key)) => match self.encode_and_store(cache, &key, &song)? {
                 Ok(sample) => Some(sample),
@@ -390,12 +329,7 @@ impl Preparer<'_> {
             _ => None,
         };
         let seconds_used = cut_for(self.spec, None).seconds_of(meta.duration_seconds);
-        Ok(Ok(DatasetItem {
-            source: path.to_path_buf(),
-            meta,
-            seconds_used,
-            cached,
-        }))
+        Ok(Ok(DatasetItem { source: path.to_path_buf(), meta, seconds_used, cached }))
     }
 
     /// The song's cache key (None without a cache), or why its file cannot be read.
@@ -405,13 +339,7 @@ impl Preparer<'_> {
         }
         let hash = file_hash(path).map_err(|e| format!("cannot read: {e}"))?;
         let meta_json = serde_json::to_string(meta).unwrap_or_default();
-        Ok(Some(entry_key(&[
-            &hash,
-            &self.encoder.id(),
-            &self.conditioner.id(),
-            &self.settings,
-            &meta_json,
-        ])))
+        Ok(Some(entry_key(&[&hash, &self.encoder.id(), &self.conditioner.id(), &self.settings, &meta_json])))
     }
 
     /// The song from the cache, when it is there: no decoding at all.
@@ -488,15 +416,7 @@ mod tests {
     }
 
     fn good_wav(dir: &Path, name: impl AsRef<OsStr>, seconds: f64, freq: f64) -> PathBuf {
-        write_file(
-            dir,
-            name,
-            &wav_bytes(
-                44_100,
-                SampleFormat::Int(16),
-                &stereo_sine(44_100, seconds, freq),
-            ),
-        )
+        write_file(dir, name, &wav_bytes(44_100, SampleFormat::Int(16), &stereo_sine(44_100, seconds, freq)))
     }
 
     /// Every file under `dir` with its size and mtime.
@@ -516,24 +436,17 @@ mod tests {
         out
     }
 
-    fn prepare(
-        spec: &DataSpec,
-        cache: Option<&LatentCache>,
-    ) -> (Result<PreparedDataset>, Vec<DataEvent>) {
+    fn prepare(spec: &DataSpec, cache: Option<&LatentCache>) -> (Result<PreparedDataset>, Vec<DataEvent>) {
         let (enc, cond) = models();
         let mut events = Vec::new();
-        let r = prepare_dataset(spec, &enc, &cond, cache, &Cancel::never(), &mut |e| {
-            events.push(e)
-        });
+        let r = prepare_dataset(spec, &enc, &cond, cache, &Cancel::never(), &mut |e| events.push(e));
         (r, events)
     }
 
     /// The reason of the first issue of `kind` about the file called `name`.
     fn find_issue<'a>(events: &'a [DataEvent], kind: IssueKind, name: &[u8]) -> Option<&'a str> {
         events.iter().find_map(|e| match e {
-            DataEvent::Issue(i) if i.kind == kind && i.file.file_name()?.as_bytes() == name => {
-                Some(i.reason.as_str())
-            }
+            DataEvent::Issue(i) if i.kind == kind && i.file.file_name()?.as_bytes() == name => Some(i.reason.as_str()),
             _ => None,
         })
     }
@@ -566,69 +479,23 @@ mod tests {
         let d = src.path();
         // Usable, in every shape the issue lists.
         good_wav(d, "good.wav", 2.0, 440.0);
-        write_file(
-            d,
-            "mono_8k.wav",
-            &wav_bytes(
-                8000,
-                SampleFormat::Int(16),
-                &[sine(300.0, 0.5, 8000, 12_000)],
-            ),
-        );
-        let six: Vec<Vec<f32>> = (0..6)
-            .map(|c| sine(200.0 + 100.0 * c as f64, 0.4, 192_000, 230_400))
-            .collect();
-        write_file(
-            d,
-            "six_192k.wav",
-            &wav_bytes(192_000, SampleFormat::Int(16), &six),
-        );
-        write_file(
-            d,
-            "int24.wav",
-            &wav_bytes(
-                48_000,
-                SampleFormat::Int(24),
-                &stereo_sine(48_000, 1.5, 500.0),
-            ),
-        );
-        write_file(
-            d,
-            "float64.wav",
-            &wav_bytes(
-                32_000,
-                SampleFormat::Float(64),
-                &stereo_sine(32_000, 1.5, 500.0),
-            ),
-        );
-        write_file(
-            d,
-            "lossless.flac",
-            &flac_bytes(44_100, &stereo_sine(44_100, 1.5, 600.0)),
-        );
-        write_file(
-            d,
-            "apple.aiff",
-            &aiff_bytes(22_050, &stereo_sine(22_050, 1.5, 700.0)),
-        );
+        write_file(d, "mono_8k.wav", &wav_bytes(8000, SampleFormat::Int(16), &[sine(300.0, 0.5, 8000, 12_000)]));
+        let six: Vec<Vec<f32>> = (0..6).map(|c| sine(200.0 + 100.0 * c as f64, 0.4, 192_000, 230_400)).collect();
+        write_file(d, "six_192k.wav", &wav_bytes(192_000, SampleFormat::Int(16), &six));
+        write_file(d, "int24.wav", &wav_bytes(48_000, SampleFormat::Int(24), &stereo_sine(48_000, 1.5, 500.0)));
+        write_file(d, "float64.wav", &wav_bytes(32_000, SampleFormat::Float(64), &stereo_sine(32_000, 1.5, 500.0)));
+        write_file(d, "lossless.flac", &flac_bytes(44_100, &stereo_sine(44_100, 1.5, 600.0)));
+        write_file(d, "apple.aiff", &aiff_bytes(22_050, &stereo_sine(22_050, 1.5, 700.0)));
         good_wav(d, OsStr::from_bytes(b"caf\xe9 latin1.wav"), 1.5, 800.0);
         // Bad.
-        let mut corrupt = wav_bytes(
-            44_100,
-            SampleFormat::Int(16),
-            &stereo_sine(44_100, 1.5, 440.0),
-        );
+        let mut corrupt = wav_bytes(44_100, SampleFormat::Int(16), &stereo_sine(44_100, 1.5, 440.0));
         corrupt[20..36].copy_from_slice(&noise_bytes(16, 7)); // the fmt chunk
         write_file(d, "corrupt.wav", &corrupt);
         let mut corrupt_flac = flac_bytes(44_100, &stereo_sine(44_100, 3.0, 440.0));
         let n = corrupt_flac.len();
         corrupt_flac[n / 4..n * 3 / 4].copy_from_slice(&noise_bytes(n * 3 / 4 - n / 4, 9));
         write_file(d, "corrupt.flac", &corrupt_flac);
-        let full = wav_bytes(
-            44_100,
-            SampleFormat::Int(16),
-            &stereo_sine(44_100, 3.0, 440.0),
-        );
+        let full = wav_bytes(44_100, SampleFormat::Int(16), &stereo_sine(44_100, 3.0, 440.0));
         write_file(d, "truncated.wav", &full[..full.len() * 2 / 5]);
         write_file(d, "empty.wav", b"");
         write_file(d, "text.wav", b"these are my lyrics, not audio\n");
@@ -636,21 +503,9 @@ mod tests {
         write_file(
             d,
             "silence.wav",
-            &wav_bytes(
-                44_100,
-                SampleFormat::Int(16),
-                &[vec![0.0; 88_200], vec![0.0; 88_200]],
-            ),
+            &wav_bytes(44_100, SampleFormat::Int(16), &[vec![0.0; 88_200], vec![0.0; 88_200]]),
         );
-        write_file(
-            d,
-            "short.wav",
-            &wav_bytes(
-                44_100,
-                SampleFormat::Int(16),
-                &stereo_sine(44_100, 0.3, 440.0),
-            ),
-        );
+        write_file(d, "short.wav", &wav_bytes(44_100, SampleFormat::Int(16), &stereo_sine(44_100, 0.3, 440.0)));
         write_file(d, "notes.pdf", b"%PDF-1.4");
         let locked = good_wav(d, "locked.wav", 1.5, 440.0);
         std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
@@ -666,11 +521,8 @@ mod tests {
         for cache in [None, Some(&cache)] {
             let (data, events) = prepare(&spec, cache);
             let data = data.unwrap();
-            let used: Vec<Vec<u8>> = data
-                .items
-                .iter()
-                .map(|i| i.source.file_name().unwrap().as_bytes().to_vec())
-                .collect();
+            let used: Vec<Vec<u8>> =
+                data.items.iter().map(|i| i.source.file_name().unwrap().as_bytes().to_vec()).collect();
             let mut want: Vec<&[u8]> = vec![
                 b"apple.aiff",
                 b"caf\xe9 latin1.wav",
@@ -699,11 +551,7 @@ mod tests {
             ] {
                 let reason = issue_for(&events, name)
                     .unwrap_or_else(|| panic!("no issue for {}", String::from_utf8_lossy(name)));
-                assert!(
-                    reason.contains(why),
-                    "{}: {reason}",
-                    String::from_utf8_lossy(name)
-                );
+                assert!(reason.contains(why), "{}: {reason}", String::from_utf8_lossy(name));
             }
             if locked_binds {
                 assert!(issue_for(&events, b"locked.wav").is_some_and(|r| r.contains("ermission")));
@@ -716,13 +564,7 @@ mod tests {
             );
             let truncated = use_of(&events, "truncated.wav").unwrap();
             assert!((truncated.seconds_in_file - 1.2).abs() < 0.01, "{truncated:?}");
-            assert_eq!(
-                data.issues.len(),
-                events
-                    .iter()
-                    .filter(|e| matches!(e, DataEvent::Issue(_)))
-                    .count()
-            );
+            assert_eq!(data.issues.len(), events.iter().filter(|e| matches!(e, DataEvent::Issue(_))).count());
             assert!(events.contains(&DataEvent::Progress {
                 stage: Stage::Encoding,
                 done: 17,
@@ -737,12 +579,7 @@ mod tests {
                 let s = data.sample(i, &enc, &cond, &mut rng).unwrap();
                 let t = s.target_latents.dim(0).unwrap();
                 let seconds = data.items[i].meta.duration_seconds;
-                assert_eq!(
-                    t,
-                    (seconds * 25.0).floor() as usize,
-                    "{}",
-                    s.source.display()
-                );
+                assert_eq!(t, (seconds * 25.0).floor() as usize, "{}", s.source.display());
                 assert_eq!(s.target_latents.dims(), [t, 64]);
                 assert_eq!(s.attention_mask.dims(), [t]);
                 assert_eq!(s.context_latents.dims(), [t, 128]);
@@ -760,10 +597,7 @@ mod tests {
         let e = r.unwrap_err();
         assert!(matches!(e, Error::NoUsableAudio { .. }));
         let msg = e.to_string();
-        assert!(
-            msg.contains(&src.path().display().to_string()) && msg.contains("no audio files"),
-            "{msg}"
-        );
+        assert!(msg.contains(&src.path().display().to_string()) && msg.contains("no audio files"), "{msg}");
     }
 
     #[test]
@@ -774,18 +608,8 @@ mod tests {
         write_file(src.path(), "cover.png", b"png");
         let (r, events) = prepare(&DataSpec::new(src.path()), None);
         let msg = r.unwrap_err().to_string();
-        assert!(
-            msg.contains(&src.path().display().to_string())
-                && msg.contains("none of 2 audio file(s)"),
-            "{msg}"
-        );
-        assert_eq!(
-            events
-                .iter()
-                .filter(|e| matches!(e, DataEvent::Issue(_)))
-                .count(),
-            3
-        );
+        assert!(msg.contains(&src.path().display().to_string()) && msg.contains("none of 2 audio file(s)"), "{msg}");
+        assert_eq!(events.iter().filter(|e| matches!(e, DataEvent::Issue(_))).count(), 3);
     }
 
     #[test]
@@ -793,23 +617,11 @@ mod tests {
         let src = tempfile::tempdir().unwrap();
         good_wav(src.path(), "a.wav", 2.0, 440.0);
         for spec in [
-            DataSpec {
-                max_duration_seconds: 0.0,
-                ..DataSpec::new(src.path())
-            },
-            DataSpec {
-                crop_seconds: Some(0.2),
-                ..DataSpec::new(src.path())
-            },
-            DataSpec {
-                crop_seconds: Some(f64::NAN),
-                ..DataSpec::new(src.path())
-            },
+            DataSpec { max_duration_seconds: 0.0, ..DataSpec::new(src.path()) },
+            DataSpec { crop_seconds: Some(0.2), ..DataSpec::new(src.path()) },
+            DataSpec { crop_seconds: Some(f64::NAN), ..DataSpec::new(src.path()) },
         ] {
-            assert!(
-                matches!(prepare(&spec, None).0, Err(Error::BadDataSpec(_))),
-                "{spec:?}"
-            );
+            assert!(matches!(prepare(&spec, None).0, Err(Error::BadDataSpec(_))), "{spec:?}");
         }
     }
 
@@ -835,13 +647,7 @@ mod tests {
         let again = prepare(&spec, Some(&cache)).0.unwrap();
         assert_eq!(counts(&again), (2, 0));
         let latents = |data: &PreparedDataset, i: usize| {
-            data.items[i]
-                .cached
-                .as_ref()
-                .unwrap()
-                .target_latents
-                .to_vec2::<f32>()
-                .unwrap()
+            data.items[i].cached.as_ref().unwrap().target_latents.to_vec2::<f32>().unwrap()
         };
         assert_eq!(latents(&first, 0), latents(&again, 0));
 
@@ -852,10 +658,7 @@ mod tests {
         let moved = prepare(&spec, Some(&cache)).0.unwrap();
         assert_eq!(counts(&moved), (2, 0));
         assert!(moved.items.iter().any(|i| i.source == d.join("sub/b.wav")));
-        assert!(moved
-            .items
-            .iter()
-            .any(|i| i.source == d.join("renamed.wav")));
+        assert!(moved.items.iter().any(|i| i.source == d.join("renamed.wav")));
 
         // Edit one (same length, different sound): miss.
         good_wav(d, "renamed.wav", 1.5, 550.0);
@@ -865,10 +668,7 @@ mod tests {
         // A new caption or other settings: miss too.
         std::fs::write(d.join("renamed.caption.txt"), "new caption").unwrap();
         assert_eq!(counts(&prepare(&spec, Some(&cache)).0.unwrap()), (1, 1));
-        let cropped = DataSpec {
-            crop_seconds: Some(1.0),
-            ..spec.clone()
-        };
+        let cropped = DataSpec { crop_seconds: Some(1.0), ..spec.clone() };
         assert_eq!(counts(&prepare(&cropped, Some(&cache)).0.unwrap()), (0, 2));
     }
 
@@ -883,24 +683,13 @@ mod tests {
                 (0.5 * (2.0 * std::f64::consts::PI * (200.0 * t + 300.0 * t * t)).sin()) as f32
             })
             .collect();
-        write_file(
-            src.path(),
-            "a.wav",
-            &wav_bytes(44_100, SampleFormat::Int(16), &[chirp.clone(), chirp]),
-        );
-        let spec = DataSpec {
-            crop_seconds: Some(1.0),
-            ..DataSpec::new(src.path())
-        };
+        write_file(src.path(), "a.wav", &wav_bytes(44_100, SampleFormat::Int(16), &[chirp.clone(), chirp]));
+        let spec = DataSpec { crop_seconds: Some(1.0), ..DataSpec::new(src.path()) };
         let (enc, cond) = models();
         let data = prepare(&spec, None).0.unwrap();
         let draw = |seed| {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-            data.sample(0, &enc, &cond, &mut rng)
-                .unwrap()
-                .target_latents
-                .to_vec2::<f32>()
-                .unwrap()
+            data.sample(0, &enc, &cond, &mut rng).unwrap().target_latents.to_vec2::<f32>().unwrap()
         };
         assert_eq!(draw(1).len(), 25);
         assert_eq!(draw(1), draw(1));
@@ -912,20 +701,10 @@ mod tests {
         let sample = cached.items[0].cached.as_ref().unwrap();
         let item = &data.items[0];
         let decoded = decode_checked(&item.source).unwrap();
-        let song = Song {
-            source: &item.source,
-            audio: &decoded.audio,
-            meta: &item.meta,
-        };
-        let crop = Cut::Crop {
-            seconds: 1.0,
-            offset: 0.5,
-        };
+        let song = Song { source: &item.source, audio: &decoded.audio, meta: &item.meta };
+        let crop = Cut::Crop { seconds: 1.0, offset: 0.5 };
         let centre = encode_song(&song, crop, &enc, &cond, &Cancel::never(), &mut |_, _| {}).unwrap();
-        assert_eq!(
-            sample.target_latents.to_vec2::<f32>().unwrap(),
-            centre.target_latents.to_vec2::<f32>().unwrap()
-        );
+        assert_eq!(sample.target_latents.to_vec2::<f32>().unwrap(), centre.target_latents.to_vec2::<f32>().unwrap());
     }
 
     #[test]
@@ -935,10 +714,7 @@ mod tests {
         std::fs::write(src.path().join("a.caption.txt"), "soft piano").unwrap();
         let spec = DataSpec {
             max_duration_seconds: 1.5,
-            trigger: Some(TriggerTag {
-                tag: "mystyle".into(),
-                mode: TagMode::Prepend,
-            }),
+            trigger: Some(TriggerTag { tag: "mystyle".into(), mode: TagMode::Prepend }),
             ..DataSpec::new(src.path())
         };
         let (data, events) = prepare(&spec, None);
@@ -948,20 +724,10 @@ mod tests {
         assert_eq!(item.seconds_used, 1.5);
         let note = use_of(&events, "a.wav").and_then(|u| u.note.as_deref());
         assert!(note.is_some_and(|n| n.starts_with("cut to 1.5 s")), "{note:?}");
-        assert!(
-            (item.meta.duration_seconds - 3.0).abs() < 1e-9,
-            "metas keep the file's duration"
-        );
+        assert!((item.meta.duration_seconds - 3.0).abs() < 1e-9, "metas keep the file's duration");
         let (enc, cond) = models();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-        assert_eq!(
-            data.sample(0, &enc, &cond, &mut rng)
-                .unwrap()
-                .target_latents
-                .dim(0)
-                .unwrap(),
-            37
-        );
+        assert_eq!(data.sample(0, &enc, &cond, &mut rng).unwrap().target_latents.dim(0).unwrap(), 37);
     }
 
     #[test]
@@ -982,10 +748,7 @@ mod tests {
         assert_eq!(data.seconds_in_files(), 252.0);
 
         // With crops, the crop is what is used.
-        let cropped = DataSpec {
-            crop_seconds: Some(30.0),
-            ..DataSpec::new(src.path())
-        };
+        let cropped = DataSpec { crop_seconds: Some(30.0), ..DataSpec::new(src.path()) };
         let (data, events) = prepare(&cropped, None);
         let long = use_of(&events, "long.wav").unwrap();
         assert_eq!(long.seconds_used, 30.0);
@@ -997,11 +760,7 @@ mod tests {
     fn a_bad_sidecar_value_is_a_warning_and_the_song_is_used() {
         let src = tempfile::tempdir().unwrap();
         good_wav(src.path(), "introzik.wav", 2.0, 440.0);
-        std::fs::write(
-            src.path().join("introzik.json"),
-            r#"{"bpm": "fast", "caption": "slow intro"}"#,
-        )
-        .unwrap();
+        std::fs::write(src.path().join("introzik.json"), r#"{"bpm": "fast", "caption": "slow intro"}"#).unwrap();
         let (data, events) = prepare(&DataSpec::new(src.path()), None);
         let data = data.unwrap();
         assert_eq!(
@@ -1033,7 +792,12 @@ mod tests {
         fn latent_channels(&self) -> usize {
             self.inner.latent_channels()
         }
-        fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel, progress: &mut dyn FnMut(f64, f64)) -> Result<Tensor> {
+        fn encode_cancellable(
+            &self,
+            audio: &StereoAudio,
+            cancel: &Cancel,
+            progress: &mut dyn FnMut(f64, f64),
+        ) -> Result<Tensor> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             self.inner.encode_cancellable(audio, cancel, progress)
         }
@@ -1045,10 +809,7 @@ mod tests {
         for i in 0..5 {
             good_wav(src.path(), format!("{i}.wav"), 2.0, 400.0 + 50.0 * i as f64);
         }
-        let enc = Counting {
-            inner: MelEncoder::new(),
-            calls: AtomicUsize::new(0),
-        };
+        let enc = Counting { inner: MelEncoder::new(), calls: AtomicUsize::new(0) };
         let cond = HashConditioner::for_encoder(16, &enc.inner).unwrap().with_max_tokens(32, 16);
         let cache_dir = tempfile::tempdir().unwrap();
         let cache = LatentCache::new(cache_dir.path()).unwrap();
@@ -1108,10 +869,7 @@ mod tests {
         }
         assert_eq!(data.len(), 6);
         assert!(data.issues.is_empty(), "{:?}", data.issues);
-        assert!(data
-            .items
-            .iter()
-            .all(|i| i.meta.bpm.is_some() && !i.meta.caption.is_empty()));
+        assert!(data.items.iter().all(|i| i.meta.bpm.is_some() && !i.meta.caption.is_empty()));
         // Generous for a test build on a loaded 2-core machine; release is far faster.
         assert!(t.elapsed().as_secs_f64() < 10.0, "{:?}", t.elapsed());
     }

@@ -30,7 +30,12 @@ pub trait LatentEncoder: Send + Sync {
     /// As `encode`, but `Err(Error::Cancelled)` between two chunks (tiles) once
     /// `cancel` is set: a long song must not hold up a stop. After each chunk,
     /// `progress(seconds encoded, seconds of audio)`.
-    fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel, progress: &mut dyn FnMut(f64, f64)) -> Result<Tensor>;
+    fn encode_cancellable(
+        &self,
+        audio: &StereoAudio,
+        cancel: &Cancel,
+        progress: &mut dyn FnMut(f64, f64),
+    ) -> Result<Tensor>;
 }
 
 /// Samples of audio per latent frame.
@@ -41,10 +46,7 @@ pub fn hop(encoder: &dyn LatentEncoder) -> usize {
 /// The encoder's latent for `frames` frames of silence, (frames, C): ACE-Step's
 /// context latents start from it.
 pub fn silence_latent(encoder: &dyn LatentEncoder, frames: usize) -> Result<Tensor> {
-    encoder.encode(&StereoAudio::silence(
-        encoder.sample_rate(),
-        frames * hop(encoder),
-    ))
+    encoder.encode(&StereoAudio::silence(encoder.sample_rate(), frames * hop(encoder)))
 }
 
 /// Log-mel features of the mid signal, 25 frames a second, mixed to 64 channels
@@ -93,18 +95,16 @@ impl MelEncoder {
     pub fn new() -> Self {
         let fft = RealFftPlanner::<f32>::new().plan_fft_forward(WIN);
         // Hann window, scaled so a full-scale sine peaks at power 0.25.
-        let hann: Vec<f32> = (0..WIN)
-            .map(|i| 0.5 - 0.5 * (2.0 * std::f32::consts::PI * i as f32 / WIN as f32).cos())
-            .collect();
+        let hann: Vec<f32> =
+            (0..WIN).map(|i| 0.5 - 0.5 * (2.0 * std::f32::consts::PI * i as f32 / WIN as f32).cos()).collect();
         let sum: f32 = hann.iter().sum();
         let window = hann.iter().map(|w| w / sum).collect();
 
         let bins = WIN / 2 + 1;
         let bin_hz = RATE as f64 / WIN as f64;
         let (lo, hi) = (hz_to_mel(F_MIN), hz_to_mel(F_MAX));
-        let edges: Vec<f64> = (0..N_MELS + 2)
-            .map(|i| mel_to_hz(lo + (hi - lo) * i as f64 / (N_MELS + 1) as f64))
-            .collect();
+        let edges: Vec<f64> =
+            (0..N_MELS + 2).map(|i| mel_to_hz(lo + (hi - lo) * i as f64 / (N_MELS + 1) as f64)).collect();
         let filters = (0..N_MELS)
             .map(|m| {
                 let (a, b, c) = (edges[m], edges[m + 1], edges[m + 2]);
@@ -127,16 +127,9 @@ impl MelEncoder {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(SEED);
         let scale = 1.0 / (N_MELS as f32).sqrt();
         let projection = (0..CHANNELS * N_MELS)
-            .map(|_| {
-                scale * <StandardNormal as Distribution<f32>>::sample(&StandardNormal, &mut rng)
-            })
+            .map(|_| scale * <StandardNormal as Distribution<f32>>::sample(&StandardNormal, &mut rng))
             .collect();
-        Self {
-            fft,
-            window,
-            filters,
-            projection,
-        }
+        Self { fft, window, filters, projection }
     }
 
     /// The analysis window (Hann, summing to 1), `WIN` long.
@@ -170,10 +163,7 @@ impl MelEncoder {
         // Lengths match the plan, so the FFT cannot fail.
         let _ = self.fft.process(frame, spectrum);
         for (o, filter) in out.iter_mut().zip(&self.filters) {
-            let e: f32 = filter
-                .iter()
-                .map(|&(k, w)| w * spectrum[k].norm_sqr())
-                .sum();
+            let e: f32 = filter.iter().map(|&(k, w)| w * spectrum[k].norm_sqr()).sum();
             *o = ((e + LOG_FLOOR).ln() - LOG_CENTER) / LOG_SCALE;
         }
     }
@@ -196,19 +186,16 @@ impl LatentEncoder for MelEncoder {
         CHANNELS
     }
 
-    fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel, progress: &mut dyn FnMut(f64, f64)) -> Result<Tensor> {
+    fn encode_cancellable(
+        &self,
+        audio: &StereoAudio,
+        cancel: &Cancel,
+        progress: &mut dyn FnMut(f64, f64),
+    ) -> Result<Tensor> {
         if audio.sample_rate != RATE {
-            return Err(Error::Encoder(format!(
-                "mel encoder takes {RATE} Hz audio, got {} Hz",
-                audio.sample_rate
-            )));
+            return Err(Error::Encoder(format!("mel encoder takes {RATE} Hz audio, got {} Hz", audio.sample_rate)));
         }
-        let mid: Vec<f32> = audio
-            .left
-            .iter()
-            .zip(&audio.right)
-            .map(|(l, r)| 0.5 * (l + r))
-            .collect();
+        let mid: Vec<f32> = audio.left.iter().zip(&audio.right).map(|(l, r)| 0.5 * (l + r)).collect();
         let t = mid.len() / HOP;
         let mut frame = self.fft.make_input_vec();
         let mut spectrum = self.fft.make_output_vec();
@@ -221,9 +208,7 @@ impl LatentEncoder for MelEncoder {
             }
             self.log_mel(&mid, i * HOP + HOP / 2, &mut spectrum, &mut frame, &mut mel);
             latents.extend(
-                self.projection
-                    .chunks_exact(N_MELS)
-                    .map(|row| row.iter().zip(&mel).map(|(w, m)| w * m).sum::<f32>()),
+                self.projection.chunks_exact(N_MELS).map(|row| row.iter().zip(&mel).map(|(w, m)| w * m).sum::<f32>()),
             );
         }
         progress(t as f64 / self.frames_per_second(), t as f64 / self.frames_per_second());
@@ -237,11 +222,7 @@ mod tests {
     use crate::data::testutil::sine;
 
     fn stereo(x: Vec<f32>) -> StereoAudio {
-        StereoAudio {
-            sample_rate: RATE,
-            left: x.clone(),
-            right: x,
-        }
+        StereoAudio { sample_rate: RATE, left: x.clone(), right: x }
     }
 
     #[test]
@@ -249,9 +230,7 @@ mod tests {
         let e = MelEncoder::new();
         assert_eq!(e.frames_per_second(), 25.0);
         assert_eq!(hop(&e), 1920);
-        let z = e
-            .encode(&stereo(sine(440.0, 0.5, RATE, RATE as usize * 2 + 100)))
-            .unwrap();
+        let z = e.encode(&stereo(sine(440.0, 0.5, RATE, RATE as usize * 2 + 100))).unwrap();
         assert_eq!(z.dims(), [50, 64]);
         let v: Vec<f32> = z.flatten_all().unwrap().to_vec1().unwrap();
         let rms = (v.iter().map(|x| x * x).sum::<f32>() / v.len() as f32).sqrt();
@@ -261,25 +240,11 @@ mod tests {
 
     #[test]
     fn deterministic_and_sensitive_to_content() {
-        let a = MelEncoder::new()
-            .encode(&stereo(sine(440.0, 0.5, RATE, RATE as usize)))
-            .unwrap();
-        let b = MelEncoder::new()
-            .encode(&stereo(sine(440.0, 0.5, RATE, RATE as usize)))
-            .unwrap();
-        let c = MelEncoder::new()
-            .encode(&stereo(sine(2000.0, 0.5, RATE, RATE as usize)))
-            .unwrap();
-        let diff = |x: &Tensor, y: &Tensor| {
-            (x - y)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap()
-        };
+        let a = MelEncoder::new().encode(&stereo(sine(440.0, 0.5, RATE, RATE as usize))).unwrap();
+        let b = MelEncoder::new().encode(&stereo(sine(440.0, 0.5, RATE, RATE as usize))).unwrap();
+        let c = MelEncoder::new().encode(&stereo(sine(2000.0, 0.5, RATE, RATE as usize))).unwrap();
+        let diff =
+            |x: &Tensor, y: &Tensor| (x - y).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         assert_eq!(diff(&a, &b), 0.0);
         assert!(diff(&a, &c) > 0.5);
     }
@@ -290,15 +255,7 @@ mod tests {
         let s = silence_latent(&e, 10).unwrap();
         assert_eq!(s.dims(), [10, 64]);
         let first = s.narrow(0, 0, 1).unwrap();
-        let spread = s
-            .broadcast_sub(&first)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let spread = s.broadcast_sub(&first).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         assert_eq!(spread, 0.0);
     }
 
@@ -307,13 +264,7 @@ mod tests {
         let e = MelEncoder::new();
         for (seed, clip) in crate::data::synth::CLIPS.iter().enumerate() {
             let [left, right] = clip.render(seed as u64);
-            let z = e
-                .encode(&StereoAudio {
-                    sample_rate: RATE,
-                    left,
-                    right,
-                })
-                .unwrap();
+            let z = e.encode(&StereoAudio { sample_rate: RATE, left, right }).unwrap();
             let v: Vec<f32> = z.flatten_all().unwrap().to_vec1().unwrap();
             let mean = v.iter().sum::<f32>() / v.len() as f32;
             let std = (v.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / v.len() as f32).sqrt();

@@ -107,21 +107,13 @@ pub struct DataSpec {
 
 impl Default for DataSpec {
     fn default() -> Self {
-        Self {
-            folder: PathBuf::new(),
-            max_duration_seconds: 240.0,
-            crop_seconds: None,
-            trigger: None,
-        }
+        Self { folder: PathBuf::new(), max_duration_seconds: 240.0, crop_seconds: None, trigger: None }
     }
 }
 
 impl DataSpec {
     pub fn new(folder: impl Into<PathBuf>) -> Self {
-        Self {
-            folder: folder.into(),
-            ..Self::default()
-        }
+        Self { folder: folder.into(), ..Self::default() }
     }
 
     /// Every song must give at least `audio::MIN_SECONDS` of training audio.
@@ -135,9 +127,7 @@ impl DataSpec {
             )));
         }
         match self.crop_seconds {
-            Some(c) if !ok(c) => Err(crate::Error::BadDataSpec(format!(
-                "crop_seconds is {c}, must be at least {min}"
-            ))),
+            Some(c) if !ok(c) => Err(crate::Error::BadDataSpec(format!("crop_seconds is {c}, must be at least {min}"))),
             _ => Ok(()),
         }
     }

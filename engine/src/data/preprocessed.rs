@@ -14,13 +14,8 @@ use crate::model::tensors::save_tensors;
 use crate::model::torch_pt::read_pt;
 use crate::{Error, Result};
 
-pub const KEYS: [&str; 5] = [
-    "target_latents",
-    "attention_mask",
-    "encoder_hidden_states",
-    "encoder_attention_mask",
-    "context_latents",
-];
+pub const KEYS: [&str; 5] =
+    ["target_latents", "attention_mask", "encoder_hidden_states", "encoder_attention_mask", "context_latents"];
 pub const MANIFEST: &str = "manifest.json";
 pub const FORMAT: &str = "ostinato-preprocessed";
 
@@ -61,7 +56,11 @@ fn stem_of(source: &Path) -> String {
         .chars()
         .map(|c| if c.is_alphanumeric() || "-_. ".contains(c) { c } else { '_' })
         .collect();
-    if s.is_empty() { "sample".into() } else { s }
+    if s.is_empty() {
+        "sample".into()
+    } else {
+        s
+    }
 }
 
 /// Writes every sample and the manifest (its `samples` list is filled in). Files are
@@ -95,15 +94,12 @@ pub fn write_preprocessed(dir: &Path, samples: &[TrainingSample], manifest: &Man
         let tmp = dir.join(format!(".{file}.tmp"));
         save_tensors(&tensors, &tmp)?;
         std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
-        manifest.samples.push(ManifestEntry {
-            file,
-            source: s.source.clone(),
-            frames: s.target_latents.dim(0)?,
-        });
+        manifest.samples.push(ManifestEntry { file, source: s.source.clone(), frames: s.target_latents.dim(0)? });
         written.push(path);
     }
     let path = dir.join(MANIFEST);
-    let json = serde_json::to_string_pretty(&manifest).map_err(|e| Error::BadFile { path: path.clone(), reason: e.to_string() })?;
+    let json = serde_json::to_string_pretty(&manifest)
+        .map_err(|e| Error::BadFile { path: path.clone(), reason: e.to_string() })?;
     std::fs::write(&path, json).map_err(|e| Error::io(&path, e))?;
     Ok(written)
 }
@@ -150,14 +146,10 @@ pub fn read_sample(path: &Path) -> Result<TrainingSample> {
     let bad = |key: &str, reason: String| Error::ModelFile { path: path.to_path_buf(), key: key.into(), reason };
     let mut tensors: HashMap<String, Tensor> = if path.extension().and_then(|e| e.to_str()) == Some("pt") {
         let v = read_pt(path)?;
-        KEYS.iter()
-            .filter_map(|k| v.get(k).and_then(|x| x.as_tensor()).map(|t| (k.to_string(), t.clone())))
-            .collect()
+        KEYS.iter().filter_map(|k| v.get(k).and_then(|x| x.as_tensor()).map(|t| (k.to_string(), t.clone()))).collect()
     } else {
-        candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| Error::BadFile {
-            path: path.to_path_buf(),
-            reason: format!("cannot read safetensors: {e}"),
-        })?
+        candle_core::safetensors::load(path, &Device::Cpu)
+            .map_err(|e| Error::BadFile { path: path.to_path_buf(), reason: format!("cannot read safetensors: {e}") })?
     };
     let mut take = |k: &str| -> Result<Tensor> {
         let t = tensors.remove(k).ok_or_else(|| bad(k, "missing".into()))?;
@@ -173,9 +165,16 @@ pub fn read_sample(path: &Path) -> Result<TrainingSample> {
     };
     let shape = |k: &str, t: &Tensor, want: &[Option<usize>]| -> Result<()> {
         let ok = t.rank() == want.len() && t.dims().iter().zip(want).all(|(d, w)| w.is_none_or(|w| *d == w));
-        if ok { Ok(()) } else { Err(bad(k, format!("shape {:?}, expected {want:?}", t.dims()))) }
+        if ok {
+            Ok(())
+        } else {
+            Err(bad(k, format!("shape {:?}, expected {want:?}", t.dims())))
+        }
     };
-    let (frames, channels) = s.target_latents.dims2().map_err(|_| bad("target_latents", format!("shape {:?}, expected [T, C]", s.target_latents.dims())))?;
+    let (frames, channels) = s
+        .target_latents
+        .dims2()
+        .map_err(|_| bad("target_latents", format!("shape {:?}, expected [T, C]", s.target_latents.dims())))?;
     let rows = s.encoder_hidden_states.dim(0)?;
     shape("attention_mask", &s.attention_mask, &[Some(frames)])?;
     shape("encoder_hidden_states", &s.encoder_hidden_states, &[Some(rows), None])?;

@@ -7,9 +7,8 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 
 /// Extensions symphonia decodes with the features we build it with.
-pub const AUDIO_EXTENSIONS: &[&str] = &[
-    "wav", "wave", "flac", "mp3", "ogg", "oga", "m4a", "mp4", "aif", "aiff", "aifc",
-];
+pub const AUDIO_EXTENSIONS: &[&str] =
+    &["wav", "wave", "flac", "mp3", "ogg", "oga", "m4a", "mp4", "aif", "aiff", "aifc"];
 
 /// Sidecars (captions, lyrics, metadata) sit beside the audio and are not reported.
 const SIDECAR_EXTENSIONS: &[&str] = &["txt", "json", "csv"];
@@ -23,9 +22,7 @@ pub struct ScanOutcome {
 }
 
 fn extension(path: &Path) -> Option<String> {
-    path.extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase)
+    path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase)
 }
 
 pub fn is_audio(path: &Path) -> bool {
@@ -36,10 +33,7 @@ pub fn is_audio(path: &Path) -> bool {
 pub fn scan_folder(folder: &Path) -> Result<ScanOutcome> {
     let root = folder.canonicalize().map_err(|e| Error::io(folder, e))?;
     if !root.is_dir() {
-        return Err(Error::io(
-            folder,
-            std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a folder"),
-        ));
+        return Err(Error::io(folder, std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a folder")));
     }
     let mut out = ScanOutcome::default();
     let mut visited = HashSet::from([root]);
@@ -57,8 +51,7 @@ pub fn scan_folder(folder: &Path) -> Result<ScanOutcome> {
             let entry = match entry {
                 Ok(e) => e,
                 Err(e) => {
-                    out.skipped
-                        .push((dir.clone(), format!("cannot list folder: {e}")));
+                    out.skipped.push((dir.clone(), format!("cannot list folder: {e}")));
                     continue;
                 }
             };
@@ -70,8 +63,7 @@ pub fn scan_folder(folder: &Path) -> Result<ScanOutcome> {
             let meta = match std::fs::metadata(&path) {
                 Ok(m) => m,
                 Err(e) => {
-                    out.skipped
-                        .push((path, format!("cannot read (broken link?): {e}")));
+                    out.skipped.push((path, format!("cannot read (broken link?): {e}")));
                     continue;
                 }
             };
@@ -86,12 +78,8 @@ pub fn scan_folder(folder: &Path) -> Result<ScanOutcome> {
             } else {
                 match extension(&path) {
                     Some(e) if SIDECAR_EXTENSIONS.contains(&e.as_str()) => {}
-                    Some(e) => out
-                        .skipped
-                        .push((path, format!("unsupported file type .{e}"))),
-                    None => out
-                        .skipped
-                        .push((path, "unsupported file (no extension)".into())),
+                    Some(e) => out.skipped.push((path, format!("unsupported file type .{e}"))),
+                    None => out.skipped.push((path, "unsupported file (no extension)".into())),
                 }
             }
         }
@@ -112,14 +100,7 @@ mod tests {
         let d = dir.path();
         fs::create_dir_all(d.join("album/disc2")).unwrap();
         fs::create_dir_all(d.join(".hidden")).unwrap();
-        for f in [
-            "a.wav",
-            "b.FLAC",
-            "album/c.mp3",
-            "album/disc2/d.m4a",
-            ".hidden/e.wav",
-            ".f.wav",
-        ] {
+        for f in ["a.wav", "b.FLAC", "album/c.mp3", "album/disc2/d.m4a", ".hidden/e.wav", ".f.wav"] {
             fs::write(d.join(f), b"x").unwrap();
         }
         for f in ["a.caption.txt", "a.txt", "a.json", "list.csv"] {
@@ -131,28 +112,14 @@ mod tests {
         std::os::unix::fs::symlink(d.join("missing.wav"), d.join("dangling.wav")).unwrap();
 
         let s = scan_folder(d).unwrap();
-        let rel: Vec<_> = s
-            .audio
-            .iter()
-            .map(|p| p.strip_prefix(d).unwrap().to_path_buf())
-            .collect();
-        assert_eq!(
-            rel,
-            ["a.wav", "album/c.mp3", "album/disc2/d.m4a", "b.FLAC"].map(PathBuf::from)
-        );
-        let skipped: Vec<_> = s
-            .skipped
-            .iter()
-            .map(|(p, r)| (p.file_name().unwrap().to_str().unwrap(), r.as_str()))
-            .collect();
+        let rel: Vec<_> = s.audio.iter().map(|p| p.strip_prefix(d).unwrap().to_path_buf()).collect();
+        assert_eq!(rel, ["a.wav", "album/c.mp3", "album/disc2/d.m4a", "b.FLAC"].map(PathBuf::from));
+        let skipped: Vec<_> =
+            s.skipped.iter().map(|(p, r)| (p.file_name().unwrap().to_str().unwrap(), r.as_str())).collect();
         assert_eq!(skipped.len(), 3, "{skipped:?}");
-        assert!(skipped
-            .iter()
-            .any(|(f, r)| *f == "cover.jpg" && r.contains(".jpg")));
+        assert!(skipped.iter().any(|(f, r)| *f == "cover.jpg" && r.contains(".jpg")));
         assert!(skipped.iter().any(|(f, _)| *f == "README"));
-        assert!(skipped
-            .iter()
-            .any(|(f, r)| *f == "dangling.wav" && r.contains("broken link")));
+        assert!(skipped.iter().any(|(f, r)| *f == "dangling.wav" && r.contains("broken link")));
     }
 
     #[test]

@@ -51,8 +51,7 @@ impl Fields {
             "caption" => self.caption = text,
             "lyrics" => self.lyrics = text,
             "bpm" => {
-                let bpm = parse_bpm(value)
-                    .map_err(|why| format!("field \"{name}\" = \"{value}\" {why}: ignored"))?;
+                let bpm = parse_bpm(value).map_err(|why| format!("field \"{name}\" = \"{value}\" {why}: ignored"))?;
                 self.bpm = Some(bpm);
             }
             "keyscale" | "key" | "key_scale" => self.keyscale = text,
@@ -91,23 +90,10 @@ impl Sidecars {
     /// sidecars are appended to `issues`.
     pub fn read(&mut self, audio: &Path, issues: &mut Issues) -> SongMeta {
         let dir = audio.parent().unwrap_or(Path::new("")).to_path_buf();
-        let rows = self
-            .csv_rows
-            .entry(dir.clone())
-            .or_insert_with(|| read_csvs(&dir, issues));
-        let name = audio
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let stem = audio
-            .file_stem()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let mut f = rows
-            .get(&name)
-            .or_else(|| rows.get(&stem))
-            .cloned()
-            .unwrap_or_default();
+        let rows = self.csv_rows.entry(dir.clone()).or_insert_with(|| read_csvs(&dir, issues));
+        let name = audio.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let stem = audio.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut f = rows.get(&name).or_else(|| rows.get(&stem)).cloned().unwrap_or_default();
 
         let beside = |suffix: &str| {
             let mut s = OsString::from(audio.file_stem().unwrap_or_default());
@@ -124,11 +110,7 @@ impl Sidecars {
                 Err(e) => issues.push((json, format!("{e}: file ignored"))),
             }
         }
-        for (suffix, is_caption) in [
-            (".txt", false),
-            (".lyrics.txt", false),
-            (".caption.txt", true),
-        ] {
+        for (suffix, is_caption) in [(".txt", false), (".lyrics.txt", false), (".caption.txt", true)] {
             if let Some(text) = read_text(&beside(suffix), issues) {
                 let text = Some(text.trim().to_string()).filter(|t| !t.is_empty());
                 if is_caption {
@@ -202,10 +184,8 @@ fn read_csvs(dir: &Path, issues: &mut Issues) -> HashMap<String, Fields> {
 
 /// Adds a CSV's rows to `rows`; the values it ignored, and why.
 fn read_csv(path: &Path, rows: &mut HashMap<String, Fields>) -> Result<Vec<String>, String> {
-    let mut reader = csv::ReaderBuilder::new()
-        .flexible(true)
-        .from_path(path)
-        .map_err(|e| format!("cannot read CSV: {e}"))?;
+    let mut reader =
+        csv::ReaderBuilder::new().flexible(true).from_path(path).map_err(|e| format!("cannot read CSV: {e}"))?;
     let headers: Vec<String> = reader
         .headers()
         .map_err(|e| format!("invalid CSV: {e}"))?
@@ -331,10 +311,7 @@ mod tests {
             (one.caption.as_str(), one.bpm, one.keyscale.as_deref()),
             ("first, song", Some(90), Some("D major"))
         );
-        assert_eq!(
-            (two.caption.as_str(), two.bpm, two.keyscale),
-            ("second song", Some(100), None)
-        );
+        assert_eq!((two.caption.as_str(), two.bpm, two.keyscale), ("second song", Some(100), None));
         assert_eq!(three, SongMeta::default());
     }
 
@@ -361,11 +338,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         fs::write(d.join("a.json"), r#"{"bpm": "fast", "caption": "slow intro", "genre": "ambient"}"#).unwrap();
-        fs::write(
-            d.join("meta.csv"),
-            "file,caption,bpm\nb.wav,second,-3\nc.wav,third,90\n",
-        )
-        .unwrap();
+        fs::write(d.join("meta.csv"), "file,caption,bpm\nb.wav,second,-3\nc.wav,third,90\n").unwrap();
         let mut sc = Sidecars::new();
         let mut issues = Vec::new();
         let a = sc.read(&d.join("a.wav"), &mut issues);
@@ -386,28 +359,13 @@ mod tests {
 
     #[test]
     fn trigger_tag_modes() {
-        let tag = |mode| TriggerTag {
-            tag: "ostn style".into(),
-            mode,
-        };
-        assert_eq!(
-            apply_trigger("lofi beat", Some(&tag(TagMode::Prepend))),
-            "ostn style, lofi beat"
-        );
-        assert_eq!(
-            apply_trigger("lofi beat", Some(&tag(TagMode::Append))),
-            "lofi beat, ostn style"
-        );
-        assert_eq!(
-            apply_trigger("lofi beat", Some(&tag(TagMode::Replace))),
-            "ostn style"
-        );
+        let tag = |mode| TriggerTag { tag: "ostn style".into(), mode };
+        assert_eq!(apply_trigger("lofi beat", Some(&tag(TagMode::Prepend))), "ostn style, lofi beat");
+        assert_eq!(apply_trigger("lofi beat", Some(&tag(TagMode::Append))), "lofi beat, ostn style");
+        assert_eq!(apply_trigger("lofi beat", Some(&tag(TagMode::Replace))), "ostn style");
         assert_eq!(apply_trigger("", Some(&tag(TagMode::Append))), "ostn style");
         assert_eq!(apply_trigger("lofi beat", None), "lofi beat");
-        let blank = TriggerTag {
-            tag: " ".into(),
-            mode: TagMode::Replace,
-        };
+        let blank = TriggerTag { tag: " ".into(), mode: TagMode::Replace };
         assert_eq!(apply_trigger("lofi beat", Some(&blank)), "lofi beat");
     }
 }

@@ -27,22 +27,12 @@ fn midi(note: i32) -> f64 {
 impl Mix {
     fn new(seed: u64) -> Self {
         let n = (SECONDS * RATE as f64) as usize;
-        Self {
-            left: vec![0.0; n],
-            right: vec![0.0; n],
-            rng: ChaCha8Rng::seed_from_u64(seed),
-        }
+        Self { left: vec![0.0; n], right: vec![0.0; n], rng: ChaCha8Rng::seed_from_u64(seed) }
     }
 
     /// Adds `voice(i)` for `seconds` from `at`, panned (-1 left .. 1 right), with a
     /// 10 ms fade at the end so cut-off notes do not click.
-    fn add(
-        &mut self,
-        at: f64,
-        seconds: f64,
-        pan: f32,
-        mut voice: impl FnMut(usize, &mut ChaCha8Rng) -> f32,
-    ) {
+    fn add(&mut self, at: f64, seconds: f64, pan: f32, mut voice: impl FnMut(usize, &mut ChaCha8Rng) -> f32) {
         let start = (at * RATE as f64) as usize;
         let len = (seconds * RATE as f64) as usize;
         let fade = (RATE / 100) as f32;
@@ -57,9 +47,7 @@ impl Mix {
     /// Karplus-Strong plucked string.
     fn pluck(&mut self, at: f64, note: i32, amp: f32, pan: f32) {
         let period = (RATE as f64 / midi(note)).round() as usize;
-        let mut line: Vec<f32> = (0..period)
-            .map(|_| self.rng.random_range(-1.0..1.0))
-            .collect();
+        let mut line: Vec<f32> = (0..period).map(|_| self.rng.random_range(-1.0..1.0)).collect();
         self.add(at, 1.5, pan, |i, _| {
             let j = i % period;
             let out = line[j];
@@ -79,9 +67,7 @@ impl Mix {
             let saw = (p1 + p2 - 1.0) as f32;
             lp += 0.08 * (saw - lp);
             let t = i as f64;
-            let env = (t / (0.4 * RATE as f64))
-                .min(1.0)
-                .min((n - t) / (0.4 * RATE as f64));
+            let env = (t / (0.4 * RATE as f64)).min(1.0).min((n - t) / (0.4 * RATE as f64));
             amp * env as f32 * lp
         });
     }
@@ -164,11 +150,7 @@ impl Mix {
 
     /// Scaled to a 0.8 peak.
     fn finish(self) -> [Vec<f32>; 2] {
-        let peak = self
-            .left
-            .iter()
-            .chain(&self.right)
-            .fold(1e-9f32, |m, x| m.max(x.abs()));
+        let peak = self.left.iter().chain(&self.right).fold(1e-9f32, |m, x| m.max(x.abs()));
         let g = 0.8 / peak;
         [self.left, self.right].map(|c| c.into_iter().map(|x| x * g).collect())
     }
@@ -325,10 +307,7 @@ pub fn write_demo(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     for (seed, clip) in CLIPS.iter().enumerate() {
         let wav = dir.join(format!("{}.wav", clip.name));
         write_wav(&wav, RATE, SampleFormat::Int(16), &clip.render(seed as u64))?;
-        std::fs::write(
-            dir.join(format!("{}.caption.txt", clip.name)),
-            format!("{}\n", clip.caption),
-        )?;
+        std::fs::write(dir.join(format!("{}.caption.txt", clip.name)), format!("{}\n", clip.caption))?;
         std::fs::write(dir.join(format!("{}.json", clip.name)), clip.metas_json())?;
         written.push(wav);
     }
@@ -352,28 +331,14 @@ mod tests {
         let mut total = 0;
         for (seed, clip) in CLIPS.iter().enumerate() {
             let path = dir.join(format!("{}.wav", clip.name));
-            total += std::fs::metadata(&path)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-                .len();
+            total += std::fs::metadata(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).len();
             let a = decode(&path).unwrap();
-            assert_eq!(
-                (a.sample_rate, a.frames()),
-                (RATE, (SECONDS * RATE as f64) as usize)
-            );
+            assert_eq!((a.sample_rate, a.frames()), (RATE, (SECONDS * RATE as f64) as usize));
             // Within 2 LSB: float rounding may differ across platforms, the music not.
             let [l, r] = clip.render(seed as u64);
-            let err = a
-                .left
-                .iter()
-                .zip(&l)
-                .chain(a.right.iter().zip(&r))
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
-            assert!(
-                err <= 2.0 / 32767.0 + 1e-6,
-                "{}: differs from the generator by {err}",
-                clip.name
-            );
+            let err =
+                a.left.iter().zip(&l).chain(a.right.iter().zip(&r)).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            assert!(err <= 2.0 / 32767.0 + 1e-6, "{}: differs from the generator by {err}", clip.name);
             let meta = Sidecars::new().read(&path, &mut Vec::new());
             assert_eq!(meta.caption, clip.caption);
             assert_eq!(meta.bpm, Some(clip.bpm));

@@ -4,9 +4,7 @@
 use std::path::{Path, PathBuf};
 
 pub fn sine(freq: f64, amp: f32, rate: u32, frames: usize) -> Vec<f32> {
-    (0..frames)
-        .map(|i| amp * (2.0 * std::f64::consts::PI * freq * i as f64 / rate as f64).sin() as f32)
-        .collect()
+    (0..frames).map(|i| amp * (2.0 * std::f64::consts::PI * freq * i as f64 / rate as f64).sin() as f32).collect()
 }
 
 pub fn write_file(dir: &Path, name: impl AsRef<std::ffi::OsStr>, bytes: &[u8]) -> PathBuf {
@@ -23,11 +21,7 @@ fn crc8(data: &[u8]) -> u8 {
     data.iter().fold(0u8, |mut crc, &b| {
         crc ^= b;
         for _ in 0..8 {
-            crc = if crc & 0x80 != 0 {
-                (crc << 1) ^ 0x07
-            } else {
-                crc << 1
-            };
+            crc = if crc & 0x80 != 0 { (crc << 1) ^ 0x07 } else { crc << 1 };
         }
         crc
     })
@@ -37,11 +31,7 @@ fn crc16(data: &[u8]) -> u16 {
     data.iter().fold(0u16, |mut crc, &b| {
         crc ^= (b as u16) << 8;
         for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x8005
-            } else {
-                crc << 1
-            };
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x8005 } else { crc << 1 };
         }
         crc
     })
@@ -168,16 +158,10 @@ mod tests {
             ("a.flac", flac_bytes(44_100, &[x.clone(), y.clone()])),
             ("a.aiff", aiff_bytes(44_100, &[x.clone(), y.clone()])),
         ] {
-            let a = decode(&write_file(dir.path(), name, &bytes))
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let a = decode(&write_file(dir.path(), name, &bytes)).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!((a.sample_rate, a.frames()), (44_100, x.len()), "{name}");
-            let err = a
-                .left
-                .iter()
-                .zip(&x)
-                .chain(a.right.iter().zip(&y))
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
+            let err =
+                a.left.iter().zip(&x).chain(a.right.iter().zip(&y)).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
             assert!(err < 1e-4, "{name}: error {err}");
         }
     }

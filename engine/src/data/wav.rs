@@ -61,9 +61,7 @@ pub fn wav_bytes(sample_rate: u32, format: SampleFormat, channels: &[Vec<f32>]) 
         fmt.extend_from_slice(&bits.to_le_bytes());
         fmt.extend_from_slice(&mask.to_le_bytes());
         fmt.extend_from_slice(&(tag as u32).to_le_bytes());
-        fmt.extend_from_slice(&[
-            0x00, 0x00, 0x10, 0x00, 0x80, 0x00, 0x00, 0xAA, 0x00, 0x38, 0x9B, 0x71,
-        ]);
+        fmt.extend_from_slice(&[0x00, 0x00, 0x10, 0x00, 0x80, 0x00, 0x00, 0xAA, 0x00, 0x38, 0x9B, 0x71]);
     }
 
     let mut out = Vec::with_capacity(44 + fmt.len() + data_len as usize);
@@ -82,12 +80,7 @@ pub fn wav_bytes(sample_rate: u32, format: SampleFormat, channels: &[Vec<f32>]) 
     out
 }
 
-pub fn write_wav(
-    path: &Path,
-    sample_rate: u32,
-    format: SampleFormat,
-    channels: &[Vec<f32>],
-) -> std::io::Result<()> {
+pub fn write_wav(path: &Path, sample_rate: u32, format: SampleFormat, channels: &[Vec<f32>]) -> std::io::Result<()> {
     std::fs::write(path, wav_bytes(sample_rate, format, channels))
 }
 
@@ -111,20 +104,11 @@ mod tests {
             (SampleFormat::Float(64), 1e-7),
         ] {
             let name = format!("{format:?}.wav");
-            let p = write_file(
-                dir.path(),
-                &name,
-                &wav_bytes(22_050, format, &[x.clone(), y.clone()]),
-            );
+            let p = write_file(dir.path(), &name, &wav_bytes(22_050, format, &[x.clone(), y.clone()]));
             let a = decode(&p).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!((a.sample_rate, a.frames()), (22_050, x.len()), "{name}");
-            let err = a
-                .left
-                .iter()
-                .zip(&x)
-                .chain(a.right.iter().zip(&y))
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
+            let err =
+                a.left.iter().zip(&x).chain(a.right.iter().zip(&y)).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
             assert!(err < tol, "{name}: error {err}");
         }
     }

@@ -70,7 +70,9 @@ impl LatentDecoder for VaeDecoder {
 pub fn decoder_for(source: &ModelSource, device: &Device) -> Result<Box<dyn LatentDecoder>> {
     Ok(match source {
         ModelSource::Demo => Box::new(MelDecoder::new()),
-        ModelSource::Folder { path } => Box::new(VaeDecoder::from_dir(&ModelFolder::open(path, None)?.vae_dir(), device)?),
+        ModelSource::Folder { path } => {
+            Box::new(VaeDecoder::from_dir(&ModelFolder::open(path, None)?.vae_dir(), device)?)
+        }
     })
 }
 
@@ -78,7 +80,8 @@ pub fn decoder_for(source: &ModelSource, device: &Device) -> Result<Box<dyn Late
 /// --latents-out` writes) or `target_latents` (a preprocessed sample).
 pub fn read_latents(path: &Path, channels: usize) -> Result<Tensor> {
     let bad = |reason: String| Error::BadFile { path: path.to_path_buf(), reason };
-    let tensors = candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| bad(format!("cannot read safetensors: {e}")))?;
+    let tensors =
+        candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| bad(format!("cannot read safetensors: {e}")))?;
     let (key, t) = ["latents", "target_latents"]
         .iter()
         .find_map(|k| tensors.get(*k).map(|t| (*k, t)))

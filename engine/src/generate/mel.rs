@@ -88,7 +88,8 @@ impl MelDecoder {
                     .pinv
                     .chunks_exact(CHANNELS)
                     .map(|row| {
-                        let m = self.floor + row.iter().zip(z).zip(&self.floor_latent).map(|((w, z), f)| w * (z - f)).sum::<f32>();
+                        let m = self.floor
+                            + row.iter().zip(z).zip(&self.floor_latent).map(|((w, z), f)| w * (z - f)).sum::<f32>();
                         // No band holds more than a full-scale sine's energy: latents
                         // past what any [-1, 1] audio encodes to are held there.
                         let m = m.clamp(self.floor, self.full_scale);
@@ -105,7 +106,8 @@ impl MelDecoder {
     /// a non-negative F p = e) so overlapping bands add up to their energies.
     fn power_spectrum(&self, energy: &[f32]) -> Vec<f32> {
         let filters = self.encoder.filters();
-        let per_bin: Vec<f32> = filters.iter().zip(energy).map(|(f, e)| e / f.iter().map(|&(_, w)| w).sum::<f32>()).collect();
+        let per_bin: Vec<f32> =
+            filters.iter().zip(energy).map(|(f, e)| e / f.iter().map(|&(_, w)| w).sum::<f32>()).collect();
         let spread = |band_values: &[f32]| -> Vec<f32> {
             self.bins
                 .iter()
@@ -122,7 +124,11 @@ impl MelDecoder {
                 .zip(energy)
                 .map(|(f, e)| {
                     let got: f32 = f.iter().map(|&(k, w)| w * p[k]).sum();
-                    if got > 0.0 { e / got } else { 0.0 }
+                    if got > 0.0 {
+                        e / got
+                    } else {
+                        0.0
+                    }
                 })
                 .collect();
             p.iter_mut().zip(spread(&ratio)).for_each(|(p, r)| *p *= r);
@@ -196,7 +202,9 @@ impl MelDecoder {
             phases = self
                 .stft(&x, frames)
                 .into_iter()
-                .map(|s| s.into_iter().map(|c| if c.norm() > 0.0 { c / c.norm() } else { Complex::new(1.0, 0.0) }).collect())
+                .map(|s| {
+                    s.into_iter().map(|c| if c.norm() > 0.0 { c / c.norm() } else { Complex::new(1.0, 0.0) }).collect()
+                })
                 .collect();
         }
         self.istft(&with_phase(&phases), len)
@@ -249,7 +257,10 @@ impl LatentDecoder for MelDecoder {
     fn decode(&self, latents: &Tensor) -> Result<StereoAudio> {
         let (_, c) = latents.dims2()?;
         if c != CHANNELS {
-            return Err(Error::Encoder(format!("the mel decoder takes [frames, {CHANNELS}] latents, got {:?}", latents.dims())));
+            return Err(Error::Encoder(format!(
+                "the mel decoder takes [frames, {CHANNELS}] latents, got {:?}",
+                latents.dims()
+            )));
         }
         let z: Vec<f32> = latents.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
         let mid = self.griffin_lim(&z);
@@ -262,7 +273,8 @@ mod tests {
     use super::*;
 
     fn tone(f: f32) -> StereoAudio {
-        let x: Vec<f32> = (0..2 * RATE as usize).map(|i| 0.5 * (std::f32::consts::TAU * f * i as f32 / RATE as f32).sin()).collect();
+        let x: Vec<f32> =
+            (0..2 * RATE as usize).map(|i| 0.5 * (std::f32::consts::TAU * f * i as f32 / RATE as f32).sin()).collect();
         StereoAudio { sample_rate: RATE, left: x.clone(), right: x }
     }
 
@@ -271,9 +283,8 @@ mod tests {
         let n = RATE as usize;
         let start = (x.len() - n) / 2;
         let fft = RealFftPlanner::<f32>::new().plan_fft_forward(n);
-        let mut buf: Vec<f32> = (0..n)
-            .map(|i| x[start + i] * (0.5 - 0.5 * (std::f32::consts::TAU * i as f32 / n as f32).cos()))
-            .collect();
+        let mut buf: Vec<f32> =
+            (0..n).map(|i| x[start + i] * (0.5 - 0.5 * (std::f32::consts::TAU * i as f32 / n as f32).cos())).collect();
         let mut spectrum = fft.make_output_vec();
         fft.process(&mut buf, &mut spectrum).unwrap();
         let k = (0..spectrum.len()).max_by(|&a, &b| spectrum[a].norm().total_cmp(&spectrum[b].norm())).unwrap();
@@ -302,7 +313,8 @@ mod tests {
 
     /// rms(a - b) / rms(a) of two latents.
     fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-        let (a, b): (Vec<f32>, Vec<f32>) = (a.flatten_all().unwrap().to_vec1().unwrap(), b.flatten_all().unwrap().to_vec1().unwrap());
+        let (a, b): (Vec<f32>, Vec<f32>) =
+            (a.flatten_all().unwrap().to_vec1().unwrap(), b.flatten_all().unwrap().to_vec1().unwrap());
         let diff: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x - y).collect();
         rms(&diff) / rms(&a)
     }

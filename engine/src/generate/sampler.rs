@@ -37,9 +37,7 @@ pub fn timesteps(steps: usize, shift: f64) -> Result<Vec<f32>> {
 /// from the end, so both ends are exact.
 fn linspace_1_to_0(n: usize) -> Vec<f32> {
     let step = -1.0f32 / (n - 1) as f32;
-    (0..n)
-        .map(|i| if i < n / 2 { 1.0 + step * i as f32 } else { 0.0 - step * (n - 1 - i) as f32 })
-        .collect()
+    (0..n).map(|i| if i < n / 2 { 1.0 + step * i as f32 } else { 0.0 - step * (n - 1 - i) as f32 }).collect()
 }
 
 /// Seeded N(0, 1) noise `[1, frames, channels]` (a ChaCha8 stream: the same seed gives
@@ -116,7 +114,14 @@ pub fn sample(
 }
 
 /// The DiT's prediction (f32) at time t for a batch of x.
-fn velocity(model: &DitModel, lora: Option<&LoraCtx>, x: &Tensor, states: &Tensor, context: &Tensor, t: f32) -> Result<Tensor> {
+fn velocity(
+    model: &DitModel,
+    lora: Option<&LoraCtx>,
+    x: &Tensor,
+    states: &Tensor,
+    context: &Tensor,
+    t: f32,
+) -> Result<Tensor> {
     let b = x.dim(0)?;
     let t = Tensor::full(t, b, x.device())?;
     // The model's compute dtype (a training run's model may be bf16); f32 stays as it is.
@@ -132,7 +137,14 @@ fn velocity(model: &DitModel, lora: Option<&LoraCtx>, x: &Tensor, states: &Tenso
 }
 
 /// Conditional and unconditional predictions in one batch of two, as diffusers runs them.
-fn velocity_pair(model: &DitModel, lora: Option<&LoraCtx>, x: &Tensor, cond: &Conditions, null: &Tensor, t: f32) -> Result<(Tensor, Tensor)> {
+fn velocity_pair(
+    model: &DitModel,
+    lora: Option<&LoraCtx>,
+    x: &Tensor,
+    cond: &Conditions,
+    null: &Tensor,
+    t: f32,
+) -> Result<(Tensor, Tensor)> {
     let states = &cond.encoder_hidden_states;
     let null = null.to_dtype(states.dtype())?.broadcast_as(states.shape())?;
     let v = velocity(
@@ -177,7 +189,19 @@ mod tests {
         // ACE-Step's turbo `generate_audio` tables (as f32).
         let tables: [(f64, [f64; 8]); 3] = [
             (1.0, [1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125]),
-            (2.0, [1.0, 0.9333333333333333, 0.8571428571428571, 0.7692307692307693, 0.6666666666666666, 0.5454545454545454, 0.4, 0.2222222222222222]),
+            (
+                2.0,
+                [
+                    1.0,
+                    0.9333333333333333,
+                    0.8571428571428571,
+                    0.7692307692307693,
+                    0.6666666666666666,
+                    0.5454545454545454,
+                    0.4,
+                    0.2222222222222222,
+                ],
+            ),
             (3.0, [1.0, 0.9545454545454546, 0.9, 0.8333333333333334, 0.75, 0.6428571428571429, 0.5, 0.3]),
         ];
         for (shift, table) in tables {

@@ -158,7 +158,9 @@ impl SongModel<'_> {
     /// Latent frames for a duration: ceil(seconds * frames per second), as diffusers.
     pub fn frames_for(&self, seconds: f64) -> Result<usize> {
         if !(seconds > 0.0 && seconds <= MAX_SECONDS) {
-            return Err(Error::BadRequest(format!("duration {seconds} s is out of range: it must be more than 0 and at most {MAX_SECONDS} s")));
+            return Err(Error::BadRequest(format!(
+                "duration {seconds} s is out of range: it must be more than 0 and at most {MAX_SECONDS} s"
+            )));
         }
         Ok((seconds * self.decoder.frames_per_second()).ceil() as usize)
     }
@@ -167,9 +169,8 @@ impl SongModel<'_> {
     fn guidance(&self, spec: &GenerateSpec) -> Result<Option<Guidance>> {
         let scale = match (self.turbo, spec.guidance) {
             (true, Some(g)) if g != 1.0 => {
-                return Err(Error::BadRequest(format!(
-                    "guidance {g}: this is a turbo model, which has guidance distilled into it (use a base or SFT model)"
-                )))
+                let why = "this is a turbo model, which has guidance distilled into it (use a base or SFT model)";
+                return Err(Error::BadRequest(format!("guidance {g}: {why}")));
             }
             (true, _) => return Ok(None),
             (false, g) => g.unwrap_or(BASE_GUIDANCE),
@@ -221,7 +222,13 @@ impl SongModel<'_> {
             context_latents: c.context_latents.unsqueeze(0)?,
             encoder_hidden_states: c.encoder_hidden_states.unsqueeze(0)?,
         };
-        on_event(GenerateEvent::Started { frames, steps, shift, guidance: guidance.as_ref().map(|g| g.scale), seed: spec.seed });
+        on_event(GenerateEvent::Started {
+            frames,
+            steps,
+            shift,
+            guidance: guidance.as_ref().map(|g| g.scale),
+            seed: spec.seed,
+        });
         let noise = sampler::noise(spec.seed, frames, self.dit.config().audio_acoustic_hidden_dim, self.dit.device())?;
         // Strength 0 leaves the adapter out: the base model exactly.
         let ctx = adapter

@@ -89,11 +89,8 @@ mod tests {
     #[test]
     fn float_wav_round_trips_unclipped() {
         let dir = tempfile::tempdir().unwrap();
-        let audio = StereoAudio {
-            sample_rate: 48_000,
-            left: vec![0.0, 1.5, -2.25, 0.125],
-            right: vec![-0.5, 3.0, 1e-8, -1.0],
-        };
+        let audio =
+            StereoAudio { sample_rate: 48_000, left: vec![0.0, 1.5, -2.25, 0.125], right: vec![-0.5, 3.0, 1e-8, -1.0] };
         let path = dir.path().join("out.wav");
         write_wav(&path, &audio).unwrap();
         let back = crate::data::audio::decode(&path).unwrap();

@@ -59,15 +59,13 @@ fn padded(x: &[f32], len: usize, left: usize, right: usize, snake: Option<Snake>
     let width = left + len + right;
     let channels = x.len() / len.max(1);
     let mut out = vec![0f32; channels * width];
-    out.par_chunks_mut(width.max(1))
-        .enumerate()
-        .for_each(|(c, row)| {
-            let body = &mut row[left..left + len];
-            body.copy_from_slice(&x[c * len..(c + 1) * len]);
-            if let Some(s) = snake {
-                simd::snake_row(body, s.alpha[c], s.inv_beta[c]);
-            }
-        });
+    out.par_chunks_mut(width.max(1)).enumerate().for_each(|(c, row)| {
+        let body = &mut row[left..left + len];
+        body.copy_from_slice(&x[c * len..(c + 1) * len]);
+        if let Some(s) = snake {
+            simd::snake_row(body, s.alpha[c], s.inv_beta[c]);
+        }
+    });
     out
 }
 
@@ -75,9 +73,7 @@ fn padded(x: &[f32], len: usize, left: usize, right: usize, snake: Option<Snake>
 fn bias_rows(bias: Option<&[f32]>, rows: usize, len: usize) -> Vec<f32> {
     let mut out = vec![0f32; rows * len];
     if let Some(b) = bias {
-        out.par_chunks_mut(len.max(1))
-            .zip(b)
-            .for_each(|(row, &b)| row.fill(b));
+        out.par_chunks_mut(len.max(1)).zip(b).for_each(|(row, &b)| row.fill(b));
     }
     out
 }
@@ -109,39 +105,22 @@ fn accumulate(out: &mut [f32], dst: Columns, x: &[f32], width: usize, stride: us
     let reach = taps.iter().map(|t| t.shift).max().unwrap_or(0);
     let span = (BLOCK_COLS - 1) * stride + reach + 1;
     let rows_per = cout.div_ceil(rayon::current_num_threads().max(1));
-    out.par_chunks_mut((rows_per * dst.rs).max(1))
-        .enumerate()
-        .for_each(|(part, out)| {
-            let rows = out.len() / dst.rs.max(1);
-            let mut block = vec![0f32; cin * span];
-            for t0 in (0..dst.cols).step_by(BLOCK_COLS) {
-                let cols = BLOCK_COLS.min(dst.cols - t0);
-                let used = (cols - 1) * stride + reach + 1;
-                for (c, row) in block.chunks_exact_mut(span).enumerate() {
-                    row[..used].copy_from_slice(&x[c * width + t0 * stride..][..used]);
-                }
-                for tap in taps {
-                    let w = tap.weight.row_range(part * rows_per, rows);
-                    let xb = Mat {
-                        data: &block,
-                        offset: tap.shift,
-                        rows: cin,
-                        cols,
-                        rs: span,
-                        cs: stride,
-                    };
-                    matmul_into_strided(
-                        out,
-                        dst.offset + t0 * dst.cs,
-                        (dst.rs, dst.cs),
-                        w,
-                        xb,
-                        true,
-                        Threads::Calling,
-                    );
-                }
+    out.par_chunks_mut((rows_per * dst.rs).max(1)).enumerate().for_each(|(part, out)| {
+        let rows = out.len() / dst.rs.max(1);
+        let mut block = vec![0f32; cin * span];
+        for t0 in (0..dst.cols).step_by(BLOCK_COLS) {
+            let cols = BLOCK_COLS.min(dst.cols - t0);
+            let used = (cols - 1) * stride + reach + 1;
+            for (c, row) in block.chunks_exact_mut(span).enumerate() {
+                row[..used].copy_from_slice(&x[c * width + t0 * stride..][..used]);
             }
-        });
+            for tap in taps {
+                let w = tap.weight.row_range(part * rows_per, rows);
+                let xb = Mat { data: &block, offset: tap.shift, rows: cin, cols, rs: span, cs: stride };
+                matmul_into_strided(out, dst.offset + t0 * dst.cs, (dst.rs, dst.cs), w, xb, true, Threads::Calling);
+            }
+        }
+    });
 }
 
 /// Output columns per block: the block of the output and the input it reads stay in
@@ -163,28 +142,11 @@ fn accumulate_taps(out: &mut [f32], n_out: usize, xp: &[f32], width: usize, conv
             shift: j * conv.dilation,
         })
         .collect();
-    accumulate(
-        out,
-        Columns {
-            offset: 0,
-            cols: n_out,
-            rs: n_out,
-            cs: 1,
-        },
-        xp,
-        width,
-        conv.stride,
-        &taps,
-    );
+    accumulate(out, Columns { offset: 0, cols: n_out, rs: n_out, cs: 1 }, xp, width, conv.stride, &taps);
 }
 
 /// `conv(snake(x))` (or `conv(x)`) of `x [cin, len]`: `([cout, n_out], n_out)`.
-pub(crate) fn conv1d(
-    x: &[f32],
-    len: usize,
-    conv: &Conv,
-    snake: Option<Snake>,
-) -> (Vec<f32>, usize) {
+pub(crate) fn conv1d(x: &[f32], len: usize, conv: &Conv, snake: Option<Snake>) -> (Vec<f32>, usize) {
     let n_out = conv.out_len(len);
     let mut out = bias_rows(conv.bias, conv.cout, n_out);
     if conv.k == 1 && conv.padding == 0 && conv.stride == 1 && snake.is_none() {
@@ -212,9 +174,7 @@ pub(crate) fn residual_unit(
     snake_in_place(&mut h, len, snake2);
     let mut out = x.to_vec();
     if let Some(b) = conv2.bias {
-        out.par_chunks_mut(len.max(1))
-            .zip(b)
-            .for_each(|(row, &b)| row.iter_mut().for_each(|v| *v += b));
+        out.par_chunks_mut(len.max(1)).zip(b).for_each(|(row, &b)| row.iter_mut().for_each(|v| *v += b));
     }
     accumulate_taps(&mut out, len, &h, len, conv2);
     out
@@ -246,30 +206,9 @@ pub(crate) fn conv_transpose1d(
             continue;
         }
         // W_tap^T [cout, cin]: element (o, c) of the weight at c cout k + o k + tap.
-        let w = |tap: usize| Mat {
-            data: weight,
-            offset: tap,
-            rows: cout,
-            cols: cin,
-            rs: k,
-            cs: cout * k,
-        };
-        let taps = [
-            Tap {
-                weight: w(r),
-                shift: first + 1,
-            },
-            Tap {
-                weight: w(r + s),
-                shift: first,
-            },
-        ];
-        let dst = Columns {
-            offset: first * s + r - p,
-            cols: last - first + 1,
-            rs: n_out,
-            cs: s,
-        };
+        let w = |tap: usize| Mat { data: weight, offset: tap, rows: cout, cols: cin, rs: k, cs: cout * k };
+        let taps = [Tap { weight: w(r), shift: first + 1 }, Tap { weight: w(r + s), shift: first }];
+        let dst = Columns { offset: first * s + r - p, cols: last - first + 1, rs: n_out, cs: s };
         accumulate(&mut out, dst, &xp, width, 1, &taps);
     }
     out
@@ -294,33 +233,18 @@ mod tests {
     fn candle_snake(x: &Tensor, s: Snake) -> Tensor {
         let c = s.alpha.len();
         let (a, b) = (tensor(s.alpha, &[1, c, 1]), tensor(s.inv_beta, &[1, c, 1]));
-        (x + x
-            .broadcast_mul(&a)
-            .unwrap()
-            .sin()
-            .unwrap()
-            .sqr()
-            .unwrap()
-            .broadcast_mul(&b)
-            .unwrap())
-        .unwrap()
+        (x + x.broadcast_mul(&a).unwrap().sin().unwrap().sqr().unwrap().broadcast_mul(&b).unwrap()).unwrap()
     }
 
     fn max_diff(a: &[f32], b: &Tensor) -> f32 {
         let b: Vec<f32> = b.flatten_all().unwrap().to_vec1().unwrap();
         assert_eq!(a.len(), b.len(), "lengths differ");
-        a.iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max)
+        a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
     }
 
     fn snake_params(c: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
         let alpha = random(c, seed).iter().map(|a| (a * 0.5).exp()).collect();
-        let inv_beta = random(c, seed + 1)
-            .iter()
-            .map(|b| 1.0 / ((b * 0.5).exp() + 1e-9))
-            .collect();
+        let inv_beta = random(c, seed + 1).iter().map(|b| 1.0 / ((b * 0.5).exp() + 1e-9)).collect();
         (alpha, inv_beta)
     }
 
@@ -329,10 +253,7 @@ mod tests {
         let (cin, cout, len) = (5, 7, 181);
         let x = random(cin * len, 1);
         let (alpha, inv_beta) = snake_params(cin, 2);
-        let snake = Snake {
-            alpha: &alpha,
-            inv_beta: &inv_beta,
-        };
+        let snake = Snake { alpha: &alpha, inv_beta: &inv_beta };
         // (k, stride, dilation, padding): the VAE's k7 dilated units, k1, k3, strided k = 2s.
         for (k, stride, dilation, padding) in [
             (7, 1, 1, 3),
@@ -346,23 +267,10 @@ mod tests {
         ] {
             let w = random(cout * cin * k, 3 + k as u64);
             let b = random(cout, 4);
-            let conv = Conv {
-                weight: &w,
-                bias: Some(&b),
-                cin,
-                cout,
-                k,
-                stride,
-                dilation,
-                padding,
-            };
+            let conv = Conv { weight: &w, bias: Some(&b), cin, cout, k, stride, dilation, padding };
             let xt = tensor(&x, &[1, cin, len]);
             for fused in [false, true] {
-                let input = if fused {
-                    candle_snake(&xt, snake)
-                } else {
-                    xt.clone()
-                };
+                let input = if fused { candle_snake(&xt, snake) } else { xt.clone() };
                 let want = input
                     .conv1d(&tensor(&w, &[cout, cin, k]), padding, stride, dilation, 1)
                     .unwrap()
@@ -371,10 +279,7 @@ mod tests {
                 let (got, n_out) = conv1d(&x, len, &conv, fused.then_some(snake));
                 assert_eq!(n_out, want.dim(2).unwrap());
                 let err = max_diff(&got, &want);
-                assert!(
-                    err < 1e-5,
-                    "k {k} stride {stride} dilation {dilation} snake {fused}: err {err}"
-                );
+                assert!(err < 1e-5, "k {k} stride {stride} dilation {dilation} snake {fused}: err {err}");
             }
         }
     }
@@ -385,42 +290,10 @@ mod tests {
         let x = random(c * len, 5);
         let (a1, b1) = snake_params(c, 6);
         let (a2, b2) = snake_params(c, 8);
-        let (w1, bias1, w2, bias2) = (
-            random(c * c * 7, 10),
-            random(c, 11),
-            random(c * c, 12),
-            random(c, 13),
-        );
-        let conv1 = Conv {
-            weight: &w1,
-            bias: Some(&bias1),
-            cin: c,
-            cout: c,
-            k: 7,
-            stride: 1,
-            dilation: 3,
-            padding: 9,
-        };
-        let conv2 = Conv {
-            weight: &w2,
-            bias: Some(&bias2),
-            cin: c,
-            cout: c,
-            k: 1,
-            stride: 1,
-            dilation: 1,
-            padding: 0,
-        };
-        let (s1, s2) = (
-            Snake {
-                alpha: &a1,
-                inv_beta: &b1,
-            },
-            Snake {
-                alpha: &a2,
-                inv_beta: &b2,
-            },
-        );
+        let (w1, bias1, w2, bias2) = (random(c * c * 7, 10), random(c, 11), random(c * c, 12), random(c, 13));
+        let conv1 = Conv { weight: &w1, bias: Some(&bias1), cin: c, cout: c, k: 7, stride: 1, dilation: 3, padding: 9 };
+        let conv2 = Conv { weight: &w2, bias: Some(&bias2), cin: c, cout: c, k: 1, stride: 1, dilation: 1, padding: 0 };
+        let (s1, s2) = (Snake { alpha: &a1, inv_beta: &b1 }, Snake { alpha: &a2, inv_beta: &b2 });
         let got = residual_unit(&x, len, s1, &conv1, s2, &conv2);
         let xt = tensor(&x, &[1, c, len]);
         let h = candle_snake(&xt, s1)
@@ -442,23 +315,15 @@ mod tests {
         let (cin, cout, len) = (6, 4, 53);
         let x = random(cin * len, 20);
         let (alpha, inv_beta) = snake_params(cin, 21);
-        let snake = Snake {
-            alpha: &alpha,
-            inv_beta: &inv_beta,
-        };
+        let snake = Snake { alpha: &alpha, inv_beta: &inv_beta };
         for s in [2, 4, 6, 10] {
             let w = random(cin * cout * 2 * s, 22 + s as u64);
             let b = random(cout, 23);
             let got = conv_transpose1d(&x, len, &w, &b, (cin, cout, s), Some(snake));
             let xt = candle_snake(&tensor(&x, &[1, cin, len]), snake);
-            let full = xt
-                .conv_transpose1d(&tensor(&w, &[cin, cout, 2 * s]), 0, 0, s, 1, 1)
-                .unwrap();
-            let want = full
-                .narrow(2, s.div_ceil(2), len * s)
-                .unwrap()
-                .broadcast_add(&tensor(&b, &[1, cout, 1]))
-                .unwrap();
+            let full = xt.conv_transpose1d(&tensor(&w, &[cin, cout, 2 * s]), 0, 0, s, 1, 1).unwrap();
+            let want =
+                full.narrow(2, s.div_ceil(2), len * s).unwrap().broadcast_add(&tensor(&b, &[1, cout, 1])).unwrap();
             let err = max_diff(&got, &want);
             assert!(err < 1e-5, "stride {s}: err {err}");
         }

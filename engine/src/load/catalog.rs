@@ -47,34 +47,14 @@ impl DitVariant {
     /// Every part a run of this variant reads: the DiT, the VAE and the text encoder.
     pub fn parts(self) -> [Part; 3] {
         let dit = match self {
-            DitVariant::Turbo => Part {
-                repo: MAIN_REPO,
-                prefix: "acestep-v15-turbo/",
-                folder: "acestep-v15-turbo",
-            },
-            DitVariant::Base => Part {
-                repo: "ACE-Step/acestep-v15-base",
-                prefix: "",
-                folder: "acestep-v15-base",
-            },
-            DitVariant::Sft => Part {
-                repo: "ACE-Step/acestep-v15-sft",
-                prefix: "",
-                folder: "acestep-v15-sft",
-            },
+            DitVariant::Turbo => Part { repo: MAIN_REPO, prefix: "acestep-v15-turbo/", folder: "acestep-v15-turbo" },
+            DitVariant::Base => Part { repo: "ACE-Step/acestep-v15-base", prefix: "", folder: "acestep-v15-base" },
+            DitVariant::Sft => Part { repo: "ACE-Step/acestep-v15-sft", prefix: "", folder: "acestep-v15-sft" },
         };
         [
             dit,
-            Part {
-                repo: MAIN_REPO,
-                prefix: "vae/",
-                folder: VAE_DIR,
-            },
-            Part {
-                repo: MAIN_REPO,
-                prefix: "Qwen3-Embedding-0.6B/",
-                folder: TEXT_DIR,
-            },
+            Part { repo: MAIN_REPO, prefix: "vae/", folder: VAE_DIR },
+            Part { repo: MAIN_REPO, prefix: "Qwen3-Embedding-0.6B/", folder: TEXT_DIR },
         ]
     }
 }
@@ -113,10 +93,7 @@ mod tests {
     #[test]
     fn variants_parse_and_name_their_folders() {
         assert_eq!("SFT".parse::<DitVariant>(), Ok(DitVariant::Sft));
-        assert!("xl"
-            .parse::<DitVariant>()
-            .unwrap_err()
-            .contains("turbo, base or sft"));
+        assert!("xl".parse::<DitVariant>().unwrap_err().contains("turbo, base or sft"));
         for v in DitVariant::ALL {
             let [dit, vae, text] = v.parts();
             assert_eq!(dit.folder, v.dit_folder());

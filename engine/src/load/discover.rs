@@ -42,9 +42,7 @@ pub struct FoundModel {
 /// Every model in `places`, each once (the first place that has it names it).
 pub fn find_models(places: &ModelPlaces) -> Vec<FoundModel> {
     let mut candidates: Vec<(Origin, PathBuf)> = Vec::new();
-    let mut add = |origin: Origin, dir: &Path| {
-        candidates.extend(models_in(dir).into_iter().map(|d| (origin, d)))
-    };
+    let mut add = |origin: Origin, dir: &Path| candidates.extend(models_in(dir).into_iter().map(|d| (origin, d)));
     for sub in subfolders(&places.downloads) {
         add(Origin::Downloaded, &sub);
     }
@@ -79,11 +77,7 @@ pub fn models_in(dir: &Path) -> Vec<PathBuf> {
     }
     subfolders(dir)
         .into_iter()
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("models--"))
-        })
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("models--")))
         .flat_map(|repo| models_in(&repo))
         .collect()
 }
@@ -99,12 +93,7 @@ fn subfolders(dir: &Path) -> Vec<PathBuf> {
         .flatten()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| {
-            p.is_dir()
-                && !p
-                    .file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
-        })
+        .filter(|p| p.is_dir() && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
         .collect();
     dirs.sort();
     dirs
@@ -120,10 +109,7 @@ fn examine(origin: Origin, dit: PathBuf) -> FoundModel {
     FoundModel {
         variant: variant_label(&dit),
         origin,
-        bytes: [dit.clone(), root.join(VAE_DIR), root.join(TEXT_DIR)]
-            .iter()
-            .map(|d| bytes_under(d))
-            .sum(),
+        bytes: [dit.clone(), root.join(VAE_DIR), root.join(TEXT_DIR)].iter().map(|d| bytes_under(d)).sum(),
         complete: problems.is_empty(),
         problems,
         path: dit,
@@ -134,17 +120,14 @@ fn examine(origin: Origin, dit: PathBuf) -> FoundModel {
 /// Opened by root and name, so a DiT folder missing its silence latent says so.
 fn check(dit: &Path) -> crate::Result<()> {
     let name = dit.file_name().and_then(|n| n.to_str());
-    ModelFolder::open(dit.parent().unwrap_or(dit), name)?
-        .check_weights()
-        .map(|_| ())
+    ModelFolder::open(dit.parent().unwrap_or(dit), name)?.check_weights().map(|_| ())
 }
 
 /// turbo / base / sft from config.json's `model_version`, else `is_turbo`, else the
 /// folder's name.
 fn variant_label(dit: &Path) -> String {
-    let config: Option<Value> = std::fs::read(dit.join("config.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
+    let config: Option<Value> =
+        std::fs::read(dit.join("config.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
     let field = |k: &str| config.as_ref().and_then(|c| c.get(k).cloned());
     if let Some(Value::String(v)) = field("model_version") {
         return v;
@@ -152,15 +135,8 @@ fn variant_label(dit: &Path) -> String {
     if let Some(Value::Bool(turbo)) = field("is_turbo") {
         return if turbo { "turbo" } else { "base" }.into();
     }
-    let name = dit
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
-    ["turbo", "sft", "base"]
-        .into_iter()
-        .find(|v| name.contains(v))
-        .unwrap_or("unknown")
-        .into()
+    let name = dit.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+    ["turbo", "sft", "base"].into_iter().find(|v| name.contains(v)).unwrap_or("unknown").into()
 }
 
 /// Bytes of every file under `dir`, following links.

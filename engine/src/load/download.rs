@@ -26,34 +26,13 @@ const PROGRESS_EVERY: u64 = 1 << 20;
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum DownloadEvent {
     /// Every file of the variant, their bytes, and the bytes still to fetch.
-    Planned {
-        variant: DitVariant,
-        files: usize,
-        bytes: u64,
-        missing_bytes: u64,
-        cache: PathBuf,
-    },
+    Planned { variant: DitVariant, files: usize, bytes: u64, missing_bytes: u64, cache: PathBuf },
     /// A file starts, or resumes at byte `from`.
-    FileStarted {
-        repo: String,
-        path: String,
-        size: u64,
-        from: u64,
-    },
+    FileStarted { repo: String, path: String, size: u64, from: u64 },
     /// Bytes of this file, and of everything this download fetches.
-    Progress {
-        path: String,
-        done: u64,
-        size: u64,
-        total_done: u64,
-        total: u64,
-    },
+    Progress { path: String, done: u64, size: u64, total_done: u64, total: u64 },
     /// A request failed; it is tried again from where it stopped.
-    Retrying {
-        path: String,
-        attempt: u32,
-        reason: String,
-    },
+    Retrying { path: String, attempt: u32, reason: String },
     /// The file matched the hub's checksum and is in the cache.
     FileVerified { path: String },
     /// The model folder is complete and opens: train with `--model <model>`.
@@ -96,38 +75,23 @@ impl Downloader<'_> {
         for part in &parts {
             let listing = &listings[part.repo];
             let before = jobs.len();
-            jobs.extend(
-                listing
-                    .files
-                    .iter()
-                    .filter(|f| part.holds(&f.path))
-                    .map(|file| Job {
-                        repo: part.repo,
-                        commit: &listing.commit,
-                        file,
-                    }),
-            );
+            jobs.extend(listing.files.iter().filter(|f| part.holds(&f.path)).map(|file| Job {
+                repo: part.repo,
+                commit: &listing.commit,
+                file,
+            }));
             if jobs.len() == before {
                 return Err(Error::download(
                     format!("{}/{}", part.repo, part.prefix),
-                    format!(
-                        "the repository has no such folder at `{REVISION}` ({})",
-                        listing.commit
-                    ),
+                    format!("the repository has no such folder at `{REVISION}` ({})", listing.commit),
                 ));
             }
         }
 
         // What is missing, and whether it fits.
         std::fs::create_dir_all(&self.cache.root).map_err(|e| Error::io(&self.cache.root, e))?;
-        let missing: Vec<&Job> = jobs
-            .iter()
-            .filter(|j| !self.cache.blob(j.repo, &j.file.id).is_file())
-            .collect();
-        let missing_bytes: u64 = missing
-            .iter()
-            .map(|j| j.file.size.saturating_sub(self.partial_len(j)))
-            .sum();
+        let missing: Vec<&Job> = jobs.iter().filter(|j| !self.cache.blob(j.repo, &j.file.id).is_file()).collect();
+        let missing_bytes: u64 = missing.iter().map(|j| j.file.size.saturating_sub(self.partial_len(j))).sum();
         on_event(DownloadEvent::Planned {
             variant,
             files: jobs.len(),
@@ -137,17 +101,13 @@ impl Downloader<'_> {
         });
         check_free_space(&self.cache.root, missing_bytes)?;
 
-        let mut total = Total {
-            done: 0,
-            of: missing_bytes,
-        };
+        let mut total = Total { done: 0, of: missing_bytes };
         for job in missing {
             cancel.check()?;
             self.fetch(job, &mut total, on_event, cancel)?;
         }
         for job in &jobs {
-            self.cache
-                .link(job.repo, job.commit, &job.file.path, &job.file.id)?;
+            self.cache.link(job.repo, job.commit, &job.file.path, &job.file.id)?;
         }
         for (repo, listing) in &listings {
             self.cache.set_ref(repo, REVISION, &listing.commit)?;
@@ -156,9 +116,7 @@ impl Downloader<'_> {
         let root = self.model_root(variant, &parts, &listings)?;
         let dit_dir = root.join(variant.dit_folder());
         ModelFolder::open(&dit_dir, None)?;
-        on_event(DownloadEvent::Finished {
-            model: dit_dir.clone(),
-        });
+        on_event(DownloadEvent::Finished { model: dit_dir.clone() });
         Ok(dit_dir)
     }
 
@@ -168,9 +126,7 @@ impl Downloader<'_> {
     }
 
     fn partial_len(&self, job: &Job) -> u64 {
-        std::fs::metadata(self.partial_path(job))
-            .map(|m| m.len())
-            .unwrap_or(0)
+        std::fs::metadata(self.partial_path(job)).map(|m| m.len()).unwrap_or(0)
     }
 
     /// Fetches one file into its `.incomplete` blob (resuming what is there), checks
@@ -211,9 +167,7 @@ impl Downloader<'_> {
                     }
                     let mut out = open_partial(&partial, resumed)?;
                     let mut body = resp.into_body().into_reader();
-                    let copied = copy_body(
-                        &mut body, &mut out, &mut have, file, total, on_event, cancel,
-                    );
+                    let copied = copy_body(&mut body, &mut out, &mut have, file, total, on_event, cancel);
                     out.sync_all().map_err(|e| Error::io(&partial, e))?;
                     match copied {
                         Ok(()) if have == file.size => continue,
@@ -227,24 +181,9 @@ impl Downloader<'_> {
                         }
                     }
                 }
-                Reply::NotFound => {
-                    return Err(Error::download(
-                        what,
-                        format!("HTTP 404: not found at {url}"),
-                    ))
-                }
-                Reply::Denied(s) => {
-                    return Err(Error::download(
-                        what,
-                        denied_reason(s, self.hub.has_token()),
-                    ))
-                }
-                Reply::Unexpected(s) => {
-                    return Err(Error::download(
-                        what,
-                        format!("unexpected HTTP {s} from {url}"),
-                    ))
-                }
+                Reply::NotFound => return Err(Error::download(what, format!("HTTP 404: not found at {url}"))),
+                Reply::Denied(s) => return Err(Error::download(what, denied_reason(s, self.hub.has_token()))),
+                Reply::Unexpected(s) => return Err(Error::download(what, format!("unexpected HTTP {s} from {url}"))),
                 Reply::Transient(reason) => reason,
             };
             // A bounded retry: MAX_TRIES failures in a row without a new byte.
@@ -258,27 +197,18 @@ impl Downloader<'_> {
                     format!("gave up after {MAX_TRIES} tries without progress ({reason}); {have} of {} bytes are kept: run the download again to resume", file.size),
                 ));
             }
-            on_event(DownloadEvent::Retrying {
-                path: file.path.clone(),
-                attempt: failures,
-                reason,
-            });
+            on_event(DownloadEvent::Retrying { path: file.path.clone(), attempt: failures, reason });
             std::thread::sleep(delay);
             cancel.check()?;
             delay *= 2;
         }
         if let Err(why) = file.id.check_file(&partial)? {
             let _ = std::fs::remove_file(&partial);
-            return Err(Error::download(
-                what,
-                format!("{why}; the download was deleted: run it again"),
-            ));
+            return Err(Error::download(what, format!("{why}; the download was deleted: run it again")));
         }
         let blob = self.cache.blob(job.repo, &file.id);
         std::fs::rename(&partial, &blob).map_err(|e| Error::io(&blob, e))?;
-        on_event(DownloadEvent::FileVerified {
-            path: file.path.clone(),
-        });
+        on_event(DownloadEvent::FileVerified { path: file.path.clone() });
         Ok(())
     }
 
@@ -293,24 +223,15 @@ impl Downloader<'_> {
         let dirs: Vec<(&str, PathBuf)> = parts
             .iter()
             .map(|p| {
-                (
-                    p.folder,
-                    self.cache
-                        .snapshot(p.repo, &listings[p.repo].commit)
-                        .join(p.prefix.trim_end_matches('/')),
-                )
+                (p.folder, self.cache.snapshot(p.repo, &listings[p.repo].commit).join(p.prefix.trim_end_matches('/')))
             })
             .collect();
         let shared = dirs[0].1.parent().map(Path::to_path_buf);
-        if dirs.iter().all(|(name, dir)| {
-            dir.parent() == shared.as_deref() && dir.file_name() == Some(name.as_ref())
-        }) {
+        if dirs.iter().all(|(name, dir)| dir.parent() == shared.as_deref() && dir.file_name() == Some(name.as_ref())) {
             return Ok(shared.expect("a snapshot folder has a parent"));
         }
         let root = self.models_dir.join(variant.dit_folder());
-        let tmp = self
-            .models_dir
-            .join(format!(".{}.tmp", variant.dit_folder()));
+        let tmp = self.models_dir.join(format!(".{}.tmp", variant.dit_folder()));
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
         for (name, dir) in &dirs {
@@ -379,8 +300,7 @@ fn copy_body(
                 format!("the server sent more than the hub's {} bytes", file.size),
             )));
         }
-        out.write_all(&buf[..n as usize])
-            .map_err(|e| Failure::Fatal(Error::io(&file.path, e)))?;
+        out.write_all(&buf[..n as usize]).map_err(|e| Failure::Fatal(Error::io(&file.path, e)))?;
         *have += n;
         total.done += n;
         if *have - reported >= PROGRESS_EVERY || *have == file.size {
@@ -403,11 +323,7 @@ fn check_free_space(dir: &Path, needed: u64) -> Result<()> {
     if free < needed {
         return Err(Error::download(
             dir.display().to_string(),
-            format!(
-                "the download needs {} free and the disk has {}",
-                gb(needed),
-                gb(free)
-            ),
+            format!("the download needs {} free and the disk has {}", gb(needed), gb(free)),
         ));
     }
     Ok(())

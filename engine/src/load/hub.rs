@@ -70,11 +70,7 @@ impl BlobId {
         Ok(if found == self.name() {
             Ok(())
         } else {
-            Err(format!(
-                "{} mismatch: the hub says {}, the file has {found}",
-                self.kind(),
-                self.name()
-            ))
+            Err(format!("{} mismatch: the hub says {}, the file has {found}", self.kind(), self.name()))
         })
     }
 }
@@ -91,11 +87,7 @@ fn hash_reader<D: Digest>(r: &mut impl Read, header: Option<&[u8]>) -> std::io::
             n => hasher.update(&buf[..n]),
         }
     }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// A file of a repository at one commit.
@@ -162,13 +154,8 @@ pub enum Reply {
 impl Hub {
     /// `HF_ENDPOINT` (default huggingface.co) and the user's token, if any.
     pub fn from_env() -> Self {
-        let endpoint = std::env::var("HF_ENDPOINT")
-            .ok()
-            .filter(|e| !e.trim().is_empty());
-        Self::new(
-            endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT),
-            token_from_env(),
-        )
+        let endpoint = std::env::var("HF_ENDPOINT").ok().filter(|e| !e.trim().is_empty());
+        Self::new(endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT), token_from_env())
     }
 
     pub fn new(endpoint: &str, token: Option<String>) -> Self {
@@ -183,12 +170,7 @@ impl Hub {
             .user_agent(concat!("ostinato/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
-        Self {
-            endpoint: endpoint.trim_end_matches('/').to_string(),
-            token,
-            agent,
-            retry_delay: Duration::from_secs(2),
-        }
+        Self { endpoint: endpoint.trim_end_matches('/').to_string(), token, agent, retry_delay: Duration::from_secs(2) }
     }
 
     pub fn endpoint(&self) -> &str {
@@ -201,11 +183,7 @@ impl Hub {
 
     /// `{endpoint}/{repo}/resolve/{commit}/{path}`.
     pub fn file_url(&self, repo: &str, commit: &str, path: &str) -> String {
-        format!(
-            "{}/{repo}/resolve/{commit}/{}",
-            self.endpoint,
-            encode_path(path)
-        )
+        format!("{}/{repo}/resolve/{commit}/{}", self.endpoint, encode_path(path))
     }
 
     /// A GET, from byte `from` on when it is not 0.
@@ -231,47 +209,33 @@ impl Hub {
 
     /// The repository at `revision`: its commit and files with sizes and ids.
     pub fn listing(&self, repo: &str, revision: &str) -> Result<RepoListing> {
-        let url = format!(
-            "{}/api/models/{repo}/revision/{}?blobs=true",
-            self.endpoint,
-            encode_path(revision)
-        );
+        let url = format!("{}/api/models/{repo}/revision/{}?blobs=true", self.endpoint, encode_path(revision));
         let what = format!("{repo} ({url})");
         let mut delay = self.retry_delay;
         let mut last = String::new();
         for _ in 0..MAX_TRIES {
             match self.get(&url, 0) {
                 Reply::Ok(resp) => {
-                    let text = resp.into_body().read_to_string().map_err(|e| {
-                        Error::download(&what, format!("reading the file list: {e}"))
-                    })?;
-                    return parse_listing(repo, &text)
-                        .map_err(|reason| Error::download(&what, reason));
+                    let text = resp
+                        .into_body()
+                        .read_to_string()
+                        .map_err(|e| Error::download(&what, format!("reading the file list: {e}")))?;
+                    return parse_listing(repo, &text).map_err(|reason| Error::download(&what, reason));
                 }
                 Reply::NotFound => {
                     return Err(Error::download(
                         what,
-                        format!(
-                            "no such repository or revision `{revision}` on {}",
-                            self.endpoint
-                        ),
+                        format!("no such repository or revision `{revision}` on {}", self.endpoint),
                     ))
                 }
-                Reply::Denied(s) => {
-                    return Err(Error::download(what, denied_reason(s, self.has_token())))
-                }
-                Reply::Unexpected(s) => {
-                    return Err(Error::download(what, format!("unexpected HTTP {s}")))
-                }
+                Reply::Denied(s) => return Err(Error::download(what, denied_reason(s, self.has_token()))),
+                Reply::Unexpected(s) => return Err(Error::download(what, format!("unexpected HTTP {s}"))),
                 Reply::Transient(reason) => last = reason,
             }
             std::thread::sleep(delay);
             delay *= 2;
         }
-        Err(Error::download(
-            what,
-            format!("gave up after {MAX_TRIES} tries: {last}"),
-        ))
+        Err(Error::download(what, format!("gave up after {MAX_TRIES} tries: {last}")))
     }
 }
 
@@ -287,47 +251,30 @@ pub fn denied_reason(status: u16, has_token: bool) -> String {
 }
 
 fn parse_listing(repo: &str, text: &str) -> std::result::Result<RepoListing, String> {
-    let api: ApiRevision =
-        serde_json::from_str(text).map_err(|e| format!("unreadable file list: {e}"))?;
+    let api: ApiRevision = serde_json::from_str(text).map_err(|e| format!("unreadable file list: {e}"))?;
     let files = api
         .siblings
         .into_iter()
         .map(|s| {
             let (size, id) = match (s.lfs, s.blob_id, s.size) {
                 (Some(lfs), _, _) => (lfs.size, BlobId::Sha256(lfs.sha256.to_ascii_lowercase())),
-                (None, Some(blob), Some(size)) => {
-                    (size, BlobId::GitSha1(blob.to_ascii_lowercase()))
-                }
+                (None, Some(blob), Some(size)) => (size, BlobId::GitSha1(blob.to_ascii_lowercase())),
                 _ => return Err(format!("{}: the hub gave no size or id", s.rfilename)),
             };
             if BlobId::from_name(id.name()).as_ref() != Some(&id) {
-                return Err(format!(
-                    "{}: `{}` is not a checksum",
-                    s.rfilename,
-                    id.name()
-                ));
+                return Err(format!("{}: `{}` is not a checksum", s.rfilename, id.name()));
             }
-            Ok(RemoteFile {
-                path: s.rfilename,
-                size,
-                id,
-            })
+            Ok(RemoteFile { path: s.rfilename, size, id })
         })
         .collect::<std::result::Result<_, _>>()?;
-    Ok(RepoListing {
-        repo: repo.to_string(),
-        commit: api.sha,
-        files,
-    })
+    Ok(RepoListing { repo: repo.to_string(), commit: api.sha, files })
 }
 
 /// Percent-encodes a repository path, keeping `/`.
 fn encode_path(path: &str) -> String {
     path.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
-                (b as char).to_string()
-            }
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => (b as char).to_string(),
             _ => format!("%{b:02X}"),
         })
         .collect()
@@ -336,25 +283,16 @@ fn encode_path(path: &str) -> String {
 /// `HF_TOKEN`, else the file `HF_TOKEN_PATH` names, else `$HF_HOME/token`, else
 /// `~/.cache/huggingface/token` (where `hf auth login` writes it).
 pub fn token_from_env() -> Option<String> {
-    if let Some(t) = std::env::var("HF_TOKEN")
-        .ok()
-        .filter(|t| !t.trim().is_empty())
-    {
+    if let Some(t) = std::env::var("HF_TOKEN").ok().filter(|t| !t.trim().is_empty()) {
         return Some(t.trim().to_string());
     }
-    let path = std::env::var_os("HF_TOKEN_PATH")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let home = std::env::var_os("HF_HOME").map(PathBuf::from).or_else(|| {
-                directories::BaseDirs::new()
-                    .map(|d| d.home_dir().join(".cache").join("huggingface"))
-            })?;
-            Some(home.join("token"))
-        })?;
-    std::fs::read_to_string(path)
-        .ok()
-        .map(|t| t.trim().to_string())
-        .filter(|t| !t.is_empty())
+    let path = std::env::var_os("HF_TOKEN_PATH").map(PathBuf::from).or_else(|| {
+        let home = std::env::var_os("HF_HOME")
+            .map(PathBuf::from)
+            .or_else(|| directories::BaseDirs::new().map(|d| d.home_dir().join(".cache").join("huggingface")))?;
+        Some(home.join("token"))
+    })?;
+    std::fs::read_to_string(path).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
 }
 
 /// One hub cache folder.
@@ -370,8 +308,7 @@ impl HubCache {
 
     /// `models--<org>--<name>`.
     pub fn repo_dir(&self, repo: &str) -> PathBuf {
-        self.root
-            .join(format!("models--{}", repo.replace('/', "--")))
+        self.root.join(format!("models--{}", repo.replace('/', "--")))
     }
 
     pub fn blob(&self, repo: &str, id: &BlobId) -> PathBuf {
@@ -389,9 +326,7 @@ impl HubCache {
         let parent = file.parent().expect("a snapshot file has a folder");
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
         let depth = path.split('/').count() + 1;
-        let target = PathBuf::from("../".repeat(depth))
-            .join("blobs")
-            .join(id.name());
+        let target = PathBuf::from("../".repeat(depth)).join("blobs").join(id.name());
         let tmp = parent.join(format!(".{}.link", id.name()));
         let _ = std::fs::remove_file(&tmp);
         symlink_or_copy(&target, &parent.join(&target), &tmp)?;
@@ -435,18 +370,12 @@ mod tests {
         let f = dir.path().join("f");
         std::fs::write(&f, b"hello\n").unwrap();
         // `printf 'hello\n' | sha256sum` and `git hash-object`.
-        let sha =
-            BlobId::from_name("5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03")
-                .unwrap();
+        let sha = BlobId::from_name("5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03").unwrap();
         let git = BlobId::from_name("ce013625030ba8dba906f756967f9e9ca394464a").unwrap();
         assert_eq!(sha.check_file(&f).unwrap(), Ok(()));
         assert_eq!(git.check_file(&f).unwrap(), Ok(()));
         std::fs::write(&f, b"hello!\n").unwrap();
-        assert!(sha
-            .check_file(&f)
-            .unwrap()
-            .unwrap_err()
-            .starts_with("sha256 mismatch"));
+        assert!(sha.check_file(&f).unwrap().unwrap_err().starts_with("sha256 mismatch"));
         assert!(BlobId::from_name("model.safetensors").is_none());
     }
 
@@ -460,11 +389,7 @@ mod tests {
         assert_eq!(l.commit, "abc");
         assert!(matches!(&l.files[0].id, BlobId::GitSha1(h) if h.starts_with("ce01")));
         assert!(matches!(&l.files[1].id, BlobId::Sha256(h) if h.starts_with("5891b5")));
-        assert!(
-            parse_listing("o/r", r#"{"sha":"a","siblings":[{"rfilename":"x"}]}"#)
-                .unwrap_err()
-                .contains("x: ")
-        );
+        assert!(parse_listing("o/r", r#"{"sha":"a","siblings":[{"rfilename":"x"}]}"#).unwrap_err().contains("x: "));
     }
 
     #[test]
@@ -473,14 +398,10 @@ mod tests {
         let cache = HubCache::new(dir.path());
         let id = BlobId::from_name("ce013625030ba8dba906f756967f9e9ca394464a").unwrap();
         let blob = cache.blob("ACE-Step/Ace-Step1.5", &id);
-        assert!(blob.ends_with(
-            "models--ACE-Step--Ace-Step1.5/blobs/ce013625030ba8dba906f756967f9e9ca394464a"
-        ));
+        assert!(blob.ends_with("models--ACE-Step--Ace-Step1.5/blobs/ce013625030ba8dba906f756967f9e9ca394464a"));
         std::fs::create_dir_all(blob.parent().unwrap()).unwrap();
         std::fs::write(&blob, b"hello\n").unwrap();
-        let file = cache
-            .link("ACE-Step/Ace-Step1.5", "c0ffee", "vae/config.json", &id)
-            .unwrap();
+        let file = cache.link("ACE-Step/Ace-Step1.5", "c0ffee", "vae/config.json", &id).unwrap();
         assert_eq!(std::fs::read(&file).unwrap(), b"hello\n");
         #[cfg(unix)]
         assert_eq!(
@@ -488,17 +409,10 @@ mod tests {
             Path::new("../../../blobs/ce013625030ba8dba906f756967f9e9ca394464a")
         );
         // Linking again replaces the link.
-        cache
-            .link("ACE-Step/Ace-Step1.5", "c0ffee", "vae/config.json", &id)
-            .unwrap();
-        cache
-            .set_ref("ACE-Step/Ace-Step1.5", "main", "c0ffee")
-            .unwrap();
+        cache.link("ACE-Step/Ace-Step1.5", "c0ffee", "vae/config.json", &id).unwrap();
+        cache.set_ref("ACE-Step/Ace-Step1.5", "main", "c0ffee").unwrap();
         let repo = cache.repo_dir("ACE-Step/Ace-Step1.5");
-        assert_eq!(
-            crate::model::folder::hf_snapshot(&repo),
-            Some(repo.join("snapshots/c0ffee"))
-        );
+        assert_eq!(crate::model::folder::hf_snapshot(&repo), Some(repo.join("snapshots/c0ffee")));
         assert_eq!(encode_path("a b/c+d.json"), "a%20b/c%2Bd.json");
     }
 }

@@ -25,32 +25,22 @@ pub struct ModelPlaces {
 impl ModelPlaces {
     /// The platform's places and the added folders of `models.json` (see `system`).
     pub fn from_env() -> Result<Self> {
-        Ok(Self {
-            added: AddedFolders::load(&config_dir())?.folders,
-            ..Self::system()
-        })
+        Ok(Self { added: AddedFolders::load(&config_dir())?.folders, ..Self::system() })
     }
 
     /// The platform's places, without added folders: the hub cache (`HF_HUB_CACHE`,
     /// `HF_HOME`), ACE-Step's `ACESTEP_CHECKPOINTS_DIR`, `./checkpoints` and
     /// `~/ACE-Step-1.5/checkpoints`, and the downloads folder.
     pub fn system() -> Self {
-        let mut checkpoints: Vec<PathBuf> = std::env::var_os("ACESTEP_CHECKPOINTS_DIR")
-            .map(PathBuf::from)
-            .into_iter()
-            .collect();
+        let mut checkpoints: Vec<PathBuf> =
+            std::env::var_os("ACESTEP_CHECKPOINTS_DIR").map(PathBuf::from).into_iter().collect();
         if let Ok(cwd) = std::env::current_dir() {
             checkpoints.push(cwd.join("checkpoints"));
         }
         if let Some(d) = directories::BaseDirs::new() {
             checkpoints.push(d.home_dir().join("ACE-Step-1.5").join("checkpoints"));
         }
-        Self {
-            downloads: default_downloads_dir(),
-            hub_cache: hf_cache_dir(),
-            checkpoints,
-            added: Vec::new(),
-        }
+        Self { downloads: default_downloads_dir(), hub_cache: hf_cache_dir(), checkpoints, added: Vec::new() }
     }
 }
 
@@ -89,9 +79,7 @@ impl AddedFolders {
         match std::fs::read(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
             Err(e) => Err(Error::io(&path, e)),
-            Ok(bytes) => {
-                serde_json::from_slice(&bytes).map_err(|cause| Error::Json { path, cause })
-            }
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|cause| Error::Json { path, cause }),
         }
     }
 

@@ -28,11 +28,7 @@ pub fn verify_model(dir: &Path, on_file: &mut dyn FnMut(&Path)) -> Result<Verifi
     let folder = ModelFolder::open(dir, None)?;
     let tensors = folder.check_weights()?;
     let mut files = Vec::new();
-    for part in [
-        folder.dit_dir.clone(),
-        folder.root.join(VAE_DIR),
-        folder.root.join(TEXT_DIR),
-    ] {
+    for part in [folder.dit_dir.clone(), folder.root.join(VAE_DIR), folder.root.join(TEXT_DIR)] {
         files_under(&part, &mut files);
     }
     let (mut hashed, mut unhashed, mut problems) = (0, 0, Vec::new());
@@ -49,35 +45,20 @@ pub fn verify_model(dir: &Path, on_file: &mut dyn FnMut(&Path)) -> Result<Verifi
         }
     }
     if !problems.is_empty() {
-        return Err(Error::ModelFolder {
-            path: folder.root,
-            problems,
-        });
+        return Err(Error::ModelFolder { path: folder.root, problems });
     }
-    Ok(Verified {
-        model: folder.root,
-        tensors,
-        hashed,
-        unhashed,
-    })
+    Ok(Verified { model: folder.root, tensors, hashed, unhashed })
 }
 
 /// The checksum of a file that resolves to a hub cache blob (`.../blobs/<id>`).
 fn hub_blob(file: &Path) -> Option<BlobId> {
     let real = std::fs::canonicalize(file).ok()?;
     let in_blobs = real.parent()?.file_name()? == "blobs";
-    in_blobs
-        .then(|| BlobId::from_name(real.file_name()?.to_str()?))
-        .flatten()
+    in_blobs.then(|| BlobId::from_name(real.file_name()?.to_str()?)).flatten()
 }
 
 fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path()).collect();
     entries.sort();
     for p in entries {
         if p.is_dir() {

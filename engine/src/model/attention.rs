@@ -55,9 +55,8 @@ pub fn band_mask(
     if corners.iter().all(|&(i, j)| inside(i, j)) {
         return Ok(None);
     }
-    let values: Vec<f32> = (0..q_len)
-        .flat_map(|i| (0..k_len).map(move |j| if inside(i, j) { 0.0 } else { f32::MIN }))
-        .collect();
+    let values: Vec<f32> =
+        (0..q_len).flat_map(|i| (0..k_len).map(move |j| if inside(i, j) { 0.0 } else { f32::MIN })).collect();
     Ok(Some(Tensor::from_vec(values, (q_len, 1, k_len), device)?))
 }
 
@@ -89,7 +88,9 @@ impl SlidingPlan {
         if positions <= window + 1 {
             return Ok(Self::Unmasked);
         }
-        if !use_banded(positions, window, ops::fused_cpu(device, dtype)) || ops::bench_switch("OSTINATO_SQUARE_ATTENTION") {
+        if !use_banded(positions, window, ops::fused_cpu(device, dtype))
+            || ops::bench_switch("OSTINATO_SQUARE_ATTENTION")
+        {
             let mask = band_mask(0, positions, 0, positions, window, device)?;
             return Ok(mask.map_or(Self::Unmasked, Self::Masked));
         }
@@ -142,11 +143,19 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor>)
 /// on the CPU kernels or past [`RECOMPUTE_ELEMENTS`] scores, it runs in query blocks
 /// through [`Recompute`], which keeps no scores for the backward; there `kept` carries
 /// its output from checkpointing's first forward to the layer's recompute.
-pub fn full(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor>, kept: Option<&KeptOutput>) -> Result<Tensor> {
+pub fn full(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    rep: usize,
+    mask: Option<&Tensor>,
+    kept: Option<&KeptOutput>,
+) -> Result<Tensor> {
     let (b, kv, rows, _) = q.dims4()?;
     let s = k.dim(2)?;
     let host = attention_host::applies(q, None);
-    if mask.is_none() && (host || b * kv * rows * s > RECOMPUTE_ELEMENTS) && !ops::bench_switch("OSTINATO_KEEP_SCORES") {
+    if mask.is_none() && (host || b * kv * rows * s > RECOMPUTE_ELEMENTS) && !ops::bench_switch("OSTINATO_KEEP_SCORES")
+    {
         let p = rows / rep;
         let block = match host {
             true => HOST_HEAD_BLOCK_ELEMENTS / (rep * s),
@@ -213,7 +222,14 @@ const HOST_HEAD_BLOCK_ELEMENTS: usize = 1 << 20;
 ///
 /// With `kept`, a forward without a graph keeps its output there and a tracked one
 /// takes it from there.
-fn recompute(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock], kept: Option<&KeptOutput>) -> Result<Tensor> {
+fn recompute(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    rep: usize,
+    blocks: &[BandBlock],
+    kept: Option<&KeptOutput>,
+) -> Result<Tensor> {
     let tracked = q.track_op() || k.track_op() || v.track_op();
     let attended = match kept.filter(|_| tracked).and_then(KeptOutput::take) {
         Some(attended) => attended,
@@ -232,7 +248,12 @@ fn recompute(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock
         }
         return Ok(out);
     }
-    let op = Recompute { out: Handover::new(attended.out, "recompute-attention"), lse: attended.lse, rep, blocks: blocks.to_vec() };
+    let op = Recompute {
+        out: Handover::new(attended.out, "recompute-attention"),
+        lse: attended.lse,
+        rep,
+        blocks: blocks.to_vec(),
+    };
     Ok(q.apply_op3(k, v, op)?)
 }
 
@@ -265,15 +286,39 @@ impl candle_core::CustomOp3 for Recompute {
         "recompute-attention"
     }
 
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
         self.out.take(on_cpu)
     }
 
-    fn cuda_fwd(&self, _: &CudaStorage, _: &Layout, _: &CudaStorage, _: &Layout, _: &CudaStorage, _: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+    fn cuda_fwd(
+        &self,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
         self.out.take(on_cuda)
     }
 
-    fn metal_fwd(&self, _: &MetalStorage, _: &Layout, _: &MetalStorage, _: &Layout, _: &MetalStorage, _: &Layout) -> candle_core::Result<(MetalStorage, Shape)> {
+    fn metal_fwd(
+        &self,
+        _: &MetalStorage,
+        _: &Layout,
+        _: &MetalStorage,
+        _: &Layout,
+        _: &MetalStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(MetalStorage, Shape)> {
         self.out.take(on_metal)
     }
 
@@ -299,7 +344,14 @@ impl candle_core::CustomOp3 for Recompute {
 /// [`Recompute`]'s backward in candle ops (other devices and dtypes). Per block:
 /// p = softmax(q k^T + mask) recomputed; dv += p^T g; dp = g v^T;
 /// ds = p (dp - rowsum(dp p)); dq = ds k; dk += ds^T q.
-fn composed_backward(q: &Tensor, k: &Tensor, v: &Tensor, grad: &Tensor, rep: usize, blocks: &[BandBlock]) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+fn composed_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    grad: &Tensor,
+    rep: usize,
+    blocks: &[BandBlock],
+) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
     let (b, kv, _, d) = q.dims4()?;
     let s = k.dim(2)?;
     let grad = grad.contiguous()?;
@@ -372,14 +424,21 @@ mod tests {
         let (q, g) = (rand((b, kv, p * rep, d))?, rand((b, kv, p * rep, d))?);
         let (k, v) = (rand((b, kv, p, d))?, rand((b, kv, p, d))?);
         let SlidingPlan::Banded(banded) = SlidingPlan::banded(p, 9, 7, &dev)? else { panic!("a banded plan") };
-        let full = (0..p).step_by(16).map(|q_start| BandBlock { q_start, q_len: 16.min(p - q_start), k_start: 0, k_len: p, mask: None });
+        let full = (0..p).step_by(16).map(|q_start| BandBlock {
+            q_start,
+            q_len: 16.min(p - q_start),
+            k_start: 0,
+            k_len: p,
+            mask: None,
+        });
         for (what, blocks) in [("banded", banded), ("full", full.collect())] {
             let (out, lse) = attention_host::forward(&q, &k, &v, rep, &blocks)?;
             let composed = blocked_forward(&q, &k, &v, rep, &blocks)?;
             let out_err = max_abs(&out, &composed);
             let host = attention_host::backward(&q, &k, &v, &out, &lse, &g, rep, &blocks)?;
             let composed = composed_backward(&q, &k, &v, &g, rep, &blocks)?;
-            let grad_err = max_abs(&host.0, &composed.0).max(max_abs(&host.1, &composed.1)).max(max_abs(&host.2, &composed.2));
+            let grad_err =
+                max_abs(&host.0, &composed.0).max(max_abs(&host.1, &composed.1)).max(max_abs(&host.2, &composed.2));
             println!("{what} blocks: host vs candle ops, output {out_err:e}, gradients {grad_err:e} (max abs)");
             assert!(out_err <= 1e-5 && grad_err <= 1e-4, "{what}: {out_err:e} {grad_err:e}");
         }
@@ -428,7 +487,10 @@ mod tests {
         let k = Var::randn(0f32, 1.0, (b, kv, p, d), &dev)?;
         let v = Var::randn(0f32, 1.0, (b, kv, p, d), &dev)?;
         let g = Tensor::randn(0f32, 1.0, (b, kv, p * rep, d), &dev)?;
-        let blocks: Vec<BandBlock> = (0..p).step_by(16).map(|q_start| BandBlock { q_start, q_len: 16.min(p - q_start), k_start: 0, k_len: p, mask: None }).collect();
+        let blocks: Vec<BandBlock> = (0..p)
+            .step_by(16)
+            .map(|q_start| BandBlock { q_start, q_len: 16.min(p - q_start), k_start: 0, k_len: p, mask: None })
+            .collect();
         let kept = KeptOutput::default();
         let first = recompute(&q.detach(), &k.detach(), &v.detach(), rep, &blocks, Some(&kept))?;
         let held = kept.take();

@@ -131,7 +131,16 @@ pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlo
 /// rowsum(g out) (= rowsum(dp p)), one pass over the row for both; dq = ds k (the
 /// block's rows, written once); dv += p^T g and dk += ds^T q (its key range).
 #[allow(clippy::too_many_arguments)]
-pub fn backward(q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor, lse: &[f32], grad: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<(Tensor, Tensor, Tensor)> {
+pub fn backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    lse: &[f32],
+    grad: &Tensor,
+    rep: usize,
+    blocks: &[BandBlock],
+) -> Result<(Tensor, Tensor, Tensor)> {
     let (_, _, rows, d) = q.dims4()?;
     let s = k.dim(2)?;
     if lse.len() * d != q.elem_count() || out.shape() != q.shape() || grad.shape() != q.shape() {
@@ -170,5 +179,9 @@ pub fn backward(q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor, lse: &[f32], g
         Ok(())
     })?;
     let dev = q.device();
-    Ok((Tensor::from_vec(dq, q.shape(), dev)?, Tensor::from_vec(dk, k.shape(), dev)?, Tensor::from_vec(dv, v.shape(), dev)?))
+    Ok((
+        Tensor::from_vec(dq, q.shape(), dev)?,
+        Tensor::from_vec(dk, k.shape(), dev)?,
+        Tensor::from_vec(dv, v.shape(), dev)?,
+    ))
 }

@@ -31,11 +31,7 @@ impl Linear {
 
     /// A linear layer from an already reshaped `[out, in]` weight (the patch convolutions).
     pub fn from_weight(name: &str, weight: Tensor, bias: Option<Tensor>) -> Self {
-        Self {
-            name: name.to_string(),
-            weight,
-            bias,
-        }
+        Self { name: name.to_string(), weight, bias }
     }
 
     /// `[.., in] -> [.., out]`.
@@ -72,13 +68,10 @@ pub struct Rope {
 impl Rope {
     pub fn new(cfg: &DitConfig, positions: usize, dtype: DType, device: &Device) -> Result<Self> {
         let half = cfg.head_dim / 2;
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f64 / cfg.head_dim as f64) as f32)
-            .collect();
+        let inv_freq: Vec<f32> =
+            (0..half).map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f64 / cfg.head_dim as f64) as f32).collect();
         let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
-        let pos = Tensor::arange(0u32, positions as u32, device)?
-            .to_dtype(DType::F32)?
-            .reshape((positions, 1))?;
+        let pos = Tensor::arange(0u32, positions as u32, device)?.to_dtype(DType::F32)?.reshape((positions, 1))?;
         let freqs = pos.broadcast_mul(&inv_freq)?;
         let emb = Tensor::cat(&[&freqs, &freqs], D::Minus1)?; // (P, head_dim)
         Ok(Self {
@@ -179,7 +172,14 @@ impl Mlp {
 
     /// The backward root of `x + self(h) * gate` from `grad_out` (see
     /// `mlp::gated_residual_root`), where the MLP runs as one node.
-    fn gated_residual_root(&self, x: &Tensor, h: &Tensor, gate: &Tensor, grad_out: &Tensor, lora: Option<&LoraCtx>) -> Result<Option<Tensor>> {
+    fn gated_residual_root(
+        &self,
+        x: &Tensor,
+        h: &Tensor,
+        gate: &Tensor,
+        grad_out: &Tensor,
+        lora: Option<&LoraCtx>,
+    ) -> Result<Option<Tensor>> {
         match self.fusable(lora) {
             Some(weights) => Ok(mlp::gated_residual_root(x, h, gate, weights, grad_out)?),
             None => Ok(None),
@@ -254,7 +254,13 @@ impl DitLayer {
 
     /// [`Self::forward`] for gradient checkpointing's first pass (without a graph):
     /// full self-attention keeps its output in `kept` for [`Self::backward_root`].
-    pub fn forward_keeping(&self, x: &Tensor, ctx: &LayerContext, lora: Option<&LoraCtx>, kept: Option<&KeptOutput>) -> Result<Tensor> {
+    pub fn forward_keeping(
+        &self,
+        x: &Tensor,
+        ctx: &LayerContext,
+        lora: Option<&LoraCtx>,
+        kept: Option<&KeptOutput>,
+    ) -> Result<Tensor> {
         let mid = self.until_mlp(x, ctx, lora, kept)?;
         let ff = self.mlp.forward(&mid.normed, lora)?;
         Ok(ops::gated_add(&mid.x, &ff, &mid.gate)?)
@@ -265,7 +271,14 @@ impl DitLayer {
     /// self-attention's output from `kept` where the first pass left it. Where the MLP
     /// runs as one node, the root is the gated residual's own and the down projection
     /// never runs forward.
-    pub fn backward_root(&self, x: &Tensor, ctx: &LayerContext, lora: Option<&LoraCtx>, grad_out: &Tensor, kept: &KeptOutput) -> Result<Tensor> {
+    pub fn backward_root(
+        &self,
+        x: &Tensor,
+        ctx: &LayerContext,
+        lora: Option<&LoraCtx>,
+        grad_out: &Tensor,
+        kept: &KeptOutput,
+    ) -> Result<Tensor> {
         let mid = self.until_mlp(x, ctx, lora, Some(kept))?;
         if let Some(root) = self.mlp.gated_residual_root(&mid.x, &mid.normed, &mid.gate, grad_out, lora)? {
             return Ok(root);
@@ -276,7 +289,13 @@ impl DitLayer {
 
     /// Everything before the MLP: AdaLN, both attentions with their residuals, the MLP's
     /// modulated norm.
-    fn until_mlp(&self, x: &Tensor, ctx: &LayerContext, lora: Option<&LoraCtx>, kept: Option<&KeptOutput>) -> Result<BeforeMlp> {
+    fn until_mlp(
+        &self,
+        x: &Tensor,
+        ctx: &LayerContext,
+        lora: Option<&LoraCtx>,
+        kept: Option<&KeptOutput>,
+    ) -> Result<BeforeMlp> {
         // 1. AdaLN parameters: shift, scale, gate for attention, then for the MLP.
         let m = ops::add(&self.scale_shift_table, &ctx.timestep_proj)?; // (B, 6, H)
         let chunk = |i: usize| m.narrow(1, i, 1); // (B, 1, H)

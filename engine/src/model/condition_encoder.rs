@@ -146,10 +146,7 @@ pub fn pack(a: &Tensor, a_mask: &[bool], b: &Tensor, b_mask: &[bool]) -> Result<
         .collect();
     let valid = mask.iter().filter(|&&m| m).count();
     let order = Tensor::from_vec(order, mask.len(), states.device())?;
-    Ok(Packed {
-        states: states.index_select(&order, 0)?,
-        mask: (0..mask.len()).map(|i| i < valid).collect(),
-    })
+    Ok(Packed { states: states.index_select(&order, 0)?, mask: (0..mask.len()).map(|i| i < valid).collect() })
 }
 
 impl ConditionEncoder {

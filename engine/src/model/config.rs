@@ -86,8 +86,7 @@ impl DitConfig {
             Some(inner) if inner.get("hidden_size").is_some() => inner,
             _ => value,
         };
-        let raw: RawConfig = serde_json::from_value(object.clone())
-            .map_err(|e| Error::BadConfig(e.to_string()))?;
+        let raw: RawConfig = serde_json::from_value(object.clone()).map_err(|e| Error::BadConfig(e.to_string()))?;
         Self::from_raw(raw)
     }
 
@@ -96,20 +95,12 @@ impl DitConfig {
         let num_attention_heads = required(raw.num_attention_heads, "num_attention_heads")?;
         let num_hidden_layers = required(raw.num_hidden_layers, "num_hidden_layers")?;
         if raw.attention_bias == Some(true) {
-            return Err(Error::BadConfig(
-                "attention_bias = true is not an ACE-Step 1.5 DiT".into(),
-            ));
+            return Err(Error::BadConfig("attention_bias = true is not an ACE-Step 1.5 DiT".into()));
         }
         // ACE-Step's default: layer i is a sliding-window layer when (i + 1) is odd.
         let layer_types = raw.layer_types.unwrap_or_else(|| {
             (0..num_hidden_layers)
-                .map(|i| {
-                    if (i + 1) % 2 == 1 {
-                        LayerType::SlidingAttention
-                    } else {
-                        LayerType::FullAttention
-                    }
-                })
+                .map(|i| if (i + 1) % 2 == 1 { LayerType::SlidingAttention } else { LayerType::FullAttention })
                 .collect()
         });
         let config = DitConfig {
@@ -120,10 +111,7 @@ impl DitConfig {
             num_key_value_heads: required(raw.num_key_value_heads, "num_key_value_heads")?,
             head_dim: raw.head_dim.unwrap_or(hidden_size / num_attention_heads.max(1)),
             in_channels: required(raw.in_channels, "in_channels")?,
-            audio_acoustic_hidden_dim: required(
-                raw.audio_acoustic_hidden_dim,
-                "audio_acoustic_hidden_dim",
-            )?,
+            audio_acoustic_hidden_dim: required(raw.audio_acoustic_hidden_dim, "audio_acoustic_hidden_dim")?,
             encoder_hidden_size: raw.encoder_hidden_size.unwrap_or(hidden_size),
             patch_size: required(raw.patch_size, "patch_size")?,
             sliding_window: raw.sliding_window.unwrap_or(128),
@@ -145,8 +133,7 @@ impl DitConfig {
                 self.num_hidden_layers
             ));
         }
-        if self.num_key_value_heads == 0 || !self.num_attention_heads.is_multiple_of(self.num_key_value_heads)
-        {
+        if self.num_key_value_heads == 0 || !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return bad(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads, self.num_key_value_heads

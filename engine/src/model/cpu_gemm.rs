@@ -75,13 +75,29 @@ pub enum Threads {
 
 /// `dst (m, n) = a (m, k) b (k, n)`, or `dst += a b` with `accumulate`; `dst` is
 /// row-major at `dst_offset` with rows `dst_rs` apart.
-pub fn matmul_into(dst: &mut [f32], dst_offset: usize, dst_rs: usize, a: Mat, b: Mat, accumulate: bool, threads: Threads) {
+pub fn matmul_into(
+    dst: &mut [f32],
+    dst_offset: usize,
+    dst_rs: usize,
+    a: Mat,
+    b: Mat,
+    accumulate: bool,
+    threads: Threads,
+) {
     matmul_into_strided(dst, dst_offset, (dst_rs, 1), a, b, accumulate, threads)
 }
 
 /// [`matmul_into`] with `dst`'s columns `dst_cs` apart (`(dst_rs, dst_cs)`): one phase
 /// of an interleaved output.
-pub fn matmul_into_strided(dst: &mut [f32], dst_offset: usize, (dst_rs, dst_cs): (usize, usize), a: Mat, b: Mat, accumulate: bool, threads: Threads) {
+pub fn matmul_into_strided(
+    dst: &mut [f32],
+    dst_offset: usize,
+    (dst_rs, dst_cs): (usize, usize),
+    a: Mat,
+    b: Mat,
+    accumulate: bool,
+    threads: Threads,
+) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(b.rows, k, "cpu_gemm: inner dimensions differ");
     a.check("lhs");
@@ -161,6 +177,14 @@ mod tests {
     fn a_view_past_its_slice_is_refused() {
         let data = vec![0f32; 10];
         let mut dst = vec![0f32; 4];
-        matmul_into(&mut dst, 0, 2, Mat::rows(&data, 4, 2, 4, 4), Mat::rows(&data, 0, 4, 2, 2), false, Threads::Calling);
+        matmul_into(
+            &mut dst,
+            0,
+            2,
+            Mat::rows(&data, 4, 2, 4, 4),
+            Mat::rows(&data, 0, 4, 2, 2),
+            false,
+            Threads::Calling,
+        );
     }
 }

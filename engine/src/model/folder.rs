@@ -158,11 +158,7 @@ pub fn resolve_root(path: &Path) -> Option<(PathBuf, Option<PathBuf>)> {
         .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("models--")))
         .collect();
     repos.sort();
-    repos
-        .iter()
-        .filter_map(|r| hf_snapshot(r))
-        .find(|s| is_root(s) && dit_dirs(s).next().is_some())
-        .map(|p| (p, None))
+    repos.iter().filter_map(|r| hf_snapshot(r)).find(|s| is_root(s) && dit_dirs(s).next().is_some()).map(|p| (p, None))
 }
 
 fn read_json(path: &Path, problems: &mut Vec<String>) -> Option<Value> {
@@ -204,8 +200,7 @@ impl ModelFolder {
     /// folder by name (default: acestep-v15-turbo, else the only `acestep-v15-*`).
     pub fn open(path: &Path, dit: Option<&str>) -> Result<Self> {
         let fail = |problems: Vec<String>| Error::ModelFolder { path: path.to_path_buf(), problems };
-        let (root, given_dit) = resolve_root(path)
-            .ok_or_else(|| fail(vec![not_a_model_reason(path)]))?;
+        let (root, given_dit) = resolve_root(path).ok_or_else(|| fail(vec![not_a_model_reason(path)]))?;
         let dit_dir = match (dit, given_dit) {
             (Some(name), _) => root.join(name),
             (None, Some(d)) => d,
@@ -232,7 +227,9 @@ impl ModelFolder {
         // DiT + condition encoder.
         let dit_json = read_json(&dit_dir.join("config.json"), &mut problems);
         let dit_cfg = dit_json.as_ref().and_then(|v| {
-            DitConfig::from_value(v).map_err(|e| problems.push(format!("{}: {e}", dit_dir.join("config.json").display()))).ok()
+            DitConfig::from_value(v)
+                .map_err(|e| problems.push(format!("{}: {e}", dit_dir.join("config.json").display())))
+                .ok()
         });
         let enc_cfg = match (&dit_json, &dit_cfg) {
             (Some(v), Some(d)) => ConditionEncoderConfig::from_value(v, d)
@@ -255,14 +252,11 @@ impl ModelFolder {
 
         // VAE.
         let vae_cfg = VaeConfig::from_file(&vae_dir.join("config.json")).map_err(|e| problems.push(e.to_string())).ok();
-        check_safetensors(
-            &vae_dir.join(VAE_WEIGHTS),
-            &["encoder.conv1.bias"],
-            &mut problems,
-        );
+        check_safetensors(&vae_dir.join(VAE_WEIGHTS), &["encoder.conv1.bias"], &mut problems);
 
         // Text encoder + tokenizer.
-        let text_cfg = Qwen3Config::from_file(&text_dir.join("config.json")).map_err(|e| problems.push(e.to_string())).ok();
+        let text_cfg =
+            Qwen3Config::from_file(&text_dir.join("config.json")).map_err(|e| problems.push(e.to_string())).ok();
         if let Some(f) = check_safetensors(&text_dir.join("model.safetensors"), &[], &mut problems) {
             if !f.contains("embed_tokens.weight") && !f.contains("model.embed_tokens.weight") {
                 problems.push(format!("{}: missing tensors embed_tokens.weight", f.path().display()));
@@ -284,25 +278,26 @@ impl ModelFolder {
         }
         if let (Some(e), Some(t)) = (&enc_cfg, &text_cfg) {
             if e.text_hidden_dim != t.hidden_size {
-                problems.push(format!("text_hidden_dim {} but the text encoder's hidden_size is {}", e.text_hidden_dim, t.hidden_size));
+                problems.push(format!(
+                    "text_hidden_dim {} but the text encoder's hidden_size is {}",
+                    e.text_hidden_dim, t.hidden_size
+                ));
             }
         }
         if let (Some(d), Some(s)) = (&dit_cfg, &silence) {
             if s.dim(1).ok() != Some(d.audio_acoustic_hidden_dim) {
-                problems.push(format!("silence_latent.pt has shape {:?}, expected [frames, {}]", s.dims(), d.audio_acoustic_hidden_dim));
+                problems.push(format!(
+                    "silence_latent.pt has shape {:?}, expected [frames, {}]",
+                    s.dims(),
+                    d.audio_acoustic_hidden_dim
+                ));
             }
         }
 
         match (problems.is_empty(), dit_json, dit_cfg, enc_cfg, vae_cfg, text_cfg) {
-            (true, Some(json), Some(dit), Some(encoder), Some(vae), Some(text)) => Ok(Self {
-                variant: Variant::detect(&json, &dit_dir),
-                root,
-                dit_dir,
-                dit,
-                encoder,
-                vae,
-                text,
-            }),
+            (true, Some(json), Some(dit), Some(encoder), Some(vae), Some(text)) => {
+                Ok(Self { variant: Variant::detect(&json, &dit_dir), root, dit_dir, dit, encoder, vae, text })
+            }
             _ => Err(Error::ModelFolder { path: path.to_path_buf(), problems }),
         }
     }
@@ -324,11 +319,9 @@ impl ModelFolder {
     /// The DiT's weights in `dtype`; a tensor that does not fit names config.json too.
     pub fn load_decoder(&self, dtype: DType, device: &Device) -> Result<DecoderWeights> {
         DecoderWeights::load(&[&self.dit_weights()], &self.dit, dtype, device).map_err(|e| match e {
-            Error::Weights { path, problems, .. } => Error::Weights {
-                path,
-                config: Some(self.dit_config_path()),
-                problems,
-            },
+            Error::Weights { path, problems, .. } => {
+                Error::Weights { path, config: Some(self.dit_config_path()), problems }
+            }
             e => e,
         })
     }
@@ -414,7 +407,9 @@ fn not_a_model_reason(path: &Path) -> String {
         return format!("is a file, not a model folder ({expected})");
     }
     match path.file_name().and_then(|n| n.to_str()) {
-        Some(part @ (VAE_DIR | TEXT_DIR)) => format!("is the model's {part}/ part: give the folder that holds it ({expected})"),
+        Some(part @ (VAE_DIR | TEXT_DIR)) => {
+            format!("is the model's {part}/ part: give the folder that holds it ({expected})")
+        }
         _ => format!("no ACE-Step model here ({expected})"),
     }
 }
@@ -422,10 +417,9 @@ fn not_a_model_reason(path: &Path) -> String {
 /// `silence_latent.pt`: a tensor `[1, C, F]` -> `[F, C]`.
 pub fn read_silence(path: &Path) -> Result<Tensor> {
     let v = read_pt(path)?;
-    let t = v.as_tensor().ok_or_else(|| Error::BadFile {
-        path: path.to_path_buf(),
-        reason: "expected a single tensor".into(),
-    })?;
+    let t = v
+        .as_tensor()
+        .ok_or_else(|| Error::BadFile { path: path.to_path_buf(), reason: "expected a single tensor".into() })?;
     match t.dims() {
         [1, _, _] => Ok(t.squeeze(0)?.t()?.contiguous()?),
         d => Err(Error::BadFile {

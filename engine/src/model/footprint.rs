@@ -47,21 +47,14 @@ pub struct Footprint {
 impl Footprint {
     /// The predicted peak of a training step.
     pub fn total(&self, checkpointing: bool) -> u64 {
-        let act = if checkpointing {
-            self.activations_checkpointed_bytes
-        } else {
-            self.activations_bytes
-        };
+        let act = if checkpointing { self.activations_checkpointed_bytes } else { self.activations_bytes };
         self.weights_bytes + self.trainable_state_bytes + self.batch_bytes + act
     }
 }
 
 /// Elements of the DiT `cfg` describes.
 pub fn dit_parameters(cfg: &DitConfig) -> u64 {
-    expected_shapes(cfg)
-        .values()
-        .map(|s| s.iter().product::<usize>() as u64)
-        .sum()
+    expected_shapes(cfg).values().map(|s| s.iter().product::<usize>() as u64).sum()
 }
 
 /// The `(module, in, out)` of every linear module of the DiT's layers (the modules a
@@ -89,18 +82,13 @@ const SCORE_BLOCK: u64 = 2 << 20;
 /// The estimate for `cfg` training on `w`.
 pub fn estimate(cfg: &DitConfig, w: &Workload) -> Footprint {
     let dit_parameters = dit_parameters(cfg);
-    let (h, q, mlp) = (
-        cfg.hidden_size as u64,
-        (cfg.num_attention_heads * cfg.head_dim) as u64,
-        cfg.intermediate_size as u64,
-    );
+    let (h, q, mlp) =
+        (cfg.hidden_size as u64, (cfg.num_attention_heads * cfg.head_dim) as u64, cfg.intermediate_size as u64);
     let (b, e) = (w.batch as u64, w.dtype_bytes);
     // Rows of the layers' sequences: patches of the longest sample, times the batch.
     let rows = b * w.frames.div_ceil(cfg.patch_size) as u64;
     let layers = cfg.num_hidden_layers as u64;
-    let full_layers = (0..cfg.num_hidden_layers)
-        .filter(|&i| !cfg.is_sliding(i))
-        .count() as u64;
+    let full_layers = (0..cfg.num_hidden_layers).filter(|&i| !cfg.is_sliding(i)).count() as u64;
 
     // candle's ops keep f32 scores and probabilities of self-attention over the
     // sample's patches, up to a block (unmeasured: no GPU on the calibration machine).

@@ -56,14 +56,22 @@ impl Geometry {
 
 /// `x [B, P, heads * D]` to `(B, KV, P * rep, D)`: per head `rms_norm(., norm)` if given,
 /// then RoPE with tables `[P, 1, D]` if given, times `scale`.
-pub fn split(x: &Tensor, geo: Geometry, norm: Option<(&Tensor, f64)>, rope: Option<(&Tensor, &Tensor)>, scale: f64) -> Result<Tensor> {
+pub fn split(
+    x: &Tensor,
+    geo: Geometry,
+    norm: Option<(&Tensor, f64)>,
+    rope: Option<(&Tensor, &Tensor)>,
+    scale: f64,
+) -> Result<Tensor> {
     let constants_f32 = norm.iter().all(|(w, _)| w.dtype() == DType::F32 && !w.track_op())
         && rope.iter().all(|(c, s)| c.dtype() == DType::F32 && s.dtype() == DType::F32);
     if fused_cpu_f32(x) && constants_f32 {
         let op = Split {
             geo,
             norm: norm.map(|(w, eps)| Ok::<_, candle_core::Error>((ops::cpu_values(w)?, eps as f32))).transpose()?,
-            rope: rope.map(|(c, s)| Ok::<_, candle_core::Error>((ops::cpu_values(c)?, ops::cpu_values(s)?))).transpose()?,
+            rope: rope
+                .map(|(c, s)| Ok::<_, candle_core::Error>((ops::cpu_values(c)?, ops::cpu_values(s)?)))
+                .transpose()?,
             scale: scale as f32,
         };
         return x.contiguous()?.apply_op1(op);
@@ -71,7 +79,13 @@ pub fn split(x: &Tensor, geo: Geometry, norm: Option<(&Tensor, f64)>, rope: Opti
     split_composed(x, geo, norm, rope, scale)
 }
 
-fn split_composed(x: &Tensor, geo: Geometry, norm: Option<(&Tensor, f64)>, rope: Option<(&Tensor, &Tensor)>, scale: f64) -> Result<Tensor> {
+fn split_composed(
+    x: &Tensor,
+    geo: Geometry,
+    norm: Option<(&Tensor, f64)>,
+    rope: Option<(&Tensor, &Tensor)>,
+    scale: f64,
+) -> Result<Tensor> {
     let Geometry { batch: b, positions: p, kv_heads: kv, rep, head_dim: d } = geo;
     let mut t = x.reshape((b, p, kv * rep, d))?;
     if let Some((w, eps)) = norm {

@@ -20,12 +20,15 @@ use super::handover::{on_cpu, on_cuda, on_metal, storage_on, Pick};
 /// `x [.., in]`, frozen `w [out, in]`, `a [r, in]`, `b [out, r]`; `mask` (shaped like
 /// `x`, 0 or 1/(1-p)) is the adapter input's dropout. Gradients for `x`, `a` and `b`
 /// where they are on the graph; `w` and `mask` are constants.
-pub fn lora_linear(x: &Tensor, w: &Tensor, a: &Tensor, b: &Tensor, scaling: f64, mask: Option<&Tensor>) -> Result<Tensor> {
-    let op = LoraLinear {
-        w: w.clone(),
-        mask: mask.map(Tensor::contiguous).transpose()?,
-        scaling,
-    };
+pub fn lora_linear(
+    x: &Tensor,
+    w: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    scaling: f64,
+    mask: Option<&Tensor>,
+) -> Result<Tensor> {
+    let op = LoraLinear { w: w.clone(), mask: mask.map(Tensor::contiguous).transpose()?, scaling };
     x.contiguous()?.apply_op3(a, b, op)
 }
 
@@ -88,19 +91,50 @@ impl CustomOp3 for LoraLinear {
         "lora-linear"
     }
 
-    fn cpu_fwd(&self, x: &CpuStorage, xl: &Layout, a: &CpuStorage, al: &Layout, b: &CpuStorage, bl: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        x: &CpuStorage,
+        xl: &Layout,
+        a: &CpuStorage,
+        al: &Layout,
+        b: &CpuStorage,
+        bl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
         self.fwd(on_cpu, thin_product, x, xl, a, al, b, bl)
     }
 
-    fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, a: &CudaStorage, al: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        a: &CudaStorage,
+        al: &Layout,
+        b: &CudaStorage,
+        bl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
         self.fwd(on_cuda, |x, y, bmnk, xl, yl| x.matmul(y, bmnk, xl, yl), x, xl, a, al, b, bl)
     }
 
-    fn metal_fwd(&self, x: &MetalStorage, xl: &Layout, a: &MetalStorage, al: &Layout, b: &MetalStorage, bl: &Layout) -> Result<(MetalStorage, Shape)> {
+    fn metal_fwd(
+        &self,
+        x: &MetalStorage,
+        xl: &Layout,
+        a: &MetalStorage,
+        al: &Layout,
+        b: &MetalStorage,
+        bl: &Layout,
+    ) -> Result<(MetalStorage, Shape)> {
         self.fwd(on_metal, |x, y, bmnk, xl, yl| x.matmul(y, bmnk, xl, yl), x, xl, a, al, b, bl)
     }
 
-    fn bwd(&self, x: &Tensor, a: &Tensor, b: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    fn bwd(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (n, k) = self.w.dims2()?;
         let rows = x.elem_count() / k;
         let g = grad.reshape((rows, n))?;
@@ -145,7 +179,13 @@ type Thin<S> = fn(&S, &S, (usize, usize, usize, usize), &Layout, &Layout) -> Res
 /// two along its longer side and each half runs on its own thread. Every output value
 /// is the same dot product in the same order either way. f32 2-D on the CPU; anything
 /// else takes candle's matmul.
-fn thin_product(a: &CpuStorage, b: &CpuStorage, bmnk: (usize, usize, usize, usize), al: &Layout, bl: &Layout) -> Result<CpuStorage> {
+fn thin_product(
+    a: &CpuStorage,
+    b: &CpuStorage,
+    bmnk: (usize, usize, usize, usize),
+    al: &Layout,
+    bl: &Layout,
+) -> Result<CpuStorage> {
     let (batch, m, n, k) = bmnk;
     let (CpuStorage::F32(av), CpuStorage::F32(bv)) = (a, b) else {
         return a.matmul(b, bmnk, al, bl);
@@ -238,7 +278,9 @@ mod tests {
                 None => x.as_tensor().clone(),
             };
             let composed = (x.as_tensor().broadcast_matmul(&w.t()?)?
-                + xd.broadcast_matmul(&a.as_tensor().t()?)?.broadcast_matmul(&b.as_tensor().t()?)?.affine(scaling, 0.0)?)?;
+                + xd.broadcast_matmul(&a.as_tensor().t()?)?
+                    .broadcast_matmul(&b.as_tensor().t()?)?
+                    .affine(scaling, 0.0)?)?;
             let out_err = rel_err(&fused, &composed);
             let gf = (&fused * &g)?.sum_all()?.backward()?;
             let gc = (&composed * &g)?.sum_all()?.backward()?;

@@ -47,7 +47,13 @@ pub fn swiglu_mlp(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Resu
 /// recompute: the down projection, the residual's last op, never runs forward, as the
 /// backward needs its input but not its output. `None` where the MLP runs composed or
 /// the gate is tracked (its gradient would need that output).
-pub fn gated_residual_root(x: &Tensor, h: &Tensor, gate: &Tensor, weights: [&Tensor; 3], grad_out: &Tensor) -> Result<Option<Tensor>> {
+pub fn gated_residual_root(
+    x: &Tensor,
+    h: &Tensor,
+    gate: &Tensor,
+    weights: [&Tensor; 3],
+    grad_out: &Tensor,
+) -> Result<Option<Tensor>> {
     if !fusable(h, weights) || gate.track_op() || gate.dtype() != DType::F32 {
         return Ok(None);
     }
@@ -180,7 +186,11 @@ mod tests {
         let wd = Tensor::randn(0f32, 0.3, (24, 40), &dev)?;
         let g = Tensor::randn(0f32, 1., (2, 300, 24), &dev)?;
         let fused = swiglu_mlp(x.as_tensor(), &wg, &wu, &wd)?;
-        let composed = ops::linear(&ops::swiglu(&ops::linear(x.as_tensor(), &wg, None)?, &ops::linear(x.as_tensor(), &wu, None)?)?, &wd, None)?;
+        let composed = ops::linear(
+            &ops::swiglu(&ops::linear(x.as_tensor(), &wg, None)?, &ops::linear(x.as_tensor(), &wu, None)?)?,
+            &wd,
+            None,
+        )?;
         let out_err = ops::rel_err(&fused, &composed);
         let gf = (&fused * &g)?.sum_all()?.backward()?;
         let gc = (&composed * &g)?.sum_all()?.backward()?;

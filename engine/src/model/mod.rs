@@ -80,9 +80,7 @@ impl TimestepEmbedding {
     /// `t [B]` -> (`temb [B, H]`, `timestep_proj [B, 6, H]`).
     fn forward(&self, t: &Tensor, dtype: DType) -> Result<(Tensor, Tensor)> {
         let half = TIMESTEP_CHANNELS / 2;
-        let freqs: Vec<f32> = (0..half)
-            .map(|k| (-(10000f64.ln()) * k as f64 / half as f64).exp() as f32)
-            .collect();
+        let freqs: Vec<f32> = (0..half).map(|k| (-(10000f64.ln()) * k as f64 / half as f64).exp() as f32).collect();
         let freqs = Tensor::from_vec(freqs, (1, half), t.device())?;
         let args = (t.to_dtype(DType::F32)?.unsqueeze(1)? * 1000.0)?.broadcast_mul(&freqs)?;
         let features = Tensor::cat(&[args.cos()?, args.sin()?], D::Minus1)?.to_dtype(dtype)?;
@@ -131,11 +129,7 @@ impl DitModel {
         // ConvTranspose1d likewise, candle has no backward for it: weight [H, out, k]
         // -> [k * out, H], output laid out [k, out] per patch; the bias repeats per k.
         let out_c = cfg.audio_acoustic_hidden_dim;
-        let proj_out_w = w
-            .get("proj_out.1.weight")?
-            .permute((2, 1, 0))?
-            .contiguous()?
-            .reshape((p * out_c, h))?;
+        let proj_out_w = w.get("proj_out.1.weight")?.permute((2, 1, 0))?.contiguous()?.reshape((p * out_c, h))?;
         let proj_out_b = w.get("proj_out.1.bias")?.unsqueeze(0)?.repeat((p, 1))?.flatten_all()?;
         Ok(Self {
             cfg: cfg.clone(),
@@ -145,9 +139,7 @@ impl DitModel {
             time_embed: TimestepEmbedding::load(w, "time_embed")?,
             time_embed_r: TimestepEmbedding::load(w, "time_embed_r")?,
             condition_embedder: Linear::load(w, "condition_embedder", true)?,
-            layers: (0..cfg.num_hidden_layers)
-                .map(|i| DitLayer::load(cfg, w, i))
-                .collect::<Result<_>>()?,
+            layers: (0..cfg.num_hidden_layers).map(|i| DitLayer::load(cfg, w, i)).collect::<Result<_>>()?,
             norm_out: w.get("norm_out.weight")?,
             scale_shift_table: w.get("scale_shift_table")?,
             proj_out: Linear::from_weight("proj_out.1", proj_out_w, Some(proj_out_b)),
@@ -172,11 +164,7 @@ impl DitModel {
 
     /// Linear modules inside the layers, `name -> (in, out)`: what LoRA may target.
     pub fn adaptable_linears(&self) -> Vec<(String, (usize, usize))> {
-        self.layers
-            .iter()
-            .flat_map(|l| l.linears())
-            .map(|lin| (lin.name.clone(), lin.features()))
-            .collect()
+        self.layers.iter().flat_map(|l| l.linears()).map(|lin| (lin.name.clone(), lin.features())).collect()
     }
 
     /// Patchify, embed time and condition: everything before layer 0.
@@ -191,10 +179,7 @@ impl DitModel {
 
         // 2. concat(context, x_t) -> zero-pad T to a multiple of the patch -> proj_in.
         let x = Tensor::cat(
-            &[
-                &inputs.context_latents.to_dtype(self.dtype)?,
-                &inputs.hidden_states.to_dtype(self.dtype)?,
-            ],
+            &[&inputs.context_latents.to_dtype(self.dtype)?, &inputs.hidden_states.to_dtype(self.dtype)?],
             D::Minus1,
         )?;
         let patches = frames.div_ceil(cfg.patch_size);
@@ -204,9 +189,8 @@ impl DitModel {
         let hidden = self.proj_in.forward(&x, None)?; // (B, P, H)
 
         // 3. Condition, RoPE tables, sliding-window plan.
-        let encoder_states = self
-            .condition_embedder
-            .forward(&inputs.encoder_hidden_states.to_dtype(self.dtype)?, None)?;
+        let encoder_states =
+            self.condition_embedder.forward(&inputs.encoder_hidden_states.to_dtype(self.dtype)?, None)?;
         let sliding = if (0..cfg.num_hidden_layers).any(|i| cfg.is_sliding(i)) {
             attention::SlidingPlan::new(patches, cfg.sliding_window, self.dtype, &self.device)?
         } else {
@@ -284,11 +268,7 @@ impl DecoderWeights {
             } else if name.ends_with(".bias") {
                 vec![0.0; n]
             } else {
-                let sd = if name.ends_with("scale_shift_table") {
-                    1.0 / (cfg.hidden_size as f64).sqrt()
-                } else {
-                    std
-                };
+                let sd = if name.ends_with("scale_shift_table") { 1.0 / (cfg.hidden_size as f64).sqrt() } else { std };
                 let normal = Normal::new(0.0, sd).expect("valid std");
                 (0..n).map(|_| normal.sample(&mut rng) as f32).collect()
             };

@@ -78,7 +78,13 @@ impl CustomOp2 for Pruned {
         self.fwd(s1, l1, s2, l2)
     }
 
-    fn metal_fwd(&self, s1: &MetalStorage, l1: &Layout, s2: &MetalStorage, l2: &Layout) -> Result<(MetalStorage, Shape)> {
+    fn metal_fwd(
+        &self,
+        s1: &MetalStorage,
+        l1: &Layout,
+        s2: &MetalStorage,
+        l2: &Layout,
+    ) -> Result<(MetalStorage, Shape)> {
         self.fwd(s1, l1, s2, l2)
     }
 
@@ -94,10 +100,7 @@ impl CustomOp2 for Pruned {
             Kind::Add => Ok((wanted(a, &|| Ok(grad.clone()))?, wanted(b, &|| Ok(grad.clone()))?)),
             Kind::Sub => Ok((wanted(a, &|| Ok(grad.clone()))?, wanted(b, &|| grad.neg())?)),
             Kind::Mul => Ok((wanted(a, &|| grad.mul(b))?, wanted(b, &|| grad.mul(a))?)),
-            Kind::Matmul => Ok((
-                wanted(a, &|| grad.matmul(&b.t()?))?,
-                wanted(b, &|| a.t()?.matmul(grad))?,
-            )),
+            Kind::Matmul => Ok((wanted(a, &|| grad.matmul(&b.t()?))?, wanted(b, &|| a.t()?.matmul(grad))?)),
             Kind::Linear => {
                 let (n, k) = b.dims2()?;
                 let g = grad.reshape((grad.elem_count() / n, n))?;
@@ -200,7 +203,12 @@ pub fn modulated_rms_norm(x: &Tensor, weight: &Tensor, scale: &Tensor, shift: &T
 /// (one node; `x`'s gradient is the output's, `f`'s is one multiply) when the gate is a
 /// constant; composed otherwise.
 pub fn gated_add(x: &Tensor, f: &Tensor, gate: &Tensor) -> Result<Tensor> {
-    if fused_cpu_f32(x) && f.dtype() == DType::F32 && gate.dtype() == DType::F32 && !gate.track_op() && x.shape() == f.shape() {
+    if fused_cpu_f32(x)
+        && f.dtype() == DType::F32
+        && gate.dtype() == DType::F32
+        && !gate.track_op()
+        && x.shape() == f.shape()
+    {
         let op = GatedAdd { gate: gate.contiguous()? };
         return x.contiguous()?.apply_op2(&f.contiguous()?, op);
     }
@@ -254,9 +262,8 @@ pub fn bench_switch(name: &'static str) -> bool {
 
 /// Rows of a contiguous f32 tensor: (slice, row length).
 pub(super) fn rows<'a>(s: &'a CpuStorage, l: &Layout) -> Result<(&'a [f32], usize)> {
-    let (start, end) = l
-        .contiguous_offsets()
-        .ok_or_else(|| candle_core::Error::Msg("fused op: input must be contiguous".into()))?;
+    let (start, end) =
+        l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("fused op: input must be contiguous".into()))?;
     let n = *l.dims().last().unwrap_or(&1);
     Ok((&s.as_slice::<f32>()?[start..end], n.max(1)))
 }
@@ -606,10 +613,8 @@ mod tests {
         assert!(close(&ours, &theirs) < 1e-6);
 
         let g_ours = softmax_last_dim(&ours)?.sqr()?.sum_all()?.backward()?;
-        let g_theirs = (theirs.exp()?.broadcast_div(&theirs.exp()?.sum_keepdim(D::Minus1)?)?)
-            .sqr()?
-            .sum_all()?
-            .backward()?;
+        let g_theirs =
+            (theirs.exp()?.broadcast_div(&theirs.exp()?.sum_keepdim(D::Minus1)?)?).sqr()?.sum_all()?.backward()?;
         assert!(close(g_ours.get(&x).unwrap(), g_theirs.get(&x).unwrap()) < 1e-5);
         // Only the variable has a gradient left: nothing was computed for w or c.
         let ids: Vec<_> = g_ours.get_ids().collect();
@@ -626,7 +631,7 @@ mod tests {
         let g = Tensor::randn(0f32, 1., (3, 5, 37), &dev)?;
         let w = Tensor::randn(1f32, 0.2, 37, &dev)?;
         let g2 = Tensor::randn(0f32, 1., (3, 5, 37), &dev)?; // SwiGLU's `up` (frozen here)
-        // AdaLN modulation per batch item.
+                                                             // AdaLN modulation per batch item.
         let scale = Tensor::randn(1f32, 0.3, (3, 1, 37), &dev)?;
         let shift = Tensor::randn(0f32, 0.3, (3, 1, 37), &dev)?;
         for (name, fused, composed) in [
@@ -666,7 +671,8 @@ mod tests {
         let err = rel_err(&fused, &composed);
         let gf = mul(&fused, &g)?.sum_all()?.backward()?;
         let gc = mul(&composed, &g)?.sum_all()?.backward()?;
-        let (ex, ef) = (rel_err(gf.get(&x).unwrap(), gc.get(&x).unwrap()), rel_err(gf.get(&f).unwrap(), gc.get(&f).unwrap()));
+        let (ex, ef) =
+            (rel_err(gf.get(&x).unwrap(), gc.get(&x).unwrap()), rel_err(gf.get(&f).unwrap(), gc.get(&f).unwrap()));
         eprintln!("gated_add: forward error {err:e}, dx {ex:e}, df {ef:e}");
         assert!(err < 1e-6 && ex < 1e-6 && ef < 1e-6);
         Ok(())
@@ -677,9 +683,7 @@ mod tests {
         let dev = Device::Cpu;
         let x = Tensor::randn(0f32, 2., (3, 8), &dev)?;
         let w = Tensor::randn(1f32, 0.1, 8, &dev)?;
-        let expect = x
-            .broadcast_div(&(x.sqr()?.mean_keepdim(1)? + 1e-6)?.sqrt()?)?
-            .broadcast_mul(&w)?;
+        let expect = x.broadcast_div(&(x.sqr()?.mean_keepdim(1)? + 1e-6)?.sqrt()?)?.broadcast_mul(&w)?;
         assert!(close(&rms_norm(&x, &w, 1e-6)?, &expect) < 1e-5);
         let half = rms_norm(&x.to_dtype(DType::BF16)?, &w.to_dtype(DType::BF16)?, 1e-6)?;
         assert_eq!(half.dtype(), DType::BF16);

@@ -54,7 +54,7 @@ pub fn exp(x: f32) -> f32 {
     let t = x * LOG2E + ROUND;
     let n = t - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO; // |r| <= ln2 / 2
-    // e^r by its Taylor series to r^7 (truncation < 1e-8 relative at |r| = 0.35).
+                                         // e^r by its Taylor series to r^7 (truncation < 1e-8 relative at |r| = 0.35).
     let p = 1.0 / 5040.0;
     let p = p * r + 1.0 / 720.0;
     let p = p * r + 1.0 / 120.0;

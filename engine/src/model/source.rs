@@ -86,7 +86,12 @@ impl ModelSource {
                 let folder = ModelFolder::open(path, None)?;
                 let elements = |file: &std::path::Path, keep: &dyn Fn(&str) -> bool| -> Result<u64> {
                     let f = TensorFile::open(file, &Device::Cpu)?;
-                    Ok(f.keys().iter().filter(|k| keep(k)).filter_map(|k| f.shape(k)).map(|s| s.iter().product::<usize>() as u64).sum())
+                    Ok(f.keys()
+                        .iter()
+                        .filter(|k| keep(k))
+                        .filter_map(|k| f.shape(k))
+                        .map(|s| s.iter().product::<usize>() as u64)
+                        .sum())
                 };
                 let encoders = elements(&folder.vae_dir().join(VAE_WEIGHTS), &|_| true)?
                     + elements(&folder.text_dir().join("model.safetensors"), &|_| true)?

@@ -32,22 +32,14 @@ struct ShapeCheck {
 impl TensorFile {
     pub fn open(path: &Path, device: &Device) -> Result<Self> {
         if !path.is_file() {
-            return Err(Error::io(
-                path,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "weights file not found"),
-            ));
+            return Err(Error::io(path, std::io::Error::new(std::io::ErrorKind::NotFound, "weights file not found")));
         }
         // SAFETY: the file is only read, as every safetensors reader does.
         let st = unsafe { MmapedSafetensors::new(path) }.map_err(|e| Error::BadFile {
             path: path.to_path_buf(),
             reason: format!("cannot read safetensors: {e}"),
         })?;
-        Ok(Self {
-            st,
-            path: path.to_path_buf(),
-            device: device.clone(),
-            check: None,
-        })
+        Ok(Self { st, path: path.to_path_buf(), device: device.clone(), check: None })
     }
 
     /// Opens `path` for checking only (see the module doc): lookups never fail on a
@@ -83,11 +75,7 @@ impl TensorFile {
     }
 
     fn error(&self, key: &str, reason: impl Into<String>) -> Error {
-        Error::ModelFile {
-            path: self.path.clone(),
-            key: key.to_string(),
-            reason: reason.into(),
-        }
+        Error::ModelFile { path: self.path.clone(), key: key.to_string(), reason: reason.into() }
     }
 
     /// The first of `keys` present, as f32, checked against `shape`.
@@ -109,10 +97,7 @@ impl TensorFile {
             .iter()
             .find(|k| self.contains(k))
             .ok_or_else(|| self.error(keys[0], format!("missing (expected shape {shape:?})")))?;
-        let t = self
-            .st
-            .load(key, &self.device)
-            .map_err(|e| self.error(key, e.to_string()))?;
+        let t = self.st.load(key, &self.device).map_err(|e| self.error(key, e.to_string()))?;
         if t.dims() != shape {
             return Err(self.error(key, format!("shape {:?}, expected {shape:?}", t.dims())));
         }
@@ -159,10 +144,7 @@ where
 {
     safetensors::serialize_to_file(tensors, metadata, path).map_err(|e| match e {
         safetensors::SafeTensorError::IoError(cause) => Error::io(path, cause),
-        e => Error::BadFile {
-            path: path.to_path_buf(),
-            reason: format!("cannot write: {e}"),
-        },
+        e => Error::BadFile { path: path.to_path_buf(), reason: format!("cannot write: {e}") },
     })?;
     make_readable(path)
 }
@@ -179,8 +161,7 @@ pub fn make_readable(path: &Path) -> Result<()> {
 
 /// Whether `keys` use diffusers' attention names (`to_q`, `norm_q`, `to_out.0`).
 pub fn uses_diffusers_names(keys: &[String]) -> bool {
-    keys.iter()
-        .any(|k| k.contains(".to_q.") || k.contains(".norm_q."))
+    keys.iter().any(|k| k.contains(".to_q.") || k.contains(".norm_q."))
 }
 
 /// An original attention key (`self_attn.q_proj.weight`) in diffusers' naming.

@@ -9,8 +9,8 @@ use std::path::Path;
 
 use serde_json::Value;
 use tokenizers::{
-    PaddingDirection, PaddingParams, PaddingStrategy, Tokenizer, TruncationDirection,
-    TruncationParams, TruncationStrategy,
+    PaddingDirection, PaddingParams, PaddingStrategy, Tokenizer, TruncationDirection, TruncationParams,
+    TruncationStrategy,
 };
 
 use crate::{Error, Result};
@@ -53,10 +53,8 @@ impl TextTokenizer {
         let bad = |path: &Path, reason: String| Error::BadFile { path: path.to_path_buf(), reason };
         let mut tok = Tokenizer::from_file(&json).map_err(|e| bad(&json, format!("cannot load tokenizer: {e}")))?;
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
-        let config: Value = serde_json::from_str(&text).map_err(|cause| Error::Json {
-            path: cfg_path.clone(),
-            cause,
-        })?;
+        let config: Value =
+            serde_json::from_str(&text).map_err(|cause| Error::Json { path: cfg_path.clone(), cause })?;
         let pad_token = match config.get("pad_token") {
             Some(Value::String(s)) => s.clone(),
             Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).unwrap_or_default().to_string(),
@@ -97,13 +95,7 @@ impl TextTokenizer {
     }
 
     pub fn encode(&self, text: &str) -> Result<Tokens> {
-        let enc = self
-            .tok
-            .encode(text, true)
-            .map_err(|e| Error::Encoder(format!("tokenizer: {e}")))?;
-        Ok(Tokens {
-            ids: enc.get_ids().to_vec(),
-            mask: enc.get_attention_mask().iter().map(|&m| m != 0).collect(),
-        })
+        let enc = self.tok.encode(text, true).map_err(|e| Error::Encoder(format!("tokenizer: {e}")))?;
+        Ok(Tokens { ids: enc.get_ids().to_vec(), mask: enc.get_attention_mask().iter().map(|&m| m != 0).collect() })
     }
 }

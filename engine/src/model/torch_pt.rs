@@ -45,17 +45,14 @@ impl PtValue {
 }
 
 fn bad(path: &Path, reason: impl Into<String>) -> Error {
-    Error::BadFile {
-        path: path.to_path_buf(),
-        reason: reason.into(),
-    }
+    Error::BadFile { path: path.to_path_buf(), reason: reason.into() }
 }
 
 /// Reads a torch-saved value.
 pub fn read_pt(path: &Path) -> Result<PtValue> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut zip = zip::ZipArchive::new(BufReader::new(file))
-        .map_err(|e| bad(path, format!("not a torch zip file: {e}")))?;
+    let mut zip =
+        zip::ZipArchive::new(BufReader::new(file)).map_err(|e| bad(path, format!("not a torch zip file: {e}")))?;
     let pkl = zip
         .file_names()
         .flatten()
@@ -73,9 +70,7 @@ pub fn read_pt(path: &Path) -> Result<PtValue> {
     let object = {
         let f = zip.by_name(&pkl).map_err(|e| bad(path, e.to_string()))?;
         let mut stack = Stack::empty();
-        stack
-            .read_loop(&mut BufReader::new(f))
-            .map_err(|e| bad(path, format!("pickle: {e}")))?;
+        stack.read_loop(&mut BufReader::new(f)).map_err(|e| bad(path, format!("pickle: {e}")))?;
         stack.finalize().map_err(|e| bad(path, format!("pickle: {e}")))?
     };
     let mut reader = Reader { zip: &mut zip, dir, path };
@@ -306,7 +301,10 @@ mod tests {
         let back = read_pt(&p).unwrap();
         let back = back.as_tensor().unwrap();
         assert_eq!(back.dims(), [2, 3, 4]);
-        assert_eq!(back.flatten_all().unwrap().to_vec1::<f32>().unwrap(), t.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+        assert_eq!(
+            back.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        );
 
         let m = Tensor::ones(5, DType::F32, &Device::Cpu).unwrap();
         let p = dir.path().join("d.pt");

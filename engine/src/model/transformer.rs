@@ -28,19 +28,12 @@ pub struct Rope {
 impl Rope {
     pub fn new(head_dim: usize, theta: f64, len: usize, device: &Device) -> Result<Self> {
         let half = head_dim / 2;
-        let inv: Vec<f32> = (0..half)
-            .map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32)
-            .collect();
+        let inv: Vec<f32> = (0..half).map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32).collect();
         let inv = Tensor::from_vec(inv, (1, half), device)?;
-        let pos = Tensor::arange(0u32, len as u32, device)?
-            .to_dtype(candle_core::DType::F32)?
-            .reshape((len, 1))?;
+        let pos = Tensor::arange(0u32, len as u32, device)?.to_dtype(candle_core::DType::F32)?.reshape((len, 1))?;
         let f = pos.broadcast_mul(&inv)?;
         let f = Tensor::cat(&[&f, &f], 1)?;
-        Ok(Self {
-            cos: f.cos()?,
-            sin: f.sin()?,
-        })
+        Ok(Self { cos: f.cos()?, sin: f.sin()? })
     }
 
     /// `x [heads, L, D]`.
@@ -64,9 +57,7 @@ pub fn additive_mask(
     device: &Device,
 ) -> Result<Option<Tensor>> {
     let visible = |i: usize, j: usize| {
-        (!causal || j <= i)
-            && window.is_none_or(|w| i.abs_diff(j) <= w)
-            && key_valid.is_none_or(|v| v[j])
+        (!causal || j <= i) && window.is_none_or(|w| i.abs_diff(j) <= w) && key_valid.is_none_or(|v| v[j])
     };
     let values: Vec<f32> = (0..len)
         .flat_map(|i| (0..len).map(move |j| (i, j)))
@@ -106,12 +97,7 @@ impl Layer {
     /// Loads `{prefix}.input_layernorm`, `.self_attn.{q,k,v,o}_proj`, `.self_attn.{q,k}_norm`,
     /// `.post_attention_layernorm`, `.mlp.{gate,up,down}_proj`; `name` maps an original
     /// key to the candidates to look for (diffusers names, say).
-    pub fn load(
-        f: &TensorFile,
-        prefix: &str,
-        dims: LayerDims,
-        name: &dyn Fn(&str) -> Vec<String>,
-    ) -> Result<Self> {
+    pub fn load(f: &TensorFile, prefix: &str, dims: LayerDims, name: &dyn Fn(&str) -> Vec<String>) -> Result<Self> {
         let get = |k: &str, shape: &[usize]| {
             let candidates = name(&format!("{prefix}.{k}"));
             let refs: Vec<&str> = candidates.iter().map(|s| s.as_str()).collect();
@@ -149,9 +135,8 @@ impl Layer {
         let l = x.dim(0)?;
         let rep = heads / kv_heads;
         // 1. Project, split heads, RMSNorm q/k over head_dim, RoPE: (heads, L, D).
-        let split = |w: &Tensor, n: usize| -> Result<Tensor> {
-            Ok(linear(x, w, None)?.reshape((l, n, hd))?.transpose(0, 1)?)
-        };
+        let split =
+            |w: &Tensor, n: usize| -> Result<Tensor> { Ok(linear(x, w, None)?.reshape((l, n, hd))?.transpose(0, 1)?) };
         let q = rope.apply(&rms_norm(&split(&self.q, heads)?, &self.q_norm, eps)?)?;
         let k = rope.apply(&rms_norm(&split(&self.k, kv_heads)?, &self.k_norm, eps)?)?;
         let v = split(&self.v, kv_heads)?.contiguous()?;
@@ -176,9 +161,7 @@ mod tests {
     #[test]
     fn masks_use_the_f32_minimum() {
         let dev = Device::Cpu;
-        let m = additive_mask(4, false, Some(1), Some(&[false, true, true, true]), &dev)
-            .unwrap()
-            .unwrap();
+        let m = additive_mask(4, false, Some(1), Some(&[false, true, true, true]), &dev).unwrap().unwrap();
         let v: Vec<Vec<f32>> = m.to_vec2().unwrap();
         // Row 0 sees keys 0..=1, key 0 is padding.
         assert_eq!(v[0], [f32::MIN, 0.0, f32::MIN, f32::MIN]);

@@ -31,9 +31,9 @@ use serde::Deserialize;
 use super::cpu_gemm::host_f32;
 use super::tensors::TensorFile;
 use crate::cancel::Cancel;
-use crate::kernels::conv1d as kernel;
 use crate::data::encode::LatentEncoder;
 use crate::data::StereoAudio;
+use crate::kernels::conv1d as kernel;
 use crate::{Error, Result};
 
 /// diffusers' `vae/config.json`.
@@ -175,7 +175,8 @@ impl VaeTensors for RandomVaeTensors {
             false => 0.1,
         };
         let n = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| scale * <StandardNormal as Distribution<f32>>::sample(&StandardNormal, &mut rng)).collect();
+        let v: Vec<f32> =
+            (0..n).map(|_| scale * <StandardNormal as Distribution<f32>>::sample(&StandardNormal, &mut rng)).collect();
         Ok(Tensor::from_vec(v, shape, &self.device)?)
     }
 }
@@ -245,25 +246,34 @@ impl Geometry {
 
 impl Conv {
     /// The folded weight (see [`folded_weight`]) and, with `bias`, `name.bias` `[out]`.
-    fn load(f: &dyn VaeTensors, name: &str, (cin, cout, k): (usize, usize, usize), g: Geometry, bias: bool) -> Result<Self> {
+    fn load(
+        f: &dyn VaeTensors,
+        name: &str,
+        (cin, cout, k): (usize, usize, usize),
+        g: Geometry,
+        bias: bool,
+    ) -> Result<Self> {
         let w = folded_weight(f, name, [cout, cin, k])?;
         let b = match bias {
             true => f.get(&format!("{name}.bias"), &[cout])?.reshape((1, cout, 1))?,
             false => Tensor::zeros((1, cout, 1), w.dtype(), w.device())?,
         };
-        Ok(Self {
-            w,
-            b,
-            padding: g.padding,
-            stride: g.stride,
-            dilation: g.dilation,
-        })
+        Ok(Self { w, b, padding: g.padding, stride: g.stride, dilation: g.dilation })
     }
 
     /// The kernel's view of this conv over the weight and bias values `w`, `b`.
     fn on<'a>(&self, w: &'a [f32], b: &'a [f32]) -> kernel::Conv<'a> {
         let (cout, cin, k) = self.w.dims3().expect("a conv weight is [out, in, k]");
-        kernel::Conv { weight: w, bias: Some(b), cin, cout, k, stride: self.stride, dilation: self.dilation, padding: self.padding }
+        kernel::Conv {
+            weight: w,
+            bias: Some(b),
+            cin,
+            cout,
+            k,
+            stride: self.stride,
+            dilation: self.dilation,
+            padding: self.padding,
+        }
     }
 
     /// `conv(snake(x))`, or `conv(x)` without a Snake: `[1, in, n] -> [1, out, n']`.
@@ -449,7 +459,13 @@ impl OobleckEncoder {
                 Ok(Block {
                     units: [unit(1, 1)?, unit(2, 3)?, unit(3, 9)?],
                     snake: Snake::load(f, &format!("{name}.snake1"), cin)?,
-                    conv: Conv::load(f, &format!("{name}.conv1"), (cin, cout, 2 * s), Geometry { stride: s, dilation: 1, padding: s.div_ceil(2) }, true)?,
+                    conv: Conv::load(
+                        f,
+                        &format!("{name}.conv1"),
+                        (cin, cout, 2 * s),
+                        Geometry { stride: s, dilation: 1, padding: s.div_ceil(2) },
+                        true,
+                    )?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -479,7 +495,13 @@ impl OobleckEncoder {
     /// The posterior of `audio [2, N]`, encoded in chunks of at most `chunk_frames`
     /// latent frames (plus overlap on each side). T = floor(N / hop). `cancel` is
     /// looked at before each chunk; `progress(frames done, T)` after each.
-    pub fn encode(&self, audio: &Tensor, chunk_frames: usize, cancel: &Cancel, progress: &mut dyn FnMut(usize, usize)) -> Result<Posterior> {
+    pub fn encode(
+        &self,
+        audio: &Tensor,
+        chunk_frames: usize,
+        cancel: &Cancel,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Posterior> {
         let hop = self.cfg.hop();
         let n = audio.dim(1)?;
         let frames = n / hop;
@@ -500,10 +522,7 @@ impl OobleckEncoder {
             progress(w.end, frames);
         }
         let z = Tensor::cat(&parts, 1)?.t()?.contiguous()?; // (T, 2C)
-        Ok(Posterior {
-            mean: z.narrow(1, 0, c)?.contiguous()?,
-            scale: z.narrow(1, c, c)?.contiguous()?,
-        })
+        Ok(Posterior { mean: z.narrow(1, 0, c)?.contiguous()?, scale: z.narrow(1, c, c)?.contiguous()? })
     }
 }
 
@@ -582,7 +601,9 @@ impl OobleckDecoder {
             })
             .collect::<Result<Vec<_>>>()?;
         if let Some(odd) = cfg.downsampling_ratios.iter().find(|s| *s % 2 == 1) {
-            return Err(Error::BadConfig(format!("VAE ratio {odd} is odd: the decoder's upsampling needs even ratios")));
+            return Err(Error::BadConfig(format!(
+                "VAE ratio {odd} is odd: the decoder's upsampling needs even ratios"
+            )));
         }
         Ok(Self {
             cfg: cfg.clone(),
@@ -654,7 +675,6 @@ pub struct VaeLatentEncoder {
 /// The VAE's weights file in its folder (diffusers' name).
 pub const VAE_WEIGHTS: &str = "diffusion_pytorch_model.safetensors";
 
-
 impl VaeLatentEncoder {
     /// Loads `dir/config.json` and `dir/diffusion_pytorch_model.safetensors`.
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
@@ -664,12 +684,7 @@ impl VaeLatentEncoder {
         let f = TensorFile::open(&weights, device)?;
         let encoder = OobleckEncoder::load(&cfg, &f)?;
         let weights_id = file_identity(&[&cfg_path, &weights])?;
-        Ok(Self {
-            encoder,
-            choice: LatentChoice::Mean,
-            chunk_frames: TILE_FRAMES,
-            weights_id,
-        })
+        Ok(Self { encoder, choice: LatentChoice::Mean, chunk_frames: TILE_FRAMES, weights_id })
     }
 
     pub fn with_choice(mut self, choice: LatentChoice) -> Self {
@@ -724,7 +739,12 @@ impl LatentEncoder for VaeLatentEncoder {
         self.encoder.cfg.latent_channels()
     }
 
-    fn encode_cancellable(&self, audio: &StereoAudio, cancel: &Cancel, progress: &mut dyn FnMut(f64, f64)) -> Result<Tensor> {
+    fn encode_cancellable(
+        &self,
+        audio: &StereoAudio,
+        cancel: &Cancel,
+        progress: &mut dyn FnMut(f64, f64),
+    ) -> Result<Tensor> {
         if audio.sample_rate != self.sample_rate() {
             return Err(Error::Encoder(format!(
                 "the VAE takes {} Hz audio, got {} Hz",
@@ -737,7 +757,9 @@ impl LatentEncoder for VaeLatentEncoder {
         let device = self.encoder.conv1.w.device();
         let x = Tensor::from_vec(samples, (2, n), device)?;
         let fps = self.frames_per_second();
-        let post = self.encoder.encode(&x, self.chunk_frames, cancel, &mut |done, frames| progress(done as f64 / fps, frames as f64 / fps))?;
+        let post = self.encoder.encode(&x, self.chunk_frames, cancel, &mut |done, frames| {
+            progress(done as f64 / fps, frames as f64 / fps)
+        })?;
         let z = match self.choice {
             LatentChoice::Mean => post.mean,
             LatentChoice::Sample { seed } => post.sample(seed)?,

@@ -20,10 +20,7 @@ pub struct DecoderWeights {
 /// Every tensor the DiT needs, with its shape, in the original naming.
 pub fn expected_shapes(cfg: &DitConfig) -> BTreeMap<String, Vec<usize>> {
     let h = cfg.hidden_size;
-    let (q_out, kv_out) = (
-        cfg.num_attention_heads * cfg.head_dim,
-        cfg.num_key_value_heads * cfg.head_dim,
-    );
+    let (q_out, kv_out) = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim);
     let mut s = BTreeMap::new();
     let mut put = |k: String, shape: &[usize]| {
         s.insert(k, shape.to_vec());
@@ -123,8 +120,7 @@ fn from_diffusers_name(key: &str) -> String {
 }
 
 fn is_diffusers_naming(keys: &[&str]) -> bool {
-    keys.iter()
-        .any(|k| k.starts_with("proj_in_conv.") || k.contains(".to_q.") || k.contains(".norm_q."))
+    keys.iter().any(|k| k.starts_with("proj_in_conv.") || k.contains(".to_q.") || k.contains(".norm_q."))
 }
 
 impl DecoderWeights {
@@ -133,10 +129,7 @@ impl DecoderWeights {
     pub fn load(paths: &[&Path], cfg: &DitConfig, dtype: DType, device: &Device) -> Result<Self> {
         for p in paths {
             if !p.is_file() {
-                return Err(Error::io(
-                    *p,
-                    std::io::Error::new(std::io::ErrorKind::NotFound, "weights file not found"),
-                ));
+                return Err(Error::io(*p, std::io::Error::new(std::io::ErrorKind::NotFound, "weights file not found")));
             }
         }
         // SAFETY: the files are only read; a file changed on disk while mapped is the
@@ -174,10 +167,8 @@ impl DecoderWeights {
     pub fn from_tensors(tensors: HashMap<String, Tensor>, cfg: &DitConfig) -> Result<Self> {
         let expected = expected_shapes(cfg);
         for (name, shape) in &expected {
-            let t = tensors.get(name).ok_or_else(|| Error::MissingTensor {
-                key: name.clone(),
-                expected: shape.clone(),
-            })?;
+            let t =
+                tensors.get(name).ok_or_else(|| Error::MissingTensor { key: name.clone(), expected: shape.clone() })?;
             if t.dims() != shape.as_slice() {
                 return Err(Error::ShapeMismatch {
                     key: name.clone(),
@@ -196,10 +187,7 @@ impl DecoderWeights {
 
     /// The tensor under its original name (without `decoder.`); shapes were checked at load.
     pub fn get(&self, name: &str) -> Result<Tensor> {
-        self.tensors.get(name).cloned().ok_or_else(|| Error::MissingTensor {
-            key: name.to_string(),
-            expected: vec![],
-        })
+        self.tensors.get(name).cloned().ok_or_else(|| Error::MissingTensor { key: name.to_string(), expected: vec![] })
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Tensor)> {
@@ -237,14 +225,8 @@ mod tests {
     fn diffusers_names_map_to_original() {
         assert_eq!(from_diffusers_name("proj_in_conv.weight"), "proj_in.1.weight");
         assert_eq!(from_diffusers_name("proj_out_conv.bias"), "proj_out.1.bias");
-        assert_eq!(
-            from_diffusers_name("layers.3.cross_attn.to_out.0.weight"),
-            "layers.3.cross_attn.o_proj.weight"
-        );
-        assert_eq!(
-            from_diffusers_name("layers.0.self_attn.norm_k.weight"),
-            "layers.0.self_attn.k_norm.weight"
-        );
+        assert_eq!(from_diffusers_name("layers.3.cross_attn.to_out.0.weight"), "layers.3.cross_attn.o_proj.weight");
+        assert_eq!(from_diffusers_name("layers.0.self_attn.norm_k.weight"), "layers.0.self_attn.k_norm.weight");
         assert_eq!(from_diffusers_name("layers.0.mlp.up_proj.weight"), "layers.0.mlp.up_proj.weight");
     }
 }

@@ -52,7 +52,8 @@ impl CfgDropout {
         if !dropped.contains(&true) {
             return Ok(states.clone());
         }
-        let null = self.null_condition.to_dtype(states.dtype())?.to_device(states.device())?.broadcast_as(states.shape())?;
+        let null =
+            self.null_condition.to_dtype(states.dtype())?.to_device(states.device())?.broadcast_as(states.shape())?;
         let keep: Vec<u8> = dropped.iter().map(|&d| u8::from(!d)).collect();
         let keep = Tensor::from_vec(keep, (dropped.len(), 1, 1), states.device())?.broadcast_as(states.shape())?;
         Ok(keep.where_cond(states, &null)?)

@@ -160,10 +160,7 @@ impl RunConfig {
     /// Reads a TOML config; an unknown key is an error naming it.
     pub fn from_toml_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        toml::from_str(&text).map_err(|e| Error::BadFile {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })
+        toml::from_str(&text).map_err(|e| Error::BadFile { path: path.to_path_buf(), reason: e.to_string() })
     }
 
     pub fn to_toml(&self) -> String {
@@ -197,7 +194,11 @@ impl RunConfig {
         if self.name.is_empty() || self.name.contains(['/', '\\']) || self.name.starts_with('.') {
             return Err(Error::setting("name", format!("`{}` must be a plain, non-empty folder name", self.name)));
         }
-        for (field, value) in [("batch_size", self.batch_size), ("grad_accum", self.grad_accum), ("keep_checkpoints", self.keep_checkpoints)] {
+        for (field, value) in [
+            ("batch_size", self.batch_size),
+            ("grad_accum", self.grad_accum),
+            ("keep_checkpoints", self.keep_checkpoints),
+        ] {
             if value == 0 {
                 return Err(Error::setting(field, "must be at least 1"));
             }
@@ -223,7 +224,10 @@ impl RunConfig {
         }
         let seconds = self.preview_seconds();
         if !(seconds > 0.0 && seconds <= MAX_SECONDS) {
-            return Err(Error::setting("preview_seconds", format!("{seconds} must be more than 0 and at most {MAX_SECONDS}")));
+            return Err(Error::setting(
+                "preview_seconds",
+                format!("{seconds} must be more than 0 and at most {MAX_SECONDS}"),
+            ));
         }
         self.validate_validation()?;
         crate::lora::validate_config(&self.lora)?;
@@ -257,7 +261,10 @@ impl RunConfig {
             }
         }
         if held_out != self.val_every_steps.is_some() {
-            return Err(Error::setting("val_every_steps", "is needed exactly when clips are held out (val_files or val_fraction)"));
+            return Err(Error::setting(
+                "val_every_steps",
+                "is needed exactly when clips are held out (val_files or val_fraction)",
+            ));
         }
         if self.patience.is_some() && !held_out {
             return Err(Error::setting("patience", "needs validation (val_files or val_fraction)"));
@@ -321,7 +328,12 @@ mod tests {
             let err = c.validate().unwrap_err().to_string();
             assert!(err.contains(field), "{err}");
         }
-        let b = RunConfig { preview_every_steps: Some(2), preview_seconds: Some(1.0), preview_caption: Some("x".into()), ..a.clone() };
+        let b = RunConfig {
+            preview_every_steps: Some(2),
+            preview_seconds: Some(1.0),
+            preview_caption: Some("x".into()),
+            ..a.clone()
+        };
         b.validate().unwrap();
         assert_eq!(a.trajectory_hash(), b.trajectory_hash());
         let back: RunConfig = toml::from_str(&b.to_toml()).unwrap();
@@ -344,7 +356,15 @@ mod tests {
     fn validation_settings_are_checked_and_named() {
         let base = RunConfig { name: "r".into(), ..Default::default() };
         let cases = [
-            (RunConfig { val_files: vec!["a.wav".into()], val_fraction: Some(0.2), val_every_steps: Some(1), ..base.clone() }, "val_fraction"),
+            (
+                RunConfig {
+                    val_files: vec!["a.wav".into()],
+                    val_fraction: Some(0.2),
+                    val_every_steps: Some(1),
+                    ..base.clone()
+                },
+                "val_fraction",
+            ),
             (RunConfig { val_fraction: Some(1.0), val_every_steps: Some(1), ..base.clone() }, "val_fraction"),
             (RunConfig { val_fraction: Some(0.2), ..base.clone() }, "val_every_steps"),
             (RunConfig { val_every_steps: Some(2), ..base.clone() }, "val_every_steps"),
@@ -355,7 +375,9 @@ mod tests {
             let err = c.validate().unwrap_err().to_string();
             assert!(err.contains(field), "{err}");
         }
-        RunConfig { val_fraction: Some(0.25), val_every_steps: Some(2), patience: Some(3), ..base.clone() }.validate().unwrap();
+        RunConfig { val_fraction: Some(0.25), val_every_steps: Some(2), patience: Some(3), ..base.clone() }
+            .validate()
+            .unwrap();
         // Runs without validation write no new keys: their trajectory hash is unchanged.
         assert!(!base.to_toml().contains("val_"), "{}", base.to_toml());
     }

@@ -74,16 +74,10 @@ fn gb(bytes: u64) -> String {
 /// "predicted peak 3.1 of 19.8 GB (RAM available)", as every front end shows it.
 pub fn summary(predicted_peak_bytes: u64, machine: Option<&MachineMemory>) -> String {
     match machine {
-        Some(m) => format!(
-            "predicted peak {} of {} GB ({})",
-            gb(predicted_peak_bytes),
-            gb(m.available_bytes),
-            m.source
-        ),
-        None => format!(
-            "predicted peak {} GB (this machine's memory is unknown)",
-            gb(predicted_peak_bytes)
-        ),
+        Some(m) => {
+            format!("predicted peak {} of {} GB ({})", gb(predicted_peak_bytes), gb(m.available_bytes), m.source)
+        }
+        None => format!("predicted peak {} GB (this machine's memory is unknown)", gb(predicted_peak_bytes)),
     }
 }
 
@@ -91,9 +85,9 @@ impl MemoryPlan {
     /// Whether the prediction, with headroom, is within the machine's memory (true
     /// when the machine's memory is unknown).
     pub fn fits(&self) -> bool {
-        self.machine.as_ref().is_none_or(|m| {
-            self.predicted_peak_bytes + headroom(self.predicted_peak_bytes) <= m.available_bytes
-        })
+        self.machine
+            .as_ref()
+            .is_none_or(|m| self.predicted_peak_bytes + headroom(self.predicted_peak_bytes) <= m.available_bytes)
     }
 
     /// "predicted peak 3.1 of 19.8 GB (RAM available)".
@@ -104,11 +98,8 @@ impl MemoryPlan {
     /// The error for a plan that does not fit: what takes the memory, and what to change.
     fn refusal(&self) -> Error {
         let f = &self.footprint;
-        let act = self.predicted_peak_bytes
-            - f.weights_bytes
-            - f.trainable_state_bytes
-            - self.encoders_bytes
-            - f.batch_bytes;
+        let act =
+            self.predicted_peak_bytes - f.weights_bytes - f.trainable_state_bytes - self.encoders_bytes - f.batch_bytes;
         let parts = [
             (f.trainable_state_bytes, format!(
                 "the LoRA's {:.2} billion trainable parameters with their gradients and optimizer state take {} GB; lower the rank (lora.r, --rank)",
@@ -132,16 +123,9 @@ impl MemoryPlan {
                 if f.weights_bytes == 4 * f.dit_parameters { "train in bf16 (--precision bf16) or use " } else { "use " }
             )),
         ];
-        let (_, why) = parts
-            .into_iter()
-            .max_by_key(|(bytes, _)| *bytes)
-            .expect("three parts");
+        let (_, why) = parts.into_iter().max_by_key(|(bytes, _)| *bytes).expect("three parts");
         let needed = self.predicted_peak_bytes + headroom(self.predicted_peak_bytes);
-        Error::WontFit {
-            summary: self.summary(),
-            needed_gb: needed as f64 / 1e9,
-            why,
-        }
+        Error::WontFit { summary: self.summary(), needed_gb: needed as f64 / 1e9, why }
     }
 }
 
@@ -150,26 +134,13 @@ impl MemoryPlan {
 pub fn plan(config: &RunConfig) -> Result<MemoryPlan> {
     let selected = device::select(config.force_cpu)?;
     let machine = machine_memory(&selected.device);
-    Ok(plan_for(
-        config,
-        &config.model.shape()?,
-        &selected.device,
-        machine,
-    ))
+    Ok(plan_for(config, &config.model.shape()?, &selected.device, machine))
 }
 
 /// The plan for `config` with `model` on `device` offering `machine`.
-pub fn plan_for(
-    config: &RunConfig,
-    model: &ModelShape,
-    device: &Device,
-    machine: Option<MachineMemory>,
-) -> MemoryPlan {
-    let longest_seconds = config
-        .data
-        .crop_seconds
-        .unwrap_or(config.data.max_duration_seconds)
-        .min(config.data.max_duration_seconds);
+pub fn plan_for(config: &RunConfig, model: &ModelShape, device: &Device, machine: Option<MachineMemory>) -> MemoryPlan {
+    let longest_seconds =
+        config.data.crop_seconds.unwrap_or(config.data.max_duration_seconds).min(config.data.max_duration_seconds);
     let dtype = config.precision.dtype(device);
     let workload = Workload {
         frames: (longest_seconds * model.frames_per_second).ceil() as usize,
@@ -240,10 +211,7 @@ pub fn fit_auto_for(
     };
     let before = config.clone();
     let plan = |c: &RunConfig| plan_for(c, model, device, machine.clone());
-    let plain = RunConfig {
-        gradient_checkpointing: false,
-        ..config.clone()
-    };
+    let plain = RunConfig { gradient_checkpointing: false, ..config.clone() };
     config.gradient_checkpointing = plan(&plain).predicted_peak_bytes * 2 > memory.available_bytes;
     while !plan(config).fits() && config.batch_size > 1 {
         let effective = config.batch_size * config.grad_accum;
@@ -253,10 +221,7 @@ pub fn fit_auto_for(
     if !plan(config).fits() && config.precision.dtype(device) == DType::F32 {
         config.precision = Precision::Bf16;
     }
-    let longest = config
-        .data
-        .crop_seconds
-        .unwrap_or(config.data.max_duration_seconds);
+    let longest = config.data.crop_seconds.unwrap_or(config.data.max_duration_seconds);
     for crop in CROPS.into_iter().filter(|&c| c < longest) {
         if plan(config).fits() {
             break;
@@ -274,10 +239,7 @@ fn changes(before: &RunConfig, after: &RunConfig) -> Vec<String> {
     let on_off = |b: bool| if b { "on" } else { "off" };
     let mut out = Vec::new();
     if before.gradient_checkpointing != after.gradient_checkpointing {
-        out.push(format!(
-            "gradient checkpointing {}",
-            on_off(after.gradient_checkpointing)
-        ));
+        out.push(format!("gradient checkpointing {}", on_off(after.gradient_checkpointing)));
     }
     if before.batch_size != after.batch_size {
         out.push(format!(
@@ -289,10 +251,7 @@ fn changes(before: &RunConfig, after: &RunConfig) -> Vec<String> {
         out.push(format!("precision {:?}", after.precision).to_lowercase());
     }
     if before.data.crop_seconds != after.data.crop_seconds {
-        out.push(format!(
-            "crops of {} s",
-            after.data.crop_seconds.unwrap_or_default()
-        ));
+        out.push(format!("crops of {} s", after.data.crop_seconds.unwrap_or_default()));
     }
     out
 }
@@ -305,84 +264,38 @@ mod tests {
     const GB: u64 = 1_000_000_000;
 
     fn machine(gb: u64) -> Option<MachineMemory> {
-        Some(MachineMemory {
-            available_bytes: gb * GB,
-            total_bytes: gb * GB,
-            source: "test".into(),
-        })
+        Some(MachineMemory { available_bytes: gb * GB, total_bytes: gb * GB, source: "test".into() })
     }
 
     /// ACE-Step 1.5's DiT (24 layers of the bench's full size), without reading a folder.
     fn ace_step() -> ModelShape {
-        let dit = crate::bench::Preset::FullPair240s
-            .spec()
-            .with_layers(24)
-            .config;
-        ModelShape {
-            dit,
-            frames_per_second: 25.0,
-            encoder_len: 769,
-            encoders_bytes: 3 * GB,
-        }
+        let dit = crate::bench::Preset::FullPair240s.spec().with_layers(24).config;
+        ModelShape { dit, frames_per_second: 25.0, encoder_len: 769, encoders_bytes: 3 * GB }
     }
 
     fn config() -> RunConfig {
-        RunConfig {
-            name: "r".into(),
-            model: ModelSource::Demo,
-            ..Default::default()
-        }
+        RunConfig { name: "r".into(), model: ModelSource::Demo, ..Default::default() }
     }
 
     #[test]
     fn a_huge_rank_is_refused_with_the_reason() {
         // The demo model at rank 100000: the run the OOM killer ended at 23 GB.
-        let c = RunConfig {
-            lora: LoraConfig {
-                r: 100_000,
-                ..Default::default()
-            },
-            ..config()
-        };
-        let p = plan_for(
-            &c,
-            &ModelSource::Demo.shape().unwrap(),
-            &Device::Cpu,
-            machine(24),
-        );
-        println!(
-            "{} ({} LoRA elements)",
-            p.summary(),
-            p.footprint.lora_parameters
-        );
-        assert!(
-            p.footprint.lora_parameters > 1_400_000_000,
-            "{}",
-            p.footprint.lora_parameters
-        );
+        let c = RunConfig { lora: LoraConfig { r: 100_000, ..Default::default() }, ..config() };
+        let p = plan_for(&c, &ModelSource::Demo.shape().unwrap(), &Device::Cpu, machine(24));
+        println!("{} ({} LoRA elements)", p.summary(), p.footprint.lora_parameters);
+        assert!(p.footprint.lora_parameters > 1_400_000_000, "{}", p.footprint.lora_parameters);
         let err = check(&p).unwrap_err().to_string();
         println!("{err}");
-        assert!(
-            err.contains("1.43 billion trainable parameters") && err.contains("--rank"),
-            "{err}"
-        );
+        assert!(err.contains("1.43 billion trainable parameters") && err.contains("--rank"), "{err}");
         assert!(err.contains(" of 24.0 GB"), "{err}");
     }
 
     #[test]
     fn long_samples_without_checkpointing_are_refused_naming_checkpointing() {
-        let c = RunConfig {
-            gradient_checkpointing: false,
-            ..config()
-        };
-        let err = check(&plan_for(&c, &ace_step(), &Device::Cpu, machine(16)))
-            .unwrap_err()
-            .to_string();
+        let c = RunConfig { gradient_checkpointing: false, ..config() };
+        let err = check(&plan_for(&c, &ace_step(), &Device::Cpu, machine(16))).unwrap_err().to_string();
         println!("{err}");
-        assert!(
-            err.contains("gradient checkpointing on") && err.contains("240 s"),
-            "{err}"
-        );
+        assert!(err.contains("gradient checkpointing on") && err.contains("240 s"), "{err}");
         // Unknown memory refuses nothing.
         check(&plan_for(&c, &ace_step(), &Device::Cpu, None)).unwrap();
     }
@@ -391,48 +304,25 @@ mod tests {
     fn fit_auto_chooses_more_as_memory_shrinks() {
         let mut chosen = Vec::new();
         for gb in [256, 64, 16, 8] {
-            let mut c = RunConfig {
-                batch_size: 4,
-                gradient_checkpointing: false,
-                ..config()
-            };
+            let mut c = RunConfig { batch_size: 4, gradient_checkpointing: false, ..config() };
             let p = fit_auto_for(&mut c, &ace_step(), &Device::Cpu, machine(gb)).unwrap();
             println!("{gb} GB: {} -> {:?}", p.summary(), p.changes);
             assert!(p.fits());
-            assert_eq!(
-                c.batch_size * c.grad_accum,
-                4,
-                "the effective batch is kept"
-            );
+            assert_eq!(c.batch_size * c.grad_accum, 4, "the effective batch is kept");
             assert_eq!(
                 p.predicted_peak_bytes,
                 plan_for(&c, &ace_step(), &Device::Cpu, machine(gb)).predicted_peak_bytes
             );
-            chosen.push((
-                c.gradient_checkpointing,
-                c.batch_size,
-                c.precision,
-                c.data.crop_seconds,
-            ));
+            chosen.push((c.gradient_checkpointing, c.batch_size, c.precision, c.data.crop_seconds));
         }
         // Plenty: as given, without checkpointing; less: checkpointing, then smaller batches, bf16, crops.
         assert_eq!(chosen[0], (false, 4, Precision::Auto, None));
         assert!(chosen[1].0);
         let last = chosen.last().unwrap();
-        assert!(
-            last.1 == 1 && last.2 == Precision::Bf16 && last.3.is_some(),
-            "{chosen:?}"
-        );
+        assert!(last.1 == 1 && last.2 == Precision::Bf16 && last.3.is_some(), "{chosen:?}");
         let mut c = config();
-        let err = fit_auto_for(&mut c, &ace_step(), &Device::Cpu, machine(2))
-            .unwrap_err()
-            .to_string();
+        let err = fit_auto_for(&mut c, &ace_step(), &Device::Cpu, machine(2)).unwrap_err().to_string();
         println!("{err}");
-        assert!(
-            err.contains("weights take")
-                && err.contains("more memory")
-                && !err.contains("--precision"),
-            "{err}"
-        );
+        assert!(err.contains("weights take") && err.contains("more memory") && !err.contains("--precision"), "{err}");
     }
 }

@@ -35,7 +35,11 @@ impl Batch {
                 .map(|s| {
                     let t = get(s).to_dtype(DType::F32)?;
                     let missing = len - t.dim(0)?;
-                    if missing > 0 { t.pad_with_zeros(0, 0, missing) } else { Ok(t) }
+                    if missing > 0 {
+                        t.pad_with_zeros(0, 0, missing)
+                    } else {
+                        Ok(t)
+                    }
                 })
                 .collect::<candle_core::Result<Vec<_>>>()?;
             Ok(Tensor::stack(&padded, 0)?.to_device(device)?)
@@ -157,7 +161,8 @@ mod tests {
 
         let mut padded = FlowBatch::new(&batch(&[1.0, 1.0, 0.0, 0.0]), &[0.5], &mut ChaCha8Rng::seed_from_u64(2))?;
         padded.target = full.target.clone();
-        let first_two = (pred.narrow(1, 0, 2)? - full.target.narrow(1, 0, 2)?)?.sqr()?.mean_all()?.to_scalar::<f32>()?;
+        let first_two =
+            (pred.narrow(1, 0, 2)? - full.target.narrow(1, 0, 2)?)?.sqr()?.mean_all()?.to_scalar::<f32>()?;
         let pred_bad_tail = Tensor::cat(&[pred.narrow(1, 0, 2)?, (pred.narrow(1, 2, 2)? * 1e6)?], 1)?;
         assert!((padded.loss(&pred_bad_tail)?.mean.to_scalar::<f32>()? - first_two).abs() < 1e-5);
         Ok(())
@@ -176,7 +181,8 @@ mod tests {
         let pred = Tensor::randn(0f32, 1., (2, 4, 3), &dev)?;
         let loss = flow.loss(&pred)?;
         let own = |i: usize, frames: usize| -> Result<f32> {
-            let d = (pred.narrow(0, i, 1)?.narrow(1, 0, frames)? - flow.target.narrow(0, i, 1)?.narrow(1, 0, frames)?)?;
+            let d =
+                (pred.narrow(0, i, 1)?.narrow(1, 0, frames)? - flow.target.narrow(0, i, 1)?.narrow(1, 0, frames)?)?;
             Ok(d.sqr()?.mean_all()?.to_scalar::<f32>()?)
         };
         for (i, frames) in [(0, 4), (1, 1)] {

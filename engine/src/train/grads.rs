@@ -51,17 +51,20 @@ pub fn compute(
 }
 
 /// One graph over the whole forward.
-fn plain(model: &DitModel, adapter: &LoraAdapter, batch: &FlowBatch, mode: LoraMode, loss_scale: f64, vars: &[Var]) -> Result<Gradients> {
+fn plain(
+    model: &DitModel,
+    adapter: &LoraAdapter,
+    batch: &FlowBatch,
+    mode: LoraMode,
+    loss_scale: f64,
+    vars: &[Var],
+) -> Result<Gradients> {
     let ctx = adapter.ctx(mode, true);
     let loss = batch.loss(&model.forward(&batch.inputs, Some(&ctx))?)?;
     let store = (&loss.mean * loss_scale)?.backward()?;
     let mut acc = Accumulator::new(vars);
     acc.add(vars, &store)?;
-    Ok(Gradients {
-        loss: loss.mean.to_scalar::<f32>()?,
-        sample_losses: loss.per_sample,
-        grads: acc.finish(vars)?,
-    })
+    Ok(Gradients { loss: loss.mean.to_scalar::<f32>()?, sample_losses: loss.per_sample, grads: acc.finish(vars)? })
 }
 
 /// Block recompute: forward every block without a graph, keeping each one's input and
@@ -140,10 +143,7 @@ struct Accumulator {
 
 impl Accumulator {
     fn new(vars: &[Var]) -> Self {
-        Self {
-            index: vars.iter().enumerate().map(|(i, v)| (v.id(), i)).collect(),
-            sums: vec![None; vars.len()],
-        }
+        Self { index: vars.iter().enumerate().map(|(i, v)| (v.id(), i)).collect(), sums: vec![None; vars.len()] }
     }
 
     fn add(&mut self, vars: &[Var], store: &candle_core::backprop::GradStore) -> Result<()> {

@@ -98,7 +98,8 @@ pub fn summarise(dir: &Path) -> RunSummary {
         // Paused, then the process went away (the app was quit): resumable as stopped.
         s.status = RunStatus::Stopped;
     }
-    s.resumable = !matches!(s.status, RunStatus::Running | RunStatus::Paused | RunStatus::Finished) && has_checkpoint(dir);
+    s.resumable =
+        !matches!(s.status, RunStatus::Running | RunStatus::Paused | RunStatus::Finished) && has_checkpoint(dir);
     s
 }
 

@@ -21,10 +21,7 @@ pub struct LossScaleConfig {
 
 impl Default for LossScaleConfig {
     fn default() -> Self {
-        Self {
-            init_scale: 65536.0,
-            growth_interval: 2000,
-        }
+        Self { init_scale: 65536.0, growth_interval: 2000 }
     }
 }
 
@@ -42,20 +39,12 @@ pub struct LossScaler {
 impl LossScaler {
     /// Dynamic scaling, for f16 compute.
     pub fn dynamic(config: LossScaleConfig) -> Self {
-        Self {
-            scale: config.init_scale.max(1.0),
-            clean_steps: 0,
-            growth_interval: Some(config.growth_interval.max(1)),
-        }
+        Self { scale: config.init_scale.max(1.0), clean_steps: 0, growth_interval: Some(config.growth_interval.max(1)) }
     }
 
     /// A constant scale of 1, for compute dtypes with f32's exponent range.
     pub fn disabled() -> Self {
-        Self {
-            scale: 1.0,
-            clean_steps: 0,
-            growth_interval: None,
-        }
+        Self { scale: 1.0, clean_steps: 0, growth_interval: None }
     }
 
     /// The factor to multiply the loss by before backward.
@@ -117,11 +106,7 @@ impl SkipCounter {
     pub const DEFAULT_LIMIT: u32 = 20;
 
     pub fn new(limit: u32) -> Self {
-        Self {
-            consecutive: 0,
-            total: 0,
-            limit: limit.max(1),
-        }
+        Self { consecutive: 0, total: 0, limit: limit.max(1) }
     }
 
     /// Records a skipped step.
@@ -166,10 +151,7 @@ mod tests {
 
     #[test]
     fn halves_on_overflow_and_doubles_after_clean_run() {
-        let mut s = LossScaler::dynamic(LossScaleConfig {
-            init_scale: 8.0,
-            growth_interval: 3,
-        });
+        let mut s = LossScaler::dynamic(LossScaleConfig { init_scale: 8.0, growth_interval: 3 });
         s.update(false);
         assert_eq!(s.scale(), 4.0);
         s.update(true);
@@ -209,10 +191,7 @@ mod tests {
 
     #[test]
     fn unscale_divides() {
-        let s = LossScaler::dynamic(LossScaleConfig {
-            init_scale: 4.0,
-            growth_interval: 10,
-        });
+        let s = LossScaler::dynamic(LossScaleConfig { init_scale: 4.0, growth_interval: 10 });
         let mut grads = vec![Tensor::new(&[8.0f32, -2.0], &Device::Cpu).unwrap()];
         s.unscale(&mut grads).unwrap();
         assert_eq!(grads[0].to_vec1::<f32>().unwrap(), [2.0, -0.5]);
@@ -226,8 +205,7 @@ mod tests {
         let mut c = SkipCounter::new(5);
         c.skipped();
         let back: LossScaler = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
-        let back_c: SkipCounter =
-            serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+        let back_c: SkipCounter = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
         assert_eq!(back, s);
         assert_eq!(back_c, c);
     }

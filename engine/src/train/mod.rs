@@ -2,15 +2,15 @@
 //! mechanisms (optimizer, schedules, loss scaling), each in its own module.
 
 pub mod cfg_dropout;
+pub mod config;
 pub mod fit;
 pub mod flow;
 pub mod grads;
 pub mod loss_scale;
 pub mod optim;
 mod preview;
-pub mod schedule;
-pub mod config;
 pub mod run;
+pub mod schedule;
 pub mod state;
 pub mod step;
 pub mod validation;

@@ -23,12 +23,7 @@ pub struct AdamWConfig {
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        Self {
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-        }
+        Self { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }
     }
 }
 
@@ -57,36 +52,17 @@ impl AdamW {
     /// A fresh optimizer: zero moments, step 0.
     pub fn new(vars: Vec<Var>, config: AdamWConfig) -> Result<Self> {
         let zeros = |var: &Var| Tensor::zeros(var.shape(), DType::F32, var.device());
-        let m = vars
-            .iter()
-            .map(zeros)
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let v = vars
-            .iter()
-            .map(zeros)
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        Ok(Self {
-            vars,
-            config,
-            m,
-            v,
-            step: 0,
-        })
+        let m = vars.iter().map(zeros).collect::<candle_core::Result<Vec<_>>>()?;
+        let v = vars.iter().map(zeros).collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Self { vars, config, m, v, step: 0 })
     }
 
     /// Rebuilds an optimizer from `state_tensors()` output (e.g. read back from a
     /// safetensors file; other keys are ignored). Moments stored in a lower precision
     /// are cast to f32 and moved to each parameter's device.
-    pub fn from_state(
-        vars: Vec<Var>,
-        config: AdamWConfig,
-        state: &HashMap<String, Tensor>,
-    ) -> Result<Self> {
+    pub fn from_state(vars: Vec<Var>, config: AdamWConfig, state: &HashMap<String, Tensor>) -> Result<Self> {
         let get = |key: &str| {
-            state.get(key).ok_or_else(|| Error::TrainingState {
-                key: key.to_string(),
-                reason: "missing".to_string(),
-            })
+            state.get(key).ok_or_else(|| Error::TrainingState { key: key.to_string(), reason: "missing".to_string() })
         };
         let step = read_step(get(STEP_KEY)?)?;
         let moments = |key: String, var: &Var| -> Result<Tensor> {
@@ -99,19 +75,9 @@ impl AdamW {
             }
             Ok(t.to_device(var.device())?.to_dtype(DType::F32)?)
         };
-        let m = (vars.iter().enumerate())
-            .map(|(i, var)| moments(m_key(i), var))
-            .collect::<Result<Vec<_>>>()?;
-        let v = (vars.iter().enumerate())
-            .map(|(i, var)| moments(v_key(i), var))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
-            vars,
-            config,
-            m,
-            v,
-            step,
-        })
+        let m = (vars.iter().enumerate()).map(|(i, var)| moments(m_key(i), var)).collect::<Result<Vec<_>>>()?;
+        let v = (vars.iter().enumerate()).map(|(i, var)| moments(v_key(i), var)).collect::<Result<Vec<_>>>()?;
+        Ok(Self { vars, config, m, v, step })
     }
 
     /// The state to checkpoint: `adamw.m.<i>`, `adamw.v.<i>` (f32, parameter order) and
@@ -122,10 +88,7 @@ impl AdamW {
             key: STEP_KEY.to_string(),
             reason: format!("step {} does not fit in i64", self.step),
         })?;
-        out.push((
-            STEP_KEY.to_string(),
-            Tensor::new(&[step], &candle_core::Device::Cpu)?,
-        ));
+        out.push((STEP_KEY.to_string(), Tensor::new(&[step], &candle_core::Device::Cpu)?));
         for (i, (m, v)) in self.m.iter().zip(&self.v).enumerate() {
             out.push((m_key(i), m.clone()));
             out.push((v_key(i), v.clone()));
@@ -150,18 +113,10 @@ impl AdamW {
     /// `vars[i]` (any float dtype); the caller has already checked it is finite.
     pub fn step(&mut self, grads: &[Tensor], lr: f64) -> Result<()> {
         if grads.len() != self.vars.len() {
-            return Err(Error::GradientCount {
-                params: self.vars.len(),
-                grads: grads.len(),
-            });
+            return Err(Error::GradientCount { params: self.vars.len(), grads: grads.len() });
         }
         self.step += 1;
-        let AdamWConfig {
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-        } = self.config;
+        let AdamWConfig { beta1, beta2, eps, weight_decay } = self.config;
         // PyTorch's formulation: p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
         let t = i32::try_from(self.step).unwrap_or(i32::MAX);
         let bias_correction1 = 1.0 - beta1.powi(t);
@@ -184,10 +139,7 @@ impl AdamW {
 }
 
 fn read_step(t: &Tensor) -> Result<u64> {
-    let bad = |reason: String| Error::TrainingState {
-        key: STEP_KEY.to_string(),
-        reason,
-    };
+    let bad = |reason: String| Error::TrainingState { key: STEP_KEY.to_string(), reason };
     let values = t.flatten_all()?.to_dtype(DType::I64)?.to_vec1::<i64>()?;
     match values[..] {
         [step] => u64::try_from(step).map_err(|_| bad(format!("negative step {step}"))),
@@ -197,17 +149,11 @@ fn read_step(t: &Tensor) -> Result<u64> {
 
 /// Sums `per_tensor(g)` (a scalar for each gradient) on the device, reading back one
 /// number: on a GPU each read-back is a synchronisation.
-fn sum_over(
-    grads: &[Tensor],
-    per_tensor: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
-) -> Result<f32> {
+fn sum_over(grads: &[Tensor], per_tensor: impl Fn(&Tensor) -> candle_core::Result<Tensor>) -> Result<f32> {
     if grads.is_empty() {
         return Ok(0.0);
     }
-    let sums = grads
-        .iter()
-        .map(per_tensor)
-        .collect::<candle_core::Result<Vec<_>>>()?;
+    let sums = grads.iter().map(per_tensor).collect::<candle_core::Result<Vec<_>>>()?;
     Ok(Tensor::stack(&sums, 0)?.sum_all()?.to_scalar::<f32>()?)
 }
 
@@ -276,29 +222,15 @@ mod tests {
         }
     }
 
-    const GRADS: [[f32; 3]; 4] = [
-        [0.5, -1.0, 2.0],
-        [0.1, 0.3, -0.7],
-        [-2.0, 0.0, 0.25],
-        [1.5, -0.5, 0.0],
-    ];
+    const GRADS: [[f32; 3]; 4] = [[0.5, -1.0, 2.0], [0.1, 0.3, -0.7], [-2.0, 0.0, 0.25], [1.5, -0.5, 0.0]];
 
     #[test]
     fn matches_f64_reference() {
-        let config = AdamWConfig {
-            beta1: 0.8,
-            beta2: 0.95,
-            eps: 1e-6,
-            weight_decay: 0.1,
-        };
+        let config = AdamWConfig { beta1: 0.8, beta2: 0.95, eps: 1e-6, weight_decay: 0.1 };
         let init = [1.0f32, -0.5, 0.25];
         let mut opt = AdamW::new(vec![var(&init)], config).unwrap();
-        let mut reference = Reference {
-            p: init.iter().map(|&x| x as f64).collect(),
-            m: vec![0.0; 3],
-            v: vec![0.0; 3],
-            t: 0,
-        };
+        let mut reference =
+            Reference { p: init.iter().map(|&x| x as f64).collect(), m: vec![0.0; 3], v: vec![0.0; 3], t: 0 };
         for (k, g) in GRADS.iter().enumerate() {
             let lr = 0.01 * (k + 1) as f64;
             let grad = Tensor::new(g, &Device::Cpu).unwrap();
@@ -315,31 +247,19 @@ mod tests {
 
     #[test]
     fn weight_decay_applies_with_zero_gradient() {
-        let config = AdamWConfig {
-            weight_decay: 0.5,
-            ..Default::default()
-        };
+        let config = AdamWConfig { weight_decay: 0.5, ..Default::default() };
         let mut opt = AdamW::new(vec![var(&[2.0])], config).unwrap();
-        opt.step(&[Tensor::new(&[0.0f32], &Device::Cpu).unwrap()], 0.1)
-            .unwrap();
+        opt.step(&[Tensor::new(&[0.0f32], &Device::Cpu).unwrap()], 0.1).unwrap();
         // Decoupled: p * (1 - lr * wd) = 2 * 0.95, and the Adam term is 0 / (0 + eps).
         assert!((vec(opt.vars()[0].as_tensor())[0] - 1.9).abs() < 1e-6);
     }
 
     #[test]
     fn moments_stay_f32_under_bf16_parameters() {
-        let p = Var::from_tensor(
-            &Tensor::new(&[1.0f32, 2.0], &Device::Cpu)
-                .unwrap()
-                .to_dtype(DType::BF16)
-                .unwrap(),
-        )
-        .unwrap();
-        let mut opt = AdamW::new(vec![p], AdamWConfig::default()).unwrap();
-        let g = Tensor::new(&[0.5f32, -0.5], &Device::Cpu)
-            .unwrap()
-            .to_dtype(DType::BF16)
+        let p = Var::from_tensor(&Tensor::new(&[1.0f32, 2.0], &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap())
             .unwrap();
+        let mut opt = AdamW::new(vec![p], AdamWConfig::default()).unwrap();
+        let g = Tensor::new(&[0.5f32, -0.5], &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap();
         for _ in 0..3 {
             opt.step(std::slice::from_ref(&g), 1e-2).unwrap();
         }
@@ -379,16 +299,12 @@ mod tests {
     #[test]
     fn restore_casts_f16_moments_to_f32() {
         let mut state = HashMap::new();
-        state.insert(
-            STEP_KEY.to_string(),
-            Tensor::new(&[7i64], &Device::Cpu).unwrap(),
-        );
+        state.insert(STEP_KEY.to_string(), Tensor::new(&[7i64], &Device::Cpu).unwrap());
         for (key, values) in [("adamw.m.0", [0.5f32, -0.25]), ("adamw.v.0", [0.125, 2.0])] {
             let t = Tensor::new(&values, &Device::Cpu).unwrap();
             state.insert(key.to_string(), t.to_dtype(DType::F16).unwrap());
         }
-        let opt =
-            AdamW::from_state(vec![var(&[1.0, 1.0])], AdamWConfig::default(), &state).unwrap();
+        let opt = AdamW::from_state(vec![var(&[1.0, 1.0])], AdamWConfig::default(), &state).unwrap();
         assert_eq!(opt.step_count(), 7);
         let saved: HashMap<_, _> = opt.state_tensors().unwrap().into_iter().collect();
         assert_eq!(saved["adamw.m.0"].dtype(), DType::F32);
@@ -399,8 +315,7 @@ mod tests {
     #[test]
     fn state_survives_a_safetensors_file_with_f16_moments() {
         let mut opt = AdamW::new(vec![var(&[0.5, -1.5])], AdamWConfig::default()).unwrap();
-        opt.step(&[Tensor::new(&[0.25f32, 1.0], &Device::Cpu).unwrap()], 1e-2)
-            .unwrap();
+        opt.step(&[Tensor::new(&[0.25f32, 1.0], &Device::Cpu).unwrap()], 1e-2).unwrap();
         // A checkpoint written by an engine that stored its moments in f16.
         let state: HashMap<String, Tensor> = (opt.state_tensors().unwrap().into_iter())
             .map(|(k, t)| match k.as_str() {
@@ -429,26 +344,16 @@ mod tests {
         let opt = AdamW::new(vec![var(&[1.0, 2.0])], AdamWConfig::default()).unwrap();
         let mut state: HashMap<_, _> = opt.state_tensors().unwrap().into_iter().collect();
         state.remove("adamw.v.0");
-        let err = AdamW::from_state(vec![var(&[1.0, 2.0])], AdamWConfig::default(), &state)
-            .err()
-            .unwrap();
+        let err = AdamW::from_state(vec![var(&[1.0, 2.0])], AdamWConfig::default(), &state).err().unwrap();
         assert!(err.to_string().contains("adamw.v.0"), "{err}");
-        let err = AdamW::from_state(vec![var(&[1.0])], AdamWConfig::default(), &state)
-            .err()
-            .unwrap();
+        let err = AdamW::from_state(vec![var(&[1.0])], AdamWConfig::default(), &state).err().unwrap();
         assert!(err.to_string().contains("adamw.m.0"), "{err}");
     }
 
     #[test]
     fn gradient_count_must_match() {
         let mut opt = AdamW::new(vec![var(&[1.0])], AdamWConfig::default()).unwrap();
-        assert!(matches!(
-            opt.step(&[], 0.1),
-            Err(Error::GradientCount {
-                params: 1,
-                grads: 0
-            })
-        ));
+        assert!(matches!(opt.step(&[], 0.1), Err(Error::GradientCount { params: 1, grads: 0 })));
     }
 
     #[test]

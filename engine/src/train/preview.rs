@@ -98,10 +98,5 @@ impl Previews {
 
 /// The caption of the first usable song that has one (empty when none has).
 fn first_caption(data: &PreparedDataset) -> String {
-    data.items
-        .iter()
-        .map(|item| item.meta.caption.trim())
-        .find(|c| !c.is_empty())
-        .unwrap_or_default()
-        .to_string()
+    data.items.iter().map(|item| item.meta.caption.trim()).find(|c| !c.is_empty()).unwrap_or_default().to_string()
 }

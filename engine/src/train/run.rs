@@ -16,16 +16,16 @@ use super::cfg_dropout::CfgDropout;
 use super::config::RunConfig;
 use super::fit::{self, MemoryPlan};
 use super::flow::Batch;
+use super::lock::RunLock;
 use super::loss_scale::{LossScaler, SkipCounter};
 use super::optim::AdamW;
 use super::preview::{Previews, Trained};
 use super::schedule::{LrScheduler, TimestepSampling};
-use super::lock::RunLock;
 use super::state::{self, BestValidation, TrainingState};
 use super::step::{StepOutcome, StepSettings, Trainer};
 use super::validation::{self, Validator};
-use crate::data::preprocessed::{is_preprocessed_dir, read_preprocessed_dir};
 use crate::cancel::Cancel;
+use crate::data::preprocessed::{is_preprocessed_dir, read_preprocessed_dir};
 use crate::data::{prepare_dataset, DataEvent, FileUse, Issue, LatentCache, PreparedDataset};
 use crate::device;
 use crate::events::{DatasetSummary, Event, EventLog, MemoryFeatures};
@@ -37,10 +37,19 @@ use crate::{Error, Result};
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunEnd {
-    Finished { adapter: PathBuf, steps: u64 },
+    Finished {
+        adapter: PathBuf,
+        steps: u64,
+    },
     /// `adapter` is `None` when the run stopped before its first update.
-    Stopped { adapter: Option<PathBuf>, steps: u64 },
-    Failed { reason: String, steps: u64 },
+    Stopped {
+        adapter: Option<PathBuf>,
+        steps: u64,
+    },
+    Failed {
+        reason: String,
+        steps: u64,
+    },
 }
 
 #[derive(Default)]
@@ -122,9 +131,7 @@ impl RunHandle {
     }
 
     pub fn join(self) -> Result<RunEnd> {
-        self.thread.join().unwrap_or_else(|_| {
-            Err(Error::Panicked("training"))
-        })
+        self.thread.join().unwrap_or_else(|_| Err(Error::Panicked("training")))
     }
 }
 
@@ -172,11 +179,7 @@ impl Run {
         fit::check(&plan)?;
         config.stop_at_step = stop_at_step;
         config.runs_dir = run_dir.parent().map(Path::to_path_buf).unwrap_or_default();
-        config.name = run_dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_string();
+        config.name = run_dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
         write_config(&run_dir, &config)?;
         Ok(spawn(config, run_dir, Origin::Resumed, lock, plan))
     }
@@ -186,7 +189,9 @@ impl Run {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Origin {
     /// A new run; whether its start created the directory.
-    New { created_dir: bool },
+    New {
+        created_dir: bool,
+    },
     Resumed,
 }
 
@@ -236,12 +241,7 @@ fn spawn(config: RunConfig, run_dir: PathBuf, origin: Origin, lock: RunLock, pla
             .spawn(move || train(&config, &run_dir, origin, lock, &plan, &control, tx))
             .expect("spawn training thread")
     };
-    RunHandle {
-        run_dir,
-        control: RunControl(control),
-        events: rx,
-        thread,
-    }
+    RunHandle { run_dir, control: RunControl(control), events: rx, thread }
 }
 
 /// The thread's body: set up, train, and end a failure with an event (after removing
@@ -255,23 +255,20 @@ fn train(
     control: &Control,
     tx: Sender<Event>,
 ) -> Result<RunEnd> {
-    let mut sink = Sink {
-        log: EventLog::open(run_dir.join("events.jsonl"))?,
-        tx,
-        lock: Some(lock),
-    };
-    let (result, steps) = match Loop::setup(config, run_dir, origin == Origin::Resumed, plan, &control.cancel, &mut sink) {
-        Ok(mut training) => {
-            // A stop during setup ends the run before its first step, as a stop between steps does.
-            let result = if control.cancel.is_cancelled() {
-                training.stop(&mut sink)
-            } else {
-                training.run(control, &mut sink)
-            };
-            (result, training.trainer.applied_steps())
-        }
-        Err(e) => (Err(e), 0),
-    };
+    let mut sink = Sink { log: EventLog::open(run_dir.join("events.jsonl"))?, tx, lock: Some(lock) };
+    let (result, steps) =
+        match Loop::setup(config, run_dir, origin == Origin::Resumed, plan, &control.cancel, &mut sink) {
+            Ok(mut training) => {
+                // A stop during setup ends the run before its first step, as a stop between steps does.
+                let result = if control.cancel.is_cancelled() {
+                    training.stop(&mut sink)
+                } else {
+                    training.run(control, &mut sink)
+                };
+                (result, training.trainer.applied_steps())
+            }
+            Err(e) => (Err(e), 0),
+        };
     let reason = match &result {
         Ok(RunEnd::Failed { reason, .. }) => reason.clone(),
         Ok(_) => return result,
@@ -326,7 +323,14 @@ struct Loop {
 }
 
 impl Loop {
-    fn setup(config: &RunConfig, run_dir: &Path, resuming: bool, plan: &MemoryPlan, cancel: &Cancel, sink: &mut Sink) -> Result<Self> {
+    fn setup(
+        config: &RunConfig,
+        run_dir: &Path,
+        resuming: bool,
+        plan: &MemoryPlan,
+        cancel: &Cancel,
+        sink: &mut Sink,
+    ) -> Result<Self> {
         // 1. Device, model, dataset.
         let selected = device::select(config.force_cpu)?;
         let dtype = config.precision.dtype(&selected.device);
@@ -597,7 +601,8 @@ impl Loop {
         s.epoch_loss_count = 0;
         s.epoch_order = epoch_order(self.config.seed, s.epoch, self.data.len());
         let epoch = s.epoch;
-        if self.config.save_every_epochs.is_some_and(|n| n > 0 && epoch.is_multiple_of(n)) && epoch < self.config.epochs {
+        if self.config.save_every_epochs.is_some_and(|n| n > 0 && epoch.is_multiple_of(n)) && epoch < self.config.epochs
+        {
             self.checkpoint(sink)?;
         }
         Ok(())
@@ -641,10 +646,7 @@ impl Loop {
             self.trainer.optimizer.state_tensors()?,
             self.config.keep_checkpoints,
         )?;
-        sink.emit(Event::CheckpointSaved {
-            step: self.state.step,
-            path: path.clone(),
-        });
+        sink.emit(Event::CheckpointSaved { step: self.state.step, path: path.clone() });
         Ok(path)
     }
 
@@ -657,10 +659,7 @@ impl Loop {
             0 => None,
             _ => Some(state::save_final_adapter(&self.run_dir, &self.trainer.adapter)?),
         };
-        sink.emit(Event::Stopped {
-            step: steps,
-            adapter_path: adapter.clone(),
-        });
+        sink.emit(Event::Stopped { step: steps, adapter_path: adapter.clone() });
         Ok(RunEnd::Stopped { adapter, steps })
     }
 
@@ -682,11 +681,12 @@ impl Loop {
         }
         sink.emit(Event::Validation { step, loss, best });
         let waited = self.state.validations_since_best;
-        Ok(self
-            .config
-            .patience
-            .filter(|&p| waited >= p)
-            .map(|p| format!("no better validation loss in {p} validations (best at step {})", self.state.best.map_or(0, |b| b.step))))
+        Ok(self.config.patience.filter(|&p| waited >= p).map(|p| {
+            format!(
+                "no better validation loss in {p} validations (best at step {})",
+                self.state.best.map_or(0, |b| b.step)
+            )
+        }))
     }
 
     /// `reason` says why a run ends before its last step.
@@ -696,12 +696,7 @@ impl Loop {
         self.checkpoint(sink)?;
         let adapter = state::save_final_adapter(&self.run_dir, &self.trainer.adapter)?;
         let steps = self.trainer.applied_steps();
-        sink.emit(Event::Finished {
-            adapter_path: adapter.clone(),
-            steps,
-            final_loss: self.state.last_loss,
-            reason,
-        });
+        sink.emit(Event::Finished { adapter_path: adapter.clone(), steps, final_loss: self.state.last_loss, reason });
         Ok(RunEnd::Finished { adapter, steps })
     }
 
@@ -774,7 +769,8 @@ mod tests {
             seconds_total: Some(240.0),
         };
         assert_eq!(data_event(tile, Path::new("folder")), want);
-        let end = DataEvent::Progress { stage: crate::data::Stage::Encoding, done: 5, total: 5, file: None, seconds: None };
+        let end =
+            DataEvent::Progress { stage: crate::data::Stage::Encoding, done: 5, total: 5, file: None, seconds: None };
         assert!(matches!(
             data_event(end, Path::new("folder")),
             Event::DatasetProgress { done: 5, seconds_done: None, seconds_total: None, .. }

@@ -43,11 +43,7 @@ pub struct LrScheduler {
 
 impl LrScheduler {
     pub fn new(schedule: LrSchedule, base_lr: f64, total_steps: u64) -> Self {
-        Self {
-            schedule,
-            base_lr,
-            total_steps,
-        }
+        Self { schedule, base_lr, total_steps }
     }
 
     /// The learning rate of update number `step` (0-based); a pure function of step.
@@ -140,10 +136,7 @@ mod tests {
         assert!(close(s.lr_at(0), 1e-4), "starts at 0.1 * lr");
         assert!(close(s.lr_at(25), 1e-4 + 0.9e-3 * 0.5));
         assert!(close(s.lr_at(50), 1e-3), "end of warmup: full lr");
-        assert!(
-            close(s.lr_at(525), 1e-5 + (1e-3 - 1e-5) * 0.5),
-            "mid cosine"
-        );
+        assert!(close(s.lr_at(525), 1e-5 + (1e-3 - 1e-5) * 0.5), "mid cosine");
         assert!(close(s.lr_at(1000), 1e-5), "last: 1% of lr");
         assert!(close(s.lr_at(5000), 1e-5), "held after the end");
         assert!(s.lr_at(999) > s.lr_at(1000));
@@ -193,10 +186,7 @@ mod tests {
         let mut seen = [0usize; 8];
         for _ in 0..800 {
             let t = sampler.sample(&mut rng);
-            let i = schedule
-                .iter()
-                .position(|&s| s == t)
-                .expect("a schedule value");
+            let i = schedule.iter().position(|&s| s == t).expect("a schedule value");
             seen[i] += 1;
         }
         assert!(seen.iter().all(|&n| n > 60), "roughly uniform: {seen:?}");
@@ -206,21 +196,10 @@ mod tests {
     fn shift_changes_what_is_sampled() {
         // ACE-Step's UI ignores the shift setting; here it must matter.
         for (a, b) in [
+            (TimestepSampling::Turbo { shift: 3.0 }, TimestepSampling::Turbo { shift: 1.0 }),
             (
-                TimestepSampling::Turbo { shift: 3.0 },
-                TimestepSampling::Turbo { shift: 1.0 },
-            ),
-            (
-                TimestepSampling::LogitNormal {
-                    mu: -0.4,
-                    sigma: 1.0,
-                    shift: 3.0,
-                },
-                TimestepSampling::LogitNormal {
-                    mu: -0.4,
-                    sigma: 1.0,
-                    shift: 1.0,
-                },
+                TimestepSampling::LogitNormal { mu: -0.4, sigma: 1.0, shift: 3.0 },
+                TimestepSampling::LogitNormal { mu: -0.4, sigma: 1.0, shift: 1.0 },
             ),
         ] {
             let draw = |s: &TimestepSampling| {
@@ -238,11 +217,7 @@ mod tests {
     #[test]
     fn logit_normal_statistics() {
         let (mu, sigma) = (-0.4, 1.0);
-        let sampler = TimestepSampling::LogitNormal {
-            mu,
-            sigma,
-            shift: 1.0,
-        };
+        let sampler = TimestepSampling::LogitNormal { mu, sigma, shift: 1.0 };
         let mut rng = ChaCha8Rng::seed_from_u64(42);
         let n = 20_000;
         let mut logits: Vec<f64> = (0..n)
@@ -266,11 +241,7 @@ mod tests {
 
     #[test]
     fn rng_state_serializes_and_continues() {
-        let sampler = TimestepSampling::LogitNormal {
-            mu: -0.4,
-            sigma: 1.0,
-            shift: 3.0,
-        };
+        let sampler = TimestepSampling::LogitNormal { mu: -0.4, sigma: 1.0, shift: 3.0 };
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         sampler.sample(&mut rng);
         let saved = serde_json::to_string(&rng).unwrap();
@@ -299,29 +270,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(run.lr_schedule, LrSchedule::Linear { floor: 0.05 });
-        assert_eq!(
-            run.timesteps,
-            TimestepSampling::LogitNormal {
-                mu: -0.4,
-                sigma: 1.0,
-                shift: 3.0
-            }
-        );
+        assert_eq!(run.timesteps, TimestepSampling::LogitNormal { mu: -0.4, sigma: 1.0, shift: 3.0 });
         let back: RunToml = toml::from_str(&toml::to_string(&run).unwrap()).unwrap();
         assert_eq!(back, run);
     }
 
     #[test]
     fn configs_are_kind_tagged() {
-        let json = serde_json::to_value(TimestepSampling::LogitNormal {
-            mu: -0.4,
-            sigma: 1.0,
-            shift: 1.0,
-        })
-        .unwrap();
+        let json = serde_json::to_value(TimestepSampling::LogitNormal { mu: -0.4, sigma: 1.0, shift: 1.0 }).unwrap();
         assert_eq!(json["kind"], "logit_normal");
-        let s: LrSchedule =
-            serde_json::from_str(r#"{"kind": "warmup_cosine", "warmup_steps": 10}"#).unwrap();
+        let s: LrSchedule = serde_json::from_str(r#"{"kind": "warmup_cosine", "warmup_steps": 10}"#).unwrap();
         assert_eq!(s, LrSchedule::WarmupCosine { warmup_steps: 10 });
         let s: LrSchedule = serde_json::from_str(r#"{"kind": "linear"}"#).unwrap();
         assert_eq!(s, LrSchedule::Linear { floor: 0.0 });

@@ -193,21 +193,11 @@ pub fn load_checkpoint(dir: &Path, model: &crate::model::DitModel) -> Result<Che
     let adapter = LoraAdapter::load_peft(&dir.join("adapter"), model)?;
     let tensors_path = dir.join(STATE_TENSORS);
     if !tensors_path.is_file() {
-        return Err(Error::io(
-            &tensors_path,
-            std::io::Error::new(std::io::ErrorKind::NotFound, "file not found"),
-        ));
+        return Err(Error::io(&tensors_path, std::io::Error::new(std::io::ErrorKind::NotFound, "file not found")));
     }
-    let optimizer_state = candle_core::safetensors::load(&tensors_path, &Device::Cpu).map_err(|e| Error::BadFile {
-        path: tensors_path.clone(),
-        reason: format!("corrupt training state: {e}"),
-    })?;
-    Ok(Checkpoint {
-        dir: dir.to_path_buf(),
-        state,
-        adapter,
-        optimizer_state,
-    })
+    let optimizer_state = candle_core::safetensors::load(&tensors_path, &Device::Cpu)
+        .map_err(|e| Error::BadFile { path: tensors_path.clone(), reason: format!("corrupt training state: {e}") })?;
+    Ok(Checkpoint { dir: dir.to_path_buf(), state, adapter, optimizer_state })
 }
 
 /// The newest readable checkpoint, with a warning for each newer one that was not;
@@ -219,7 +209,8 @@ pub fn load_latest(run_dir: &Path, model: &crate::model::DitModel) -> Result<(Ch
         match load_checkpoint(&dir, model) {
             Ok(c) => return Ok((c, warnings)),
             Err(e) => {
-                warnings.push(format!("checkpoint {} is unreadable ({e}); falling back to an older one", dir.display()));
+                warnings
+                    .push(format!("checkpoint {} is unreadable ({e}); falling back to an older one", dir.display()));
                 first_error.get_or_insert(e);
             }
         }

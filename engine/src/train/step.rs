@@ -77,17 +77,13 @@ impl Trainer {
         let mut sum: Option<Vec<Tensor>> = None;
         for (micro, batch) in batches.iter().enumerate() {
             let mut rng = ChaCha8Rng::seed_from_u64(mix(self.settings.seed, attempt, micro as u64));
-            let t: Vec<f32> = (0..batch.len())
-                .map(|_| self.settings.timesteps.sample(&mut rng) as f32)
-                .collect();
+            let t: Vec<f32> = (0..batch.len()).map(|_| self.settings.timesteps.sample(&mut rng) as f32).collect();
             let mut flow = FlowBatch::new(batch, &t, &mut rng)?;
             if let Some(cfg) = &self.settings.cfg_dropout {
                 let dropped = cfg.draw(batch.len(), mix(self.settings.seed ^ 0xCF6D, attempt, micro as u64));
                 flow.inputs.encoder_hidden_states = cfg.apply(&flow.inputs.encoder_hidden_states, &dropped)?;
             }
-            let mode = LoraMode::Train {
-                dropout_seed: mix(self.settings.seed ^ 0xD20F, attempt, micro as u64),
-            };
+            let mode = LoraMode::Train { dropout_seed: mix(self.settings.seed ^ 0xD20F, attempt, micro as u64) };
             let g = grads::compute(
                 &self.model,
                 &self.adapter,
@@ -103,11 +99,8 @@ impl Trainer {
                 Some(acc) => acc.iter().zip(&g.grads).map(|(a, b)| a + b).collect::<candle_core::Result<_>>()?,
             });
         }
-        let mut grads: Vec<Tensor> = sum
-            .unwrap_or_default()
-            .iter()
-            .map(|g| g.to_dtype(DType::F32)? / n)
-            .collect::<candle_core::Result<_>>()?;
+        let mut grads: Vec<Tensor> =
+            sum.unwrap_or_default().iter().map(|g| g.to_dtype(DType::F32)? / n).collect::<candle_core::Result<_>>()?;
 
         // 4. Guard: a non-finite loss or gradient is skipped, never applied.
         if !loss.is_finite() || !optim::all_finite(&grads)? {
@@ -188,10 +181,7 @@ mod tests {
         let dev = Device::Cpu;
         let offsets = Tensor::arange(0f32, 64., &dev).unwrap().affine(1.0 / 32.0, -1.0).unwrap();
         Batch {
-            target_latents: Tensor::randn(0f32, 0.3, (2, 24, 64), &dev)
-                .unwrap()
-                .broadcast_add(&offsets)
-                .unwrap(),
+            target_latents: Tensor::randn(0f32, 0.3, (2, 24, 64), &dev).unwrap().broadcast_add(&offsets).unwrap(),
             frame_mask: Tensor::ones((2, 24), DType::F32, &dev).unwrap(),
             encoder_hidden_states: Tensor::randn(0f32, 1., (2, 5, 64), &dev).unwrap().to_dtype(dtype).unwrap(),
             context_latents: Tensor::zeros((2, 24, 128), dtype, &dev).unwrap(),
@@ -235,7 +225,8 @@ mod tests {
         let b = batch(DType::F32);
         let mut replaced = batch(DType::F32);
         replaced.target_latents = b.target_latents.clone();
-        replaced.encoder_hidden_states = null.broadcast_as(b.encoder_hidden_states.shape()).unwrap().contiguous().unwrap();
+        replaced.encoder_hidden_states =
+            null.broadcast_as(b.encoder_hidden_states.shape()).unwrap().contiguous().unwrap();
         let mut dropping = trainer(tiny(DType::F32, 2), 1e-3, LossScaler::disabled());
         dropping.settings.cfg_dropout = Some(CfgDropout::new(1.0, null));
         let mut by_hand = trainer(tiny(DType::F32, 2), 1e-3, LossScaler::disabled());
@@ -318,7 +309,8 @@ mod tests {
     #[test]
     fn f16_overflow_halves_the_loss_scale_and_skips() {
         let model = tiny(DType::F16, 1);
-        let mut t = trainer(model, 1e-3, LossScaler::dynamic(LossScaleConfig { init_scale: 1e30, growth_interval: 2000 }));
+        let mut t =
+            trainer(model, 1e-3, LossScaler::dynamic(LossScaleConfig { init_scale: 1e30, growth_interval: 2000 }));
         let outcome = t.step(std::slice::from_ref(&batch(DType::F16))).unwrap();
         match outcome {
             StepOutcome::Skipped { loss_scale, .. } => assert_eq!(loss_scale, 5e29),
@@ -356,6 +348,12 @@ mod tests {
             t16.step(std::slice::from_ref(&b16)).unwrap();
         }
         assert!(t16.adapter.vars().iter().all(|v| v.dtype() == DType::F32));
-        assert!(t16.optimizer.state_tensors().unwrap().iter().filter(|(k, _)| k != "adamw.step").all(|(_, t)| t.dtype() == DType::F32));
+        assert!(t16
+            .optimizer
+            .state_tensors()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k != "adamw.step")
+            .all(|(_, t)| t.dtype() == DType::F32));
     }
 }

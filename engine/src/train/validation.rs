@@ -34,7 +34,11 @@ pub fn split(mut data: PreparedDataset, config: &RunConfig) -> Result<(PreparedD
     };
     let (mut train, mut val) = (Vec::new(), Vec::new());
     for (item, out) in items.into_iter().zip(held_out) {
-        if out { val.push(item) } else { train.push(item) }
+        if out {
+            val.push(item)
+        } else {
+            train.push(item)
+        }
     }
     if train.is_empty() && !val.is_empty() {
         return Err(Error::setting(field, "holds out every clip: leave at least one to train on"));
@@ -136,7 +140,11 @@ mod tests {
     }
 
     fn config(files: &[&str], fraction: Option<f64>) -> RunConfig {
-        let mut c = RunConfig { val_files: files.iter().map(|f| f.to_string()).collect(), val_fraction: fraction, ..Default::default() };
+        let mut c = RunConfig {
+            val_files: files.iter().map(|f| f.to_string()).collect(),
+            val_fraction: fraction,
+            ..Default::default()
+        };
         c.data.folder = "/songs".into();
         c
     }

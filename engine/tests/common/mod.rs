@@ -61,10 +61,7 @@ impl Fixture {
 
     /// Tensors under `prefix`, with the prefix removed.
     pub fn group(&self, prefix: &str) -> HashMap<String, Tensor> {
-        self.tensors
-            .iter()
-            .filter_map(|(k, t)| k.strip_prefix(prefix).map(|k| (k.to_string(), t.clone())))
-            .collect()
+        self.tensors.iter().filter_map(|(k, t)| k.strip_prefix(prefix).map(|k| (k.to_string(), t.clone()))).collect()
     }
 }
 

@@ -95,14 +95,7 @@ impl FakeHub {
 
     pub fn add_repo(&self, repo: &str, commit: &str, files: Vec<(String, Vec<u8>)>) {
         let mut s = self.state.lock().unwrap();
-        s.repos.insert(
-            repo.into(),
-            Repo {
-                commit: commit.into(),
-                files,
-                declared: HashMap::new(),
-            },
-        );
+        s.repos.insert(repo.into(), Repo { commit: commit.into(), files, declared: HashMap::new() });
     }
 
     /// Every file under `dir`, at `prefix` + its relative path.
@@ -116,26 +109,12 @@ impl FakeHub {
     }
 
     pub fn add_repo_file(&self, repo: &str, path: &str, data: Vec<u8>) {
-        self.state
-            .lock()
-            .unwrap()
-            .repos
-            .entry(repo.into())
-            .or_default()
-            .files
-            .push((path.into(), data));
+        self.state.lock().unwrap().repos.entry(repo.into()).or_default().files.push((path.into(), data));
     }
 
     /// The listing says the file has `size` bytes (the download never gets that far).
     pub fn declare_size(&self, repo: &str, path: &str, size: u64) {
-        self.state
-            .lock()
-            .unwrap()
-            .repos
-            .get_mut(repo)
-            .unwrap()
-            .declared
-            .insert(path.into(), size);
+        self.state.lock().unwrap().repos.get_mut(repo).unwrap().declared.insert(path.into(), size);
     }
 
     /// A fault for `{repo}/{path}` (or a whole `{repo}` for `Gated`).
@@ -150,32 +129,18 @@ impl FakeHub {
 
     pub fn file(&self, repo: &str, path: &str) -> Vec<u8> {
         let s = self.state.lock().unwrap();
-        s.repos[repo]
-            .files
-            .iter()
-            .find(|(p, _)| p == path)
-            .unwrap()
-            .1
-            .clone()
+        s.repos[repo].files.iter().find(|(p, _)| p == path).unwrap().1.clone()
     }
 }
 
 fn collect(base: &Path, dir: &Path, prefix: &str, out: &mut Vec<(String, Vec<u8>)>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
+    let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()).collect();
     entries.sort();
     for p in entries {
         if p.is_dir() {
             collect(base, &p, prefix, out);
         } else {
-            let rel = p
-                .strip_prefix(base)
-                .unwrap()
-                .to_string_lossy()
-                .replace('\\', "/");
+            let rel = p.strip_prefix(base).unwrap().to_string_lossy().replace('\\', "/");
             out.push((format!("{prefix}{rel}"), std::fs::read(&p).unwrap()));
         }
     }
@@ -188,10 +153,7 @@ fn respond(
     body: &[u8],
     send: usize,
 ) -> std::io::Result<()> {
-    let mut head = format!(
-        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
+    let mut head = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n", body.len());
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -215,10 +177,7 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         let (k, v) = h.split_once(':').unwrap_or((&h, ""));
         match k.trim().to_ascii_lowercase().as_str() {
             "range" => {
-                range = v
-                    .trim()
-                    .strip_prefix("bytes=")
-                    .and_then(|r| r.trim_end_matches('-').parse::<u64>().ok())
+                range = v.trim().strip_prefix("bytes=").and_then(|r| r.trim_end_matches('-').parse::<u64>().ok())
             }
             "authorization" => auth = Some(v.trim().to_string()),
             _ => {}
@@ -238,13 +197,7 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
             }
         }
         let Some(r) = s.repos.get(&repo) else {
-            return respond(
-                &mut stream,
-                "404 Not Found",
-                &[],
-                b"{\"error\":\"Repository not found\"}",
-                usize::MAX,
-            );
+            return respond(&mut stream, "404 Not Found", &[], b"{\"error\":\"Repository not found\"}", usize::MAX);
         };
         let siblings: Vec<serde_json::Value> = r
             .files
@@ -258,8 +211,7 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
                 v
             })
             .collect();
-        let body =
-            serde_json::json!({"id": repo, "sha": r.commit, "siblings": siblings}).to_string();
+        let body = serde_json::json!({"id": repo, "sha": r.commit, "siblings": siblings}).to_string();
         return respond(
             &mut stream,
             "200 OK",
@@ -288,35 +240,15 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         .and_then(|r| r.files.iter().find(|(p, _)| p == parts[4]))
         .map(|(_, d)| d.clone())
     else {
-        return respond(
-            &mut stream,
-            "404 Not Found",
-            &[],
-            b"Entry not found",
-            usize::MAX,
-        );
+        return respond(&mut stream, "404 Not Found", &[], b"Entry not found", usize::MAX);
     };
     let mut body = data;
     let mut send = usize::MAX;
     match s.faults.get(&key).cloned() {
-        Some(Fault::NotFound) => {
-            return respond(
-                &mut stream,
-                "404 Not Found",
-                &[],
-                b"Entry not found",
-                usize::MAX,
-            )
-        }
+        Some(Fault::NotFound) => return respond(&mut stream, "404 Not Found", &[], b"Entry not found", usize::MAX),
         Some(Fault::ServerErrorOnce) => {
             s.faults.remove(&key);
-            return respond(
-                &mut stream,
-                "500 Internal Server Error",
-                &[],
-                b"oops",
-                usize::MAX,
-            );
+            return respond(&mut stream, "500 Internal Server Error", &[], b"oops", usize::MAX);
         }
         Some(Fault::Corrupt) => {
             let mid = body.len() / 2;
@@ -333,17 +265,8 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     match range {
         Some(from) if from > 0 => {
             let from = from as usize;
-            let headers = [(
-                "Content-Range".to_string(),
-                format!("bytes {from}-{}/{total}", total - 1),
-            )];
-            respond(
-                &mut stream,
-                "206 Partial Content",
-                &headers,
-                &body[from..],
-                send,
-            )
+            let headers = [("Content-Range".to_string(), format!("bytes {from}-{}/{total}", total - 1))];
+            respond(&mut stream, "206 Partial Content", &headers, &body[from..], send)
         }
         _ => respond(&mut stream, "200 OK", &[], &body, send),
     }
