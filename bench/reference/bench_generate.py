@@ -14,29 +14,15 @@ plus sampling_s and decode_s).
 import argparse
 import json
 import os
-import resource
 import statistics
 import time
 
 import torch
 from diffusers import AceStepTransformer1DModel, AutoencoderOobleck
+from memory_and_vae import VAE_CONFIG, peak_rss_bytes, rss_bytes
 
 TURBO_T = [1.0, 0.9545455, 0.9, 0.8333333, 0.75, 0.6428571, 0.5, 0.3]  # shift 3, as f32
 FRAMES, ENCODER_LEN = 750, 256
-VAE = dict(encoder_hidden_size=128, downsampling_ratios=[2, 4, 4, 6, 10], channel_multiples=[1, 2, 4, 8, 16],
-           decoder_channels=128, decoder_input_channels=64, audio_channels=2, sampling_rate=48000)
-
-
-def rss_bytes():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def peak_rss_bytes():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def main():
@@ -61,7 +47,7 @@ def main():
             p.zero_()
         elif "scale_shift_table" not in name:
             p.normal_(0.0, 0.02)
-    vae = AutoencoderOobleck(**VAE).eval()
+    vae = AutoencoderOobleck(**VAE_CONFIG).eval()
 
     g = torch.Generator().manual_seed(3)
     ctx = torch.randn(1, FRAMES, 128, generator=g)

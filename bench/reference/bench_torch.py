@@ -11,7 +11,6 @@ MSE(pred, x1 - x0) -> backward -> clip_grad_norm_(1.0) -> AdamW (wd 0.01).
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import time
@@ -19,6 +18,7 @@ import time
 import torch
 from diffusers import AceStepTransformer1DModel
 from peft import LoraConfig
+from memory_and_vae import peak_rss_bytes, rss_bytes
 
 PRESETS = {
     # hidden, intermediate, layers, heads, kv_heads, head_dim, frames, encoder_len
@@ -28,18 +28,6 @@ PRESETS = {
     "full-pair-240s": (2048, 6144, 2, 16, 8, 128, 6000, 256),
 }
 TURBO_T = [1.0, 0.9545455, 0.9, 0.8333333, 0.75, 0.6428571, 0.5, 0.3]
-
-
-def rss_bytes():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def peak_rss_bytes():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def blas():

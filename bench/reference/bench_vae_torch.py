@@ -18,19 +18,10 @@ import time
 
 import torch
 from diffusers import AutoencoderOobleck
+from memory_and_vae import VAE_CONFIG, peak_rss_bytes, rss_bytes
 
 PRESETS = {"vae-encode-30s": (True, 30), "vae-encode-240s": (True, 240), "vae-decode-30s": (False, 30), "vae-decode-240s": (False, 240)}
 # ACE-Step 1.5's vae/config.json.
-CONFIG = dict(encoder_hidden_size=128, downsampling_ratios=[2, 4, 4, 6, 10], channel_multiples=[1, 2, 4, 8, 16],
-              decoder_channels=128, decoder_input_channels=64, audio_channels=2, sampling_rate=48000)
-
-
-def rss_bytes():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def main():
@@ -44,7 +35,7 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     encode, seconds = PRESETS[args.preset]
-    vae = AutoencoderOobleck(**CONFIG).eval()
+    vae = AutoencoderOobleck(**VAE_CONFIG).eval()
     frames = seconds * 25
     if encode:
         x = torch.rand(1, 2, frames * 1920) - 0.5
@@ -62,7 +53,7 @@ def main():
             if i >= args.warmup:
                 times.append(time.perf_counter() - start)
                 cpu.append(cpu_now() - cpu_start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss_bytes()
     report = {
         "preset": args.preset,
         "impl": "diffusers AutoencoderOobleck",
