@@ -96,6 +96,16 @@ pub fn dataset_progress(done: u64, total: u64, file: &str, seconds: Option<(f64,
     (format!("preparing dataset {done}/{total}: {file}{encoded}"), fraction)
 }
 
+/// A line printed before the run's events begin (no bar yet): as `Progress` prints its
+/// notes, plain on a terminal, timestamped in a log, nothing when quiet or JSON.
+pub fn preamble(mode: Mode, line: &str) {
+    match mode {
+        Mode::Bar => eprintln!("{line}"),
+        Mode::Lines => eprintln!("{} {line}", timestamp()),
+        Mode::Json | Mode::Quiet => {}
+    }
+}
+
 impl Progress {
     pub fn new(mode: Mode) -> Self {
         let bar = if mode == Mode::Bar { ProgressBar::new_spinner() } else { ProgressBar::hidden() };

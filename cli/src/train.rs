@@ -11,7 +11,7 @@ use ostinato_engine::train::config::default_run_name;
 use ostinato_engine::train::fit::{self, Fit};
 use ostinato_engine::train::{Run, RunConfig, RunEnd, RunHandle};
 
-use crate::progress::{Mode, Progress};
+use crate::progress::{self, Mode, Progress};
 use crate::TrainArgs;
 
 /// Exit code after a stop by Ctrl-C or SIGTERM (128 + SIGINT).
@@ -24,13 +24,11 @@ pub fn train(args: TrainArgs) -> anyhow::Result<i32> {
         Fit::Auto => fit::fit_auto(&mut config).context("cannot fit the run to this machine")?,
         Fit::Off => fit::plan(&config)?,
     };
-    if matches!(mode, Mode::Bar | Mode::Lines) {
-        let changes = match plan.changes.is_empty() {
-            true => String::new(),
-            false => format!(" (fit auto: {})", plan.changes.join(", ")),
-        };
-        eprintln!("memory: {}{changes}", plan.summary());
-    }
+    let changes = match plan.changes.is_empty() {
+        true => String::new(),
+        false => format!(" (fit auto: {})", plan.changes.join(", ")),
+    };
+    progress::preamble(mode, &format!("memory: {}{changes}", plan.summary()));
     let handle = Run::start(config).context("cannot start the run")?;
     follow(handle, mode)
 }

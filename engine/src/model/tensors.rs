@@ -142,11 +142,54 @@ where
     S: AsRef<str> + Ord + std::fmt::Display,
     V: safetensors::View,
 {
-    safetensors::serialize_to_file(tensors, metadata, path).map_err(|e| match e {
-        safetensors::SafeTensorError::IoError(cause) => Error::io(path, cause),
-        e => Error::BadFile { path: path.to_path_buf(), reason: format!("cannot write: {e}") },
-    })?;
-    make_readable(path)
+    // Written beside the target, its header made canonical, then renamed into place.
+    let tmp = path.with_file_name(format!(".{}.writing", path.file_name().unwrap_or_default().to_string_lossy()));
+    let written = safetensors::serialize_to_file(tensors, metadata, &tmp)
+        .map_err(|e| match e {
+            safetensors::SafeTensorError::IoError(cause) => Error::io(path, cause),
+            e => Error::BadFile { path: path.to_path_buf(), reason: format!("cannot write: {e}") },
+        })
+        .and_then(|()| sort_header(&tmp))
+        .and_then(|()| make_readable(&tmp))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Rewrites a safetensors header with its keys sorted, in place and at the same length:
+/// safetensors writes `__metadata__` from a `HashMap`, whose order changes from one
+/// map to the next, and the same adapter must be the same bytes.
+fn sort_header(path: &Path) -> Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let io = |e| Error::io(path, e);
+    let mut file = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(io)?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(io)?;
+    let mut header = vec![0u8; u64::from_le_bytes(len) as usize];
+    file.read_exact(&mut header).map_err(io)?;
+    let bad = |why: String| Error::BadFile { path: path.to_path_buf(), reason: why };
+    let text = std::str::from_utf8(&header).map_err(|e| bad(format!("header is not UTF-8: {e}")))?;
+    let value: serde_json::Value =
+        serde_json::from_str(text.trim_end()).map_err(|e| bad(format!("header is not JSON: {e}")))?;
+    let sorted = serde_json::to_string(&sorted_keys(value)).map_err(|e| bad(e.to_string()))?;
+    if sorted.len() != text.trim_end().len() {
+        return Err(bad("the sorted header changed length".into()));
+    }
+    file.seek(SeekFrom::Start(8)).map_err(io)?;
+    file.write_all(sorted.as_bytes()).map_err(io)?;
+    file.sync_all().map_err(io)
+}
+
+fn sorted_keys(value: serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(map) => {
+            let sorted: std::collections::BTreeMap<_, _> = map.into_iter().map(|(k, v)| (k, sorted_keys(v))).collect();
+            serde_json::Value::Object(sorted.into_iter().collect())
+        }
+        other => other,
+    }
 }
 
 /// Mode 0644 on Unix: the owner writes, everyone reads (elsewhere: unchanged).
@@ -190,6 +233,30 @@ mod tests {
         println!("{text}");
         assert!(text.starts_with(&format!("{}: ", path.display())), "{text}");
         assert_eq!(text.matches("os error").count(), 1, "{text}");
+    }
+
+    /// Metadata goes into the header from a `HashMap`: its keys are sorted on the way,
+    /// so the same tensors and metadata are the same bytes every time.
+    #[test]
+    fn the_same_tensors_and_metadata_are_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = HashMap::from([
+            ("b".to_string(), Tensor::ones(3, DType::F32, &Device::Cpu).unwrap()),
+            ("a".to_string(), Tensor::zeros(2, DType::F32, &Device::Cpu).unwrap()),
+        ]);
+        let metadata = || (0..8).map(|i| (format!("key{i}"), format!("value {i}"))).collect::<HashMap<_, _>>();
+        let files: Vec<Vec<u8>> = (0..4)
+            .map(|i| {
+                let path = dir.path().join(format!("{i}.safetensors"));
+                save_tensors_with_metadata(&t, Some(metadata()), &path).unwrap();
+                std::fs::read(path).unwrap()
+            })
+            .collect();
+        assert!(files.iter().all(|f| f == &files[0]), "four saves, one byte string");
+        let (_, header) = safetensors::SafeTensors::read_metadata(&files[0]).unwrap();
+        assert_eq!(header.metadata().as_ref().and_then(|m| m.get("key7")).map(String::as_str), Some("value 7"));
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(left.len(), 4, "no temporary file left: {left:?}");
     }
 
     /// The error and its sources, joined as `anyhow`'s `{:#}` prints them.
