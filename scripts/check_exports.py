@@ -39,21 +39,14 @@ from diffusers.loaders.lora_pipeline import AceStepLoraLoaderMixin
 from diffusers.models.transformers.ace_step_transformer import AceStepTransformer1DModel
 from peft import LoraConfig, PeftModel, get_peft_model_state_dict
 
+# One table of diffusers/ACE-Step name pairs, the fixture script's.
+from make_real_fixtures import NAME_PAIRS
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 MODEL = os.path.join(ROOT, "engine", "tests", "fixtures", "real", "model")
 DIT = os.path.join(MODEL, "acestep-v15-turbo")
 TOL = 1e-5
 TARGETS = {"q_proj": "to_q", "k_proj": "to_k", "v_proj": "to_v", "o_proj": "to_out.0"}
-NAME_PAIRS = [
-    ("proj_in_conv.", "proj_in.1."),
-    ("proj_out_conv.", "proj_out.1."),
-    (".to_q.", ".q_proj."),
-    (".to_k.", ".k_proj."),
-    (".to_v.", ".v_proj."),
-    (".to_out.0.", ".o_proj."),
-    (".norm_q.", ".q_norm."),
-    (".norm_k.", ".k_norm."),
-]
 torch.manual_seed(0)
 torch.set_grad_enabled(False)
 
