@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use ostinato_engine::generate::decode::{read_latents, write_latents};
 use ostinato_engine::generate::wav::{check_writable, write_wav};
-use ostinato_engine::generate::{decoder_for, GenerateEvent, GenerateSpec, Generator};
-use ostinato_engine::model::source::ModelSource;
+use ostinato_engine::generate::{read_latents, write_latents};
+use ostinato_engine::generate::{GenerateEvent, GenerateSpec, Generator};
+use ostinato_engine::load::source::ModelSource;
 
 /// A progress bar over the sampling steps, then a spinner while decoding; or the
 /// events as JSON lines on stdout.
@@ -78,7 +78,7 @@ pub fn generate(
 
 pub fn decode(latents: &Path, source: &ModelSource, out: &Path) -> anyhow::Result<()> {
     check_writable(out)?;
-    let decoder = decoder_for(source, &candle_core::Device::Cpu).context("cannot load the model's decoder")?;
+    let decoder = source.latent_decoder(&candle_core::Device::Cpu).context("cannot load the model's decoder")?;
     let z = read_latents(latents, decoder.latent_channels())?;
     let audio = decoder.decode(&z)?;
     write_wav(out, &audio)?;

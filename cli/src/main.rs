@@ -14,7 +14,7 @@ use ostinato_engine::bench::AnyPreset;
 use ostinato_engine::device::Precision;
 use ostinato_engine::export::{ExportFormat, WhichAdapter};
 use ostinato_engine::generate::GenerateSpec;
-use ostinato_engine::model::source::ModelSource;
+use ostinato_engine::load::source::ModelSource;
 use ostinato_engine::runtime;
 use ostinato_engine::train::fit::Fit;
 use progress::Mode;

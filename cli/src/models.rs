@@ -8,12 +8,12 @@ use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
 use ostinato_engine::cancel::Cancel;
 use ostinato_engine::load::download::gb;
+use ostinato_engine::load::folder::hf_cache_dir;
 use ostinato_engine::load::places::config_dir;
 use ostinato_engine::load::{
     find_models, verify_model, AddedFolders, DitVariant, DownloadEvent, Downloader, FoundModel, Hub, HubCache,
     ModelPlaces,
 };
-use ostinato_engine::model::folder::hf_cache_dir;
 use ostinato_engine::Error;
 
 use crate::train::INTERRUPTED;

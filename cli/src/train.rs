@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use ostinato_engine::model::source::ModelSource;
+use ostinato_engine::load::source::ModelSource;
 use ostinato_engine::train::config::default_run_name;
 use ostinato_engine::train::fit::{self, Fit};
 use ostinato_engine::train::{Run, RunConfig, RunEnd, RunHandle};

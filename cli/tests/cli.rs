@@ -786,7 +786,7 @@ fn generate_is_deterministic_and_decode_reproduces_it() {
 }
 
 /// A PEFT adapter for `source`'s DiT with random A and B (r 2), saved in `dir`.
-fn random_adapter(source: &ostinato_engine::model::source::ModelSource, dir: &Path, targets: &[&str]) {
+fn random_adapter(source: &ostinato_engine::load::source::ModelSource, dir: &Path, targets: &[&str]) {
     use ostinato_engine::lora::{LoraAdapter, LoraConfig};
     let dev = candle_core::Device::Cpu;
     let (cfg, w) = source.load_decoder(candle_core::DType::F32, &dev).unwrap();
@@ -808,7 +808,7 @@ fn adapter_scale_zero_is_the_base_model_and_one_changes_the_song() {
     let tmp = tempfile::tempdir().unwrap();
     let adapter = tmp.path().join("adapter");
     random_adapter(
-        &ostinato_engine::model::source::ModelSource::Demo,
+        &ostinato_engine::load::source::ModelSource::Demo,
         &adapter,
         &["q_proj", "k_proj", "v_proj", "o_proj"],
     );
@@ -889,7 +889,7 @@ fn bad_generate_and_decode_input_gives_clear_errors_and_writes_nothing() {
     // An adapter made for another model: the first tensor that does not fit is named.
     let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/real/model");
     let other = tmp.path().join("other-adapter");
-    random_adapter(&ostinato_engine::model::source::ModelSource::Folder { path: model }, &other, &["q_proj"]);
+    random_adapter(&ostinato_engine::load::source::ModelSource::Folder { path: model }, &other, &["q_proj"]);
     fails_with(
         &mut generate(&out, &["--adapter", other.to_str().unwrap()]),
         "layers.0.cross_attn.q_proj.lora_A.weight` has shape [2, 32]",

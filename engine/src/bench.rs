@@ -20,8 +20,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::load::footprint::{self, Workload};
 use crate::lora::{LoraAdapter, LoraConfig, LoraMode};
-use crate::model::footprint::{self, Workload};
 use crate::model::{DecoderWeights, DitConfig, DitModel, LayerType};
 use crate::train::fit::lora_parameters;
 use crate::train::flow::{Batch, FlowBatch};
@@ -244,7 +244,7 @@ pub struct BenchReport {
     /// step, less those live before: the run's whole heap peak (what the footprint
     /// estimate predicts). None unless the binary counts its heap.
     pub peak_heap_bytes: Option<u64>,
-    /// What the footprint estimate predicts for that peak (`model::footprint`).
+    /// What the footprint estimate predicts for that peak (`load::footprint`).
     pub predicted_peak_bytes: u64,
     pub base_parameters: usize,
     pub lora_parameters: usize,

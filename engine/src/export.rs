@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+use crate::load::folder::ModelFolder;
+use crate::load::source::ModelSource;
 use crate::lora::LoraAdapter;
-use crate::model::folder::ModelFolder;
-use crate::model::source::ModelSource;
-use crate::model::tensors::{save_tensors, write_safetensors};
 use crate::model::{DecoderWeights, DitModel};
+use crate::tensor_io::{save_tensors, write_safetensors};
 use crate::train::{state, RunConfig};
 use crate::{Error, Result};
 

@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod cancel;
 pub mod charts;
+pub mod codec;
 pub mod data;
 pub mod device;
 pub mod error;
@@ -18,6 +19,7 @@ pub mod metrics;
 pub mod model;
 pub mod noise_levels;
 pub mod runtime;
+pub mod tensor_io;
 pub mod train;
 
 pub use error::{Error, Result};

@@ -14,8 +14,9 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::model::lora_linear::lora_linear;
-use crate::model::tensors::{diffusers_name, save_tensors_with_metadata};
-use crate::model::DitModel;
+use crate::model::weights::diffusers_name;
+use crate::model::{DitModel, LinearAdapter};
+use crate::tensor_io::save_tensors_with_metadata;
 use crate::{Error, Result};
 
 /// PEFT's key prefix for a model wrapped by `get_peft_model` (ACE-Step's decoder).
@@ -354,16 +355,18 @@ impl LoraCtx<'_> {
     pub fn with_strength(self, strength: f64) -> Self {
         Self { strength, ..self }
     }
+}
 
+impl LinearAdapter for LoraCtx<'_> {
     /// Whether module `name` carries an adapter.
-    pub fn adapts(&self, name: &str) -> bool {
+    fn adapts(&self, name: &str) -> bool {
         self.adapter.adapts(name)
     }
 
     /// Module `name` with weight `w` applied to `x`, its LoRA delta included, or `None`
     /// when the module is not adapted. LoRA tensors are f32 and cast to the compute
     /// dtype here.
-    pub fn linear(&self, name: &str, x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    fn linear(&self, name: &str, x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
         let Some(m) = self.adapter.modules.get(name) else {
             return Ok(None);
         };

@@ -163,7 +163,7 @@ mod tests {
 
     #[test]
     fn fixed_timesteps_are_the_buckets_and_the_trainers_f32_t_finds_its_own() {
-        let turbo = crate::train::schedule::turbo_timesteps(3.0).map(|t| t as f32).to_vec();
+        let turbo = crate::model::timesteps::turbo_timesteps(3.0).map(|t| t as f32).to_vec();
         let (t_09, t_03) = (turbo[2], turbo[7]);
         let events = [started(Some(turbo.clone())), step(1, 0, &[(t_09, 2.0), (t_03, 5.0), (t_09, 4.0)])];
         let r = loss_by_noise_level(&events);

@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use ostinato_engine::generate::decode::{read_latents, write_latents, VaeDecoder};
+use ostinato_engine::codec::{LatentDecoder, VaeDecoder};
 use ostinato_engine::generate::sampler::noise;
-use ostinato_engine::generate::LatentDecoder;
+use ostinato_engine::generate::{read_latents, write_latents};
 
 fn real_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real")

@@ -8,10 +8,10 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use ostinato_engine::export::write_merged_model;
+use ostinato_engine::load::folder::ModelFolder;
 use ostinato_engine::lora::{LoraAdapter, LoraConfig, LORA_METADATA_KEY};
-use ostinato_engine::model::folder::ModelFolder;
-use ostinato_engine::model::tensors::save_tensors;
 use ostinato_engine::model::DitModel;
+use ostinato_engine::tensor_io::save_tensors;
 
 fn real_model() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/real/model"))

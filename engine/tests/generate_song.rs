@@ -8,13 +8,13 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use ostinato_engine::data::condition::{lyrics_prompt, text_prompt};
-use ostinato_engine::data::SongMeta;
+use ostinato_engine::codec::condition::{lyrics_prompt, text_prompt};
+use ostinato_engine::codec::tokenizer::{Padding, TextTokenizer};
+use ostinato_engine::codec::SongMeta;
 use ostinato_engine::generate::sampler::{sample, timesteps, Conditions};
 use ostinato_engine::generate::{GenerateSpec, Generator};
-use ostinato_engine::model::folder::{ModelFolder, GENERATION_LYRIC_TOKENS, TEXT_TOKENS};
-use ostinato_engine::model::source::ModelSource;
-use ostinato_engine::model::tokenizer::{Padding, TextTokenizer};
+use ostinato_engine::load::folder::{ModelFolder, GENERATION_LYRIC_TOKENS, TEXT_TOKENS};
+use ostinato_engine::load::source::ModelSource;
 
 const TOL: f32 = 1e-4;
 

@@ -9,10 +9,10 @@ use std::time::Duration;
 use hub_server::{blob_id, FakeHub, Fault};
 use ostinato_engine::cancel::Cancel;
 use ostinato_engine::load::catalog::MAIN_REPO;
+use ostinato_engine::load::folder::{ModelFolder, Variant};
 use ostinato_engine::load::{
     find_models, verify_model, AddedFolders, DitVariant, DownloadEvent, Downloader, Hub, HubCache, ModelPlaces, Origin,
 };
-use ostinato_engine::model::folder::{ModelFolder, Variant};
 use ostinato_engine::Error;
 
 const COMMIT: &str = "4f1c0ffee4f1c0ffee4f1c0ffee4f1c0ffee4f1c";

@@ -7,19 +7,20 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use ostinato_engine::cancel::Cancel;
-use ostinato_engine::data::condition::{text_prompt, Conditioner};
-use ostinato_engine::data::encode::LatentEncoder;
+use ostinato_engine::codec::condition::{text_prompt, Conditioner};
+use ostinato_engine::codec::condition_encoder::ConditionEncoder;
+use ostinato_engine::codec::encode::LatentEncoder;
+use ostinato_engine::codec::qwen3::Qwen3Encoder;
+use ostinato_engine::codec::tokenizer::{Padding, TextTokenizer};
+use ostinato_engine::codec::vae::{LatentChoice, TILE_FRAMES};
+use ostinato_engine::codec::{SongMeta, StereoAudio};
 use ostinato_engine::data::preprocessed::{read_preprocessed_dir, read_sample, write_preprocessed, Manifest};
-use ostinato_engine::data::{SongMeta, StereoAudio, TrainingSample};
-use ostinato_engine::model::condition_encoder::ConditionEncoder;
-use ostinato_engine::model::folder::{ModelFolder, Variant, LYRIC_TOKENS, TEXT_TOKENS};
-use ostinato_engine::model::qwen3::Qwen3Encoder;
-use ostinato_engine::model::source::ModelSource;
-use ostinato_engine::model::tensors::TensorFile;
-use ostinato_engine::model::tokenizer::{Padding, TextTokenizer};
-use ostinato_engine::model::torch_pt::write_pt;
-use ostinato_engine::model::vae::{LatentChoice, TILE_FRAMES};
+use ostinato_engine::data::TrainingSample;
+use ostinato_engine::load::folder::{ModelFolder, Variant, LYRIC_TOKENS, TEXT_TOKENS};
+use ostinato_engine::load::source::ModelSource;
 use ostinato_engine::model::DecoderWeights;
+use ostinato_engine::tensor_io::torch_pt::write_pt;
+use ostinato_engine::tensor_io::TensorFile;
 use ostinato_engine::Error;
 
 fn real_dir() -> PathBuf {
@@ -282,7 +283,7 @@ fn model_folder_end_to_end_matches_reference_preprocessing() {
     let folder = ModelFolder::open(&model_dir(), None).unwrap();
     assert_eq!(folder.variant, Variant::Turbo);
     assert!(
-        matches!(folder.default_timestep_sampling(), ostinato_engine::train::schedule::TimestepSampling::Turbo { shift } if shift == 3.0)
+        matches!(folder.default_timestep_sampling(), ostinato_engine::model::timesteps::TimestepSampling::Turbo { shift } if shift == 3.0)
     );
     DecoderWeights::load(&[&folder.dit_weights()], &folder.dit, DType::F32, &Device::Cpu).unwrap();
 

@@ -8,8 +8,8 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::{max_abs_diff, sample_fixtures, Fixture};
 use ostinato_engine::generate::sampler::{sample, timesteps, Conditions, Guidance};
-use ostinato_engine::lora::{LoraAdapter, LoraCtx, LoraMode};
-use ostinato_engine::model::{DecoderWeights, DitModel};
+use ostinato_engine::lora::{LoraAdapter, LoraMode};
+use ostinato_engine::model::{DecoderWeights, DitModel, LinearAdapter};
 
 const TOL: f32 = 1e-4;
 
@@ -31,7 +31,7 @@ fn guidance(f: &Fixture) -> Option<Guidance> {
 }
 
 /// The sampler on the fixture's inputs; x_t entering every step, and the result.
-fn run(f: &Fixture, model: &DitModel, lora: Option<&LoraCtx>) -> (Vec<Tensor>, Tensor) {
+fn run(f: &Fixture, model: &DitModel, lora: Option<&dyn LinearAdapter>) -> (Vec<Tensor>, Tensor) {
     let s = &f.json["sampler"];
     let schedule = timesteps(s["steps"].as_u64().unwrap() as usize, s["shift"].as_f64().unwrap()).unwrap();
     let fixture_t: Vec<f32> = f.t("in.timesteps").to_vec1().unwrap();

@@ -720,7 +720,7 @@ mod engine {
     use ostinato_engine::device::Precision as EnginePrecision;
     use ostinato_engine::events::{read_events, Event};
     use ostinato_engine::export::{export_run, ExportFormat as EngineFormat};
-    use ostinato_engine::model::source::ModelSource;
+    use ostinato_engine::load::source::ModelSource;
     use ostinato_engine::train::config::default_run_name;
     pub use ostinato_engine::train::history::RunSummary;
     use ostinato_engine::train::{fit, history, Run, RunConfig, RunControl, RunHandle};

@@ -15,14 +15,14 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use super::{median, random_batch, BenchSpec};
-use crate::generate::decode::VaeDecoder;
+use crate::codec::decode::VaeDecoder;
+use crate::codec::vae::{VaeConfig, VAE_WEIGHTS};
+use crate::codec::LatentDecoder;
 use crate::generate::sampler::{noise, sample, timesteps, Conditions};
 use crate::generate::song::{DEFAULT_SHIFT, TURBO_STEPS};
-use crate::generate::LatentDecoder;
-use crate::lora::{LoraAdapter, LoraCtx, LoraMode};
-use crate::model::tensors::save_tensors;
-use crate::model::vae::{VaeConfig, VAE_WEIGHTS};
-use crate::model::{DecoderWeights, DitModel};
+use crate::lora::{LoraAdapter, LoraMode};
+use crate::model::{DecoderWeights, DitModel, LinearAdapter};
+use crate::tensor_io::save_tensors;
 use crate::train::flow::FlowBatch;
 use crate::train::grads;
 use crate::train::optim::{clip_grad_norm, AdamW, AdamWConfig};
@@ -139,7 +139,7 @@ struct Song {
 
 fn make_song(
     model: &DitModel,
-    lora: Option<&LoraCtx>,
+    lora: Option<&dyn LinearAdapter>,
     decoder: &VaeDecoder,
     spec: &BenchSpec,
     frames: usize,

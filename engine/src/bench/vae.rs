@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::cancel::Cancel;
-use crate::model::vae::{OobleckDecoder, OobleckEncoder, RandomVaeTensors, VaeConfig, TILE_FRAMES};
+use crate::codec::vae::{OobleckDecoder, OobleckEncoder, RandomVaeTensors, VaeConfig, TILE_FRAMES};
 use crate::{heap, metrics, Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 
-use super::{SongMeta, TrainingSample};
+use super::TrainingSample;
+use crate::codec::SongMeta;
 use crate::error::{Error, Result};
 
 const KEYS: [&str; 5] =

@@ -14,10 +14,9 @@ use super::audio::{self, Cut, Decoded};
 use super::cache::{entry_key, file_hash, EntryKey, LatentCache};
 use super::scan::{scan_folder, AUDIO_EXTENSIONS};
 use super::sidecar::{apply_trigger, Sidecars};
-use super::{
-    Conditioner, DataEvent, DataSpec, FileUse, Issue, IssueKind, LatentEncoder, SongMeta, Stage, TrainingSample,
-};
+use super::{DataEvent, DataSpec, FileUse, Issue, IssueKind, Stage, TrainingSample};
 use crate::cancel::Cancel;
+use crate::codec::{Conditioner, LatentEncoder, SongMeta, StereoAudio};
 use crate::error::{Error, Result};
 
 /// One usable song.
@@ -151,7 +150,7 @@ fn decode_checked(path: &Path) -> std::result::Result<Decoded, String> {
 /// A decoded song and what its sidecars say.
 struct Song<'a> {
     source: &'a Path,
-    audio: &'a audio::StereoAudio,
+    audio: &'a StereoAudio,
     meta: &'a SongMeta,
 }
 
@@ -391,11 +390,12 @@ impl Preparer<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::condition::HashConditioner;
-    use crate::data::encode::MelEncoder;
+    use crate::codec::condition::HashConditioner;
+    use crate::codec::encode::MelEncoder;
+    use crate::codec::StereoAudio;
     use crate::data::testutil::{aiff_bytes, flac_bytes, noise_bytes, sine, write_file};
     use crate::data::wav::{wav_bytes, SampleFormat};
-    use crate::data::{StereoAudio, TagMode, TriggerTag};
+    use crate::data::{TagMode, TriggerTag};
     use rand::SeedableRng;
     use std::collections::BTreeMap;
     use std::ffi::OsStr;

@@ -1,14 +1,12 @@
 //! Training data: a folder of songs becomes ACE-Step training samples.
 //!
 //! scan (find audio) -> sidecar (captions, lyrics, metas) -> audio (decode, resample,
-//! cut) -> encode (latents) + condition (text/lyrics) -> cache (content-addressed).
+//! cut) -> the codecs' encoders (latents, condition) -> cache (content-addressed).
 //! `dataset` ties them together. The source folder is only ever read.
 
 pub mod audio;
 pub mod cache;
-pub mod condition;
 pub mod dataset;
-pub mod encode;
 pub mod preprocessed;
 pub mod scan;
 pub mod sidecar;
@@ -16,50 +14,15 @@ pub mod synth;
 pub mod wav;
 
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 
 use std::path::PathBuf;
 
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
-pub use audio::StereoAudio;
 pub use cache::LatentCache;
-pub use condition::{Conditioner, Conditioning, HashConditioner};
 pub use dataset::{encode_item, prepare_dataset, DatasetItem, PreparedDataset};
-pub use encode::{LatentEncoder, MelEncoder};
-
-/// What a song is about, as ACE-Step's prompt needs it. Read from sidecars.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SongMeta {
-    pub caption: String,
-    /// The lyrics, or "[Instrumental]" when there are none.
-    pub lyrics: String,
-    pub bpm: Option<u32>,
-    pub keyscale: Option<String>,
-    pub timesignature: Option<String>,
-    pub language: Option<String>,
-    pub genre: Option<String>,
-    /// Length of the whole decoded file (before any cut), as ACE-Step's metas use it.
-    pub duration_seconds: f64,
-}
-
-pub const INSTRUMENTAL: &str = "[Instrumental]";
-
-impl Default for SongMeta {
-    fn default() -> Self {
-        Self {
-            caption: String::new(),
-            lyrics: INSTRUMENTAL.to_string(),
-            bpm: None,
-            keyscale: None,
-            timesignature: None,
-            language: None,
-            genre: None,
-            duration_seconds: 0.0,
-        }
-    }
-}
 
 /// One preprocessed sample, with ACE-Step's preprocessed-sample tensors.
 #[derive(Debug, Clone)]

@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use super::TrainingSample;
 use crate::cancel::Cancel;
-use crate::model::tensors::save_tensors;
-use crate::model::torch_pt::read_pt;
+use crate::codec::{Conditioner, LatentEncoder};
+use crate::tensor_io::save_tensors;
+use crate::tensor_io::torch_pt::read_pt;
 use crate::{Error, Result};
 
 pub const KEYS: [&str; 5] =
@@ -187,8 +188,8 @@ pub fn read_sample(path: &Path) -> Result<TrainingSample> {
 /// centre crop, if any) and writes the folder `train` accepts in place of audio.
 pub fn preprocess(
     spec: &super::DataSpec,
-    encoder: &dyn super::LatentEncoder,
-    conditioner: &dyn super::Conditioner,
+    encoder: &dyn LatentEncoder,
+    conditioner: &dyn Conditioner,
     out: &Path,
     report: &mut dyn FnMut(super::DataEvent),
 ) -> Result<Vec<PathBuf>> {

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::{SongMeta, TagMode, TriggerTag, INSTRUMENTAL};
+use super::{TagMode, TriggerTag};
+use crate::codec::{SongMeta, INSTRUMENTAL};
 
 #[derive(Debug, Default, Clone, PartialEq)]
 struct Fields {

@@ -1,14 +1,14 @@
 //! Generation: text (and an optional adapter) to music with the loaded DiT.
 //!
-//! `sampler` runs the flow-matching ODE (turbo; base/SFT with APG guidance), `decode`
-//! turns latents into audio (the VAE decoder, or the demo's weight-free mel decoder in
-//! `mel`), `wav` writes the result, and `song` ties them together for the front ends.
+//! `sampler` runs the flow-matching ODE (turbo; base/SFT with APG guidance), the
+//! model source's decoder (`codec`) turns latents into audio, `wav` writes the result,
+//! `latents` reads and writes latents files, and `song` ties them together for the
+//! front ends.
 
-pub mod decode;
-pub mod mel;
+pub mod latents;
 pub mod sampler;
 pub mod song;
 pub mod wav;
 
-pub use decode::{decoder_for, read_latents, LatentDecoder};
+pub use latents::{read_latents, write_latents};
 pub use song::{GenerateEvent, GenerateSpec, Generator, SongModel};

@@ -10,8 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 
-use crate::lora::LoraCtx;
-use crate::model::{DitInputs, DitModel};
+use crate::model::{DitInputs, DitModel, LinearAdapter};
 use crate::{Error, Result};
 
 /// The t fed to the DiT at each step: `shift t / (1 + (shift - 1) t)` over
@@ -89,7 +88,7 @@ impl Guidance {
 /// from it (a stop request) ends the sampling there.
 pub fn sample(
     model: &DitModel,
-    lora: Option<&LoraCtx>,
+    lora: Option<&dyn LinearAdapter>,
     x: &Tensor,
     cond: &Conditions,
     schedule: &[f32],
@@ -116,7 +115,7 @@ pub fn sample(
 /// The DiT's prediction (f32) at time t for a batch of x.
 fn velocity(
     model: &DitModel,
-    lora: Option<&LoraCtx>,
+    lora: Option<&dyn LinearAdapter>,
     x: &Tensor,
     states: &Tensor,
     context: &Tensor,
@@ -139,7 +138,7 @@ fn velocity(
 /// Conditional and unconditional predictions in one batch of two, as diffusers runs them.
 fn velocity_pair(
     model: &DitModel,
-    lora: Option<&LoraCtx>,
+    lora: Option<&dyn LinearAdapter>,
     x: &Tensor,
     cond: &Conditions,
     null: &Tensor,

@@ -8,14 +8,13 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::decode::{decoder_for, LatentDecoder};
 use super::sampler::{self, Conditions, Guidance};
 use crate::cancel::Cancel;
-use crate::data::{Conditioner, SongMeta, StereoAudio, INSTRUMENTAL};
+use crate::codec::{Conditioner, LatentDecoder, SongMeta, StereoAudio, INSTRUMENTAL};
+use crate::load::source::ModelSource;
 use crate::lora::{LoraAdapter, LoraMode};
-use crate::model::source::ModelSource;
-use crate::model::DitModel;
-use crate::train::schedule::TimestepSampling;
+use crate::model::timesteps::TimestepSampling;
+use crate::model::{DitModel, LinearAdapter};
 use crate::{Error, Result};
 
 /// ACE-Step's longest song (its `DURATION_MAX`), seconds.
@@ -95,7 +94,7 @@ impl Generator {
         Ok(Self {
             dit: loaded.dit,
             conditioner: loaded.conditioner,
-            decoder: decoder_for(source, &device)?,
+            decoder: source.latent_decoder(&device)?,
             turbo: matches!(loaded.default_timesteps, TimestepSampling::Turbo { .. }),
             null_condition: loaded.null_condition,
         })
@@ -234,11 +233,19 @@ impl SongModel<'_> {
         let ctx = adapter
             .filter(|_| spec.adapter_scale != 0.0)
             .map(|a| a.ctx(LoraMode::Eval, false).with_strength(spec.adapter_scale));
-        let x0 = sampler::sample(self.dit, ctx.as_ref(), &noise, &cond, &schedule, guidance.as_ref(), |k, _| {
-            cancel.check()?;
-            on_event(GenerateEvent::Step { step: k + 1, steps });
-            Ok(())
-        })?;
+        let x0 = sampler::sample(
+            self.dit,
+            ctx.as_ref().map(|c| c as &dyn LinearAdapter),
+            &noise,
+            &cond,
+            &schedule,
+            guidance.as_ref(),
+            |k, _| {
+                cancel.check()?;
+                on_event(GenerateEvent::Step { step: k + 1, steps });
+                Ok(())
+            },
+        )?;
         Ok(x0.squeeze(0)?)
     }
 

@@ -7,7 +7,7 @@
 use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
 
-use crate::data::StereoAudio;
+use crate::codec::StereoAudio;
 use crate::{Error, Result};
 
 /// The bytes of a stereo 32-bit float WAV of `audio`.

@@ -16,8 +16,8 @@
 
 use rayon::prelude::*;
 
-use crate::model::cpu_gemm::{matmul_into_strided, Mat, Threads};
-use crate::model::simd;
+use crate::kernels::cpu_gemm::{matmul_into_strided, Mat, Threads};
+use crate::kernels::simd;
 
 /// Snake's per-channel parameters as the model folds them: `e^alpha` and
 /// `1 / (e^beta + 1e-9)`.

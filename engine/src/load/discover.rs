@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::Value;
 
+use super::folder::{models_in, subfolders, ModelFolder, TEXT_DIR, VAE_DIR};
 use super::places::ModelPlaces;
-use crate::model::folder::{dit_dirs, hf_snapshot, is_root, ModelFolder, TEXT_DIR, VAE_DIR};
 use crate::Error;
 
 /// Where a model was found.
@@ -61,42 +61,6 @@ pub fn find_models(places: &ModelPlaces) -> Vec<FoundModel> {
         .filter(|(_, dit)| seen.insert(std::fs::canonicalize(dit).unwrap_or_else(|_| dit.clone())))
         .map(|(origin, dit)| examine(origin, dit))
         .collect()
-}
-
-/// The DiT folders in `dir`: itself, a model root's `acestep-v15-*` folders, a hub
-/// repository's snapshot, or every ACE-Step snapshot of a hub cache.
-pub fn models_in(dir: &Path) -> Vec<PathBuf> {
-    if is_dit_dir(dir) {
-        return vec![dir.to_path_buf()];
-    }
-    if is_root(dir) {
-        return dit_dirs(dir).collect();
-    }
-    if dir.join("snapshots").is_dir() {
-        return hf_snapshot(dir).map(|s| models_in(&s)).unwrap_or_default();
-    }
-    subfolders(dir)
-        .into_iter()
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("models--")))
-        .flat_map(|repo| models_in(&repo))
-        .collect()
-}
-
-/// A DiT folder: a config.json with ACE-Step's silence latent beside it.
-fn is_dit_dir(dir: &Path) -> bool {
-    dir.join("config.json").is_file() && dir.join("silence_latent.pt").exists()
-}
-
-fn subfolders(dir: &Path) -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_dir() && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
-        .collect();
-    dirs.sort();
-    dirs
 }
 
 fn examine(origin: Origin, dit: PathBuf) -> FoundModel {

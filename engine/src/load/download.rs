@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::catalog::{DitVariant, Part, REVISION};
+use super::folder::ModelFolder;
 use super::hub::{denied_reason, Hub, HubCache, RemoteFile, Reply, MAX_TRIES};
 use crate::cancel::Cancel;
-use crate::model::folder::ModelFolder;
 use crate::{Error, Result};
 
 /// Progress is reported at most once per this many bytes of a file (and at its end).

@@ -412,7 +412,7 @@ mod tests {
         cache.link("ACE-Step/Ace-Step1.5", "c0ffee", "vae/config.json", &id).unwrap();
         cache.set_ref("ACE-Step/Ace-Step1.5", "main", "c0ffee").unwrap();
         let repo = cache.repo_dir("ACE-Step/Ace-Step1.5");
-        assert_eq!(crate::model::folder::hf_snapshot(&repo), Some(repo.join("snapshots/c0ffee")));
+        assert_eq!(crate::load::folder::hf_snapshot(&repo), Some(repo.join("snapshots/c0ffee")));
         assert_eq!(encode_path("a b/c+d.json"), "a%20b/c%2Bd.json");
     }
 }

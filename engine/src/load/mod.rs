@@ -1,12 +1,18 @@
-//! Model sources: ACE-Step 1.5 models found on disk (ACE-Step's `checkpoints/`, the
-//! Hugging Face cache, folders the user added) and downloaded from the hub into its
-//! cache. The model folder itself is read by `model::folder::ModelFolder`.
+//! Loading, above the model and the codecs: where a run's model comes from (`source`:
+//! a model folder or the built-in demo model) and what comes with it; ACE-Step 1.5
+//! models found on disk (ACE-Step's `checkpoints/`, the Hugging Face cache, folders the
+//! user added) and downloaded from the hub into its cache; the model folder itself
+//! (`folder`); and the memory footprint a model will need (`footprint`).
 
 pub mod catalog;
+pub mod demo;
 pub mod discover;
 pub mod download;
+pub mod folder;
+pub mod footprint;
 pub mod hub;
 pub mod places;
+pub mod source;
 pub mod verify;
 
 pub use catalog::DitVariant;

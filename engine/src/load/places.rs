@@ -6,8 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::discover::models_in;
-use crate::model::folder::hf_cache_dir;
+use super::folder::{hf_cache_dir, models_in};
 use crate::{Error, Result};
 
 /// Every place `find_models` looks, in order.

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use super::folder::{ModelFolder, TEXT_DIR, VAE_DIR};
 use super::hub::BlobId;
-use crate::model::folder::{ModelFolder, TEXT_DIR, VAE_DIR};
 use crate::{Error, Result};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

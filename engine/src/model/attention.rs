@@ -18,9 +18,9 @@
 
 use candle_core::{CpuStorage, CudaStorage, DType, Device, Layout, MetalStorage, Shape, Tensor};
 
-use super::attention_host;
-use super::handover::{on_cpu, on_cuda, on_metal, Handover};
 use super::ops;
+use crate::kernels::attention_host::{self, BandBlock};
+use crate::kernels::handover::{on_cpu, on_cuda, on_metal, Handover};
 use crate::Result;
 
 /// Query positions per block of [`banded`]. With window W, a block of `b` queries reads
@@ -60,15 +60,9 @@ pub fn band_mask(
     Ok(Some(Tensor::from_vec(values, (q_len, 1, k_len), device)?))
 }
 
-/// One query block of the banded form: which keys it reads and their mask.
-#[derive(Clone)]
-pub struct BandBlock {
-    pub q_start: usize,
-    pub q_len: usize,
-    pub k_start: usize,
-    pub k_len: usize,
-    /// `(q_len, 1, k_len)` additive mask, `None` when the whole rectangle is in the band.
-    pub mask: Option<Tensor>,
+/// Whether attention's CPU kernels (`kernels::attention_host`) run the op: f32 on the CPU, the fused ops not switched off.
+fn host_kernels_apply(q: &Tensor, grad: Option<&Tensor>) -> bool {
+    ops::fused_cpu_f32(q) && grad.is_none_or(|g| g.dtype() == q.dtype())
 }
 
 /// The sliding-window attention plan for `positions` query and key positions: the
@@ -153,7 +147,7 @@ pub fn full(
 ) -> Result<Tensor> {
     let (b, kv, rows, _) = q.dims4()?;
     let s = k.dim(2)?;
-    let host = attention_host::applies(q, None);
+    let host = host_kernels_apply(q, None);
     if mask.is_none() && (host || b * kv * rows * s > RECOMPUTE_ELEMENTS) && !ops::bench_switch("OSTINATO_KEEP_SCORES")
     {
         let p = rows / rep;
@@ -233,7 +227,7 @@ fn recompute(
     let tracked = q.track_op() || k.track_op() || v.track_op();
     let attended = match kept.filter(|_| tracked).and_then(KeptOutput::take) {
         Some(attended) => attended,
-        None => match attention_host::applies(q, None) {
+        None => match host_kernels_apply(q, None) {
             true => {
                 let (out, lse) = attention_host::forward(q, k, v, rep, blocks)?;
                 Attended { out, lse: Some(lse) }
@@ -332,7 +326,7 @@ impl candle_core::CustomOp3 for Recompute {
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (q, k, v) = (q.detach(), k.detach(), v.detach());
         let (dq, dk, dv) = match &self.lse {
-            Some(lse) if attention_host::applies(&q, Some(grad)) => {
+            Some(lse) if host_kernels_apply(&q, Some(grad)) => {
                 attention_host::backward(&q, &k, &v, out, lse, grad, self.rep, &self.blocks)?
             }
             _ => composed_backward(&q, &k, &v, grad, self.rep, &self.blocks)?,

@@ -9,8 +9,7 @@ use super::mlp;
 use super::ops;
 use super::roots;
 use super::weights::DecoderWeights;
-use super::DitConfig;
-use crate::lora::LoraCtx;
+use super::{DitConfig, LinearAdapter};
 use crate::Result;
 
 /// A frozen linear layer that a LoRA adapter may extend, known by its module name.
@@ -35,7 +34,7 @@ impl Linear {
     }
 
     /// `[.., in] -> [.., out]`.
-    pub fn forward(&self, x: &Tensor, lora: Option<&LoraCtx>) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, lora: Option<&dyn LinearAdapter>) -> Result<Tensor> {
         let adapted = match lora {
             Some(l) => l.linear(&self.name, x, &self.weight)?,
             None => None,
@@ -119,7 +118,7 @@ impl Attention {
         kv_input: &Tensor,
         rope: Option<&Rope>,
         sliding: Option<&SlidingPlan>,
-        lora: Option<&LoraCtx>,
+        lora: Option<&dyn LinearAdapter>,
         kept: Option<&KeptOutput>,
     ) -> Result<Tensor> {
         let (b, p, _) = x.dims3()?;
@@ -161,7 +160,7 @@ struct Mlp {
 }
 
 impl Mlp {
-    fn forward(&self, x: &Tensor, lora: Option<&LoraCtx>) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, lora: Option<&dyn LinearAdapter>) -> Result<Tensor> {
         if let Some(weights) = self.fusable(lora) {
             return Ok(mlp::swiglu_mlp(x, weights[0], weights[1], weights[2])?);
         }
@@ -178,7 +177,7 @@ impl Mlp {
         h: &Tensor,
         gate: &Tensor,
         grad_out: &Tensor,
-        lora: Option<&LoraCtx>,
+        lora: Option<&dyn LinearAdapter>,
     ) -> Result<Option<Tensor>> {
         match self.fusable(lora) {
             Some(weights) => Ok(mlp::gated_residual_root(x, h, gate, weights, grad_out)?),
@@ -187,7 +186,7 @@ impl Mlp {
     }
 
     /// The weights gate, up, down, when no LoRA adapts them and none has a bias.
-    fn fusable(&self, lora: Option<&LoraCtx>) -> Option<[&Tensor; 3]> {
+    fn fusable(&self, lora: Option<&dyn LinearAdapter>) -> Option<[&Tensor; 3]> {
         let linears = [&self.gate_proj, &self.up_proj, &self.down_proj];
         let adapted = lora.is_some_and(|l| linears.iter().any(|m| l.adapts(&m.name)));
         let biased = linears.iter().any(|m| m.bias.is_some());
@@ -248,7 +247,7 @@ impl DitLayer {
     }
 
     /// `x [B, P, H] -> [B, P, H]`.
-    pub fn forward(&self, x: &Tensor, ctx: &LayerContext, lora: Option<&LoraCtx>) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, ctx: &LayerContext, lora: Option<&dyn LinearAdapter>) -> Result<Tensor> {
         self.forward_keeping(x, ctx, lora, None)
     }
 
@@ -258,7 +257,7 @@ impl DitLayer {
         &self,
         x: &Tensor,
         ctx: &LayerContext,
-        lora: Option<&LoraCtx>,
+        lora: Option<&dyn LinearAdapter>,
         kept: Option<&KeptOutput>,
     ) -> Result<Tensor> {
         let mid = self.until_mlp(x, ctx, lora, kept)?;
@@ -275,7 +274,7 @@ impl DitLayer {
         &self,
         x: &Tensor,
         ctx: &LayerContext,
-        lora: Option<&LoraCtx>,
+        lora: Option<&dyn LinearAdapter>,
         grad_out: &Tensor,
         kept: &KeptOutput,
     ) -> Result<Tensor> {
@@ -293,7 +292,7 @@ impl DitLayer {
         &self,
         x: &Tensor,
         ctx: &LayerContext,
-        lora: Option<&LoraCtx>,
+        lora: Option<&dyn LinearAdapter>,
         kept: Option<&KeptOutput>,
     ) -> Result<BeforeMlp> {
         // 1. AdaLN parameters: shift, scale, gate for attention, then for the MLP.

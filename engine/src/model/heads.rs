@@ -11,7 +11,7 @@
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
 use super::ops::{self, fused_cpu_f32, output, par_rows, rows};
-use super::simd;
+use crate::kernels::simd;
 
 /// The shape of one attention input: `positions` rows per batch item of `kv_heads * rep`
 /// heads of `head_dim` (rep = 1 for keys and values).

@@ -14,8 +14,18 @@ use candle_core::backend::BackendStorage;
 use candle_core::op::{Add, Mul};
 use candle_core::{CpuStorage, CudaStorage, CustomOp3, Layout, MetalStorage, Result, Shape, Tensor};
 
-use super::cpu_gemm::{matmul_into, Mat, Threads};
-use super::handover::{on_cpu, on_cuda, on_metal, storage_on, Pick};
+use crate::kernels::cpu_gemm::{matmul_into, Mat, Threads};
+use crate::kernels::handover::{on_cpu, on_cuda, on_metal, storage_on, Pick};
+
+/// An adapter as the model's linear layers see it during one forward pass. The model
+/// knows adapters only through this; `crate::lora` implements it for a LoRA adapter.
+pub trait LinearAdapter {
+    /// Whether module `name` carries an adapter.
+    fn adapts(&self, name: &str) -> bool;
+    /// Module `name` with weight `w` applied to `x`, its delta included, or `None` when
+    /// the module is not adapted.
+    fn linear(&self, name: &str, x: &Tensor, w: &Tensor) -> crate::Result<Option<Tensor>>;
+}
 
 /// `x [.., in]`, frozen `w [out, in]`, `a [r, in]`, `b [out, r]`; `mask` (shaped like
 /// `x`, 0 or 1/(1-p)) is the adapter input's dropout. Gradients for `x`, `a` and `b`

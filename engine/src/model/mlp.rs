@@ -17,9 +17,9 @@ use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Error, Layout, Result, Shape, Tensor};
 
-use super::cpu_gemm::{host_f32, matmul_into, Mat, Threads};
-use super::handover::{on_cpu, Handover};
 use super::ops;
+use crate::kernels::cpu_gemm::{host_f32, matmul_into, Mat, Threads};
+use crate::kernels::handover::{on_cpu, Handover};
 
 /// Rows per block of the backward: `[block, intermediate]` f32 gradients are 6 MiB
 /// each at ACE-Step's 6144 (1.5 MiB at the bench's 1536).

@@ -5,28 +5,14 @@
 //! unpatchify, crop). Gradient checkpointing drives the same three pieces itself.
 
 pub mod attention;
-pub mod attention_host;
 pub mod block;
-pub mod condition_encoder;
 pub mod config;
-pub mod cpu_gemm;
-pub mod demo;
-pub mod folder;
-pub mod footprint;
-pub mod handover;
 pub mod heads;
 pub mod lora_linear;
 pub mod mlp;
 pub mod ops;
-pub mod qwen3;
 pub mod roots;
-pub mod simd;
-pub mod source;
-pub mod tensors;
-pub mod tokenizer;
-pub mod torch_pt;
-pub mod transformer;
-pub mod vae;
+pub mod timesteps;
 pub mod weights;
 
 use std::collections::HashMap;
@@ -38,9 +24,9 @@ use rand_distr::{Distribution, Normal};
 
 pub use block::{DitLayer, LayerContext};
 pub use config::{DitConfig, LayerType};
+pub use lora_linear::LinearAdapter;
 pub use weights::DecoderWeights;
 
-use crate::lora::LoraCtx;
 use crate::Result;
 use block::{Linear, Rope};
 
@@ -222,7 +208,7 @@ impl DitModel {
     }
 
     /// The whole DiT: `[B, T, 64]` prediction of x1 - x0.
-    pub fn forward(&self, inputs: &DitInputs, lora: Option<&LoraCtx>) -> Result<Tensor> {
+    pub fn forward(&self, inputs: &DitInputs, lora: Option<&dyn LinearAdapter>) -> Result<Tensor> {
         let prep = self.prepare(inputs)?;
         let mut x = prep.hidden.clone();
         for layer in &self.layers {

@@ -16,7 +16,7 @@ use candle_core::{
     CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, MetalStorage, Result, Shape, Tensor, D,
 };
 
-use super::simd;
+use crate::kernels::simd;
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {

@@ -5,7 +5,7 @@
 
 use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, MetalStorage, Result, Shape, Tensor};
 
-use super::handover::{on_cpu, on_cuda, on_metal, Handover};
+use crate::kernels::handover::{on_cpu, on_cuda, on_metal, Handover};
 
 /// A root whose backward hands `out` the gradient `grad_out` (same shape).
 pub fn seeded(out: &Tensor, grad_out: &Tensor) -> Result<Tensor> {

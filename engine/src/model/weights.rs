@@ -102,6 +102,21 @@ pub fn match_header(header: &[(String, Vec<usize>)], cfg: &DitConfig) -> (HashMa
     (names, problems)
 }
 
+/// Whether `keys` use diffusers' attention names (`to_q`, `norm_q`, `to_out.0`).
+pub fn uses_diffusers_names(keys: &[String]) -> bool {
+    keys.iter().any(|k| k.contains(".to_q.") || k.contains(".norm_q."))
+}
+
+/// An original attention key (`self_attn.q_proj.weight`) in diffusers' naming.
+pub fn diffusers_name(key: &str) -> String {
+    key.replace(".q_proj.", ".to_q.")
+        .replace(".k_proj.", ".to_k.")
+        .replace(".v_proj.", ".to_v.")
+        .replace(".o_proj.", ".to_out.0.")
+        .replace(".q_norm.", ".norm_q.")
+        .replace(".k_norm.", ".norm_k.")
+}
+
 /// diffusers' `AceStepTransformer1DModel` names -> the original checkpoint's.
 fn from_diffusers_name(key: &str) -> String {
     let key = if let Some(rest) = key.strip_prefix("proj_in_conv.") {

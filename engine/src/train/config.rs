@@ -6,12 +6,13 @@ use serde::{Deserialize, Serialize};
 
 use super::loss_scale::LossScaleConfig;
 use super::optim::AdamWConfig;
-use super::schedule::{LrSchedule, TimestepSampling};
+use super::schedule::LrSchedule;
 use crate::data::DataSpec;
 use crate::device::Precision;
 use crate::generate::song::MAX_SECONDS;
+use crate::load::source::ModelSource;
 use crate::lora::LoraConfig;
-use crate::model::source::ModelSource;
+use crate::model::timesteps::TimestepSampling;
 use crate::{Error, Result};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

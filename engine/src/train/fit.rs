@@ -9,10 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use super::RunConfig;
 use crate::device::{self, Precision};
+use crate::load::footprint::{self, Footprint, Workload};
+use crate::load::source::ModelShape;
 use crate::lora::LoraConfig;
 use crate::metrics::{machine_memory, MachineMemory};
-use crate::model::footprint::{self, Footprint, Workload};
-use crate::model::source::ModelShape;
 use crate::{Error, Result};
 
 /// Whether the engine chooses the memory settings.
@@ -259,7 +259,7 @@ fn changes(before: &RunConfig, after: &RunConfig) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::source::ModelSource;
+    use crate::load::source::ModelSource;
 
     const GB: u64 = 1_000_000_000;
 

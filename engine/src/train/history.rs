@@ -11,9 +11,6 @@ use super::state::list_checkpoints;
 use crate::events::{read_events, Event};
 use crate::{Error, Result};
 
-/// Present and locked while a process trains the run (see [`lock`]): holds its id.
-pub const LIVE_MARKER: &str = "run.pid";
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RunStatus {

@@ -9,8 +9,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::history::LIVE_MARKER;
 use crate::{Error, Result};
+
+/// Present and locked while a process trains the run: holds its id.
+pub const LIVE_MARKER: &str = "run.pid";
 
 /// Attempts before a held lock is reported: a lister's brief shared lock (see
 /// [`is_locked`]) must not look like a second writer.

@@ -10,10 +10,12 @@ use candle_core::{Device, Tensor};
 
 use super::config::RunConfig;
 use crate::cancel::Cancel;
-use crate::data::{Conditioner, PreparedDataset};
+use crate::codec::Conditioner;
+use crate::codec::LatentDecoder;
+use crate::data::PreparedDataset;
 use crate::events::Event;
 use crate::generate::wav::write_wav;
-use crate::generate::{decoder_for, GenerateSpec, LatentDecoder, SongModel};
+use crate::generate::{GenerateSpec, SongModel};
 use crate::lora::LoraAdapter;
 use crate::model::DitModel;
 use crate::{Error, Result};
@@ -52,7 +54,7 @@ impl Previews {
             seed: config.preview_seed(),
             ..GenerateSpec::default()
         };
-        let decoder = decoder_for(&config.model, device)?;
+        let decoder = config.model.latent_decoder(device)?;
         Ok(Some(Self { every, spec, decoder, turbo, null_condition }))
     }
 

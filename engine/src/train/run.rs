@@ -8,6 +8,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use candle_core::DType;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -20,18 +21,20 @@ use super::lock::RunLock;
 use super::loss_scale::{LossScaler, SkipCounter};
 use super::optim::AdamW;
 use super::preview::{Previews, Trained};
-use super::schedule::{LrScheduler, TimestepSampling};
+use super::schedule::LrScheduler;
 use super::state::{self, BestValidation, TrainingState};
 use super::step::{StepOutcome, StepSettings, Trainer};
 use super::validation::{self, Validator};
 use crate::cancel::Cancel;
+use crate::codec::{Conditioner, LatentEncoder};
 use crate::data::preprocessed::{is_preprocessed_dir, read_preprocessed_dir};
 use crate::data::{prepare_dataset, DataEvent, FileUse, Issue, LatentCache, PreparedDataset};
 use crate::device;
 use crate::events::{DatasetSummary, Event, EventLog, MemoryFeatures};
+use crate::load::source::LoadedModel;
 use crate::lora::LoraAdapter;
 use crate::metrics::{MemoryProbe, RateMeter};
-use crate::model::source::LoadedModel;
+use crate::model::timesteps::TimestepSampling;
 use crate::{Error, Result};
 
 /// How a run ended.
@@ -306,8 +309,8 @@ impl Sink {
 struct Loop {
     config: RunConfig,
     run_dir: PathBuf,
-    encoder: Box<dyn crate::data::LatentEncoder>,
-    conditioner: Box<dyn crate::data::Conditioner>,
+    encoder: Box<dyn crate::codec::LatentEncoder>,
+    conditioner: Box<dyn crate::codec::Conditioner>,
     data: PreparedDataset,
     /// Present when clips are held out.
     validator: Option<Validator>,
@@ -346,28 +349,7 @@ impl Loop {
         let cfg_dropout = config.cfg_dropout.unwrap_or(default_cfg_dropout);
         let dropout = CfgDropout::for_ratio(cfg_dropout, &null_condition)?;
         let turbo = matches!(default_timesteps, TimestepSampling::Turbo { .. });
-        let cache = match (&config.latent_cache, &config.cache_dir) {
-            (false, _) => None,
-            (true, Some(dir)) => Some(LatentCache::new(dir)?),
-            (true, None) => Some(LatentCache::open_default()?),
-        };
-        let data = if is_preprocessed_dir(&config.data.folder) {
-            let samples = read_preprocessed_dir(&config.data.folder)?;
-            PreparedDataset::preprocessed(&config.data, samples, encoder.frames_per_second())?
-        } else {
-            match prepare_dataset(
-                &config.data,
-                encoder.as_ref(),
-                conditioner.as_ref(),
-                cache.as_ref(),
-                cancel,
-                &mut |e| sink.emit(data_event(e, &config.data.folder)),
-            ) {
-                // Stopped while preparing: set up without data; `train` stops before step 1.
-                Err(Error::Cancelled) => PreparedDataset::empty(&config.data),
-                prepared => prepared?,
-            }
-        };
+        let data = load_dataset(config, encoder.as_ref(), conditioner.as_ref(), cancel, sink)?;
 
         // Held-out clips leave the training set before anything depends on its size.
         let (data, held_out) = match data.is_empty() {
@@ -399,37 +381,13 @@ impl Loop {
             (ckpt.adapter, Some(ckpt.optimizer_state), ckpt.state)
         } else {
             let adapter = LoraAdapter::new(config.lora.clone(), &dit, config.seed)?;
-            let loss_scaler = if dtype == candle_core::DType::F16 {
-                LossScaler::dynamic(config.loss_scale)
-            } else {
-                LossScaler::disabled()
-            };
-            let state = TrainingState {
-                engine_version: state::ENGINE_VERSION.into(),
-                config_hash,
-                seed: config.seed,
-                step: 0,
-                attempts: 0,
-                epoch: 0,
-                batch_in_epoch: 0,
-                epoch_order: epoch_order(config.seed, 0, data.len()),
-                epoch_loss_sum: 0.0,
-                epoch_loss_count: 0,
-                last_loss: None,
-                loss_scaler,
-                skips: SkipCounter::new(config.max_consecutive_skips),
-                elapsed_s: 0.0,
-                best: None,
-                validations_since_best: 0,
-            };
-            (adapter, None, state)
+            (adapter, None, fresh_state(config, config_hash, dtype, data.len()))
         };
         let vars = adapter.vars();
         let optimizer = match optimizer_state {
             Some(s) => AdamW::from_state(vars, config.optimizer, &s)?,
             None => AdamW::new(vars, config.optimizer)?,
         };
-        let trainable = adapter.num_parameters() as u64;
         let trainer = Trainer {
             settings: StepSettings {
                 checkpointing: config.gradient_checkpointing,
@@ -449,32 +407,8 @@ impl Loop {
 
         // A run stopped during setup never started.
         if !cancel.is_cancelled() {
-            sink.emit(Event::RunStarted {
-                config: serde_json::to_value(config).expect("config serialises"),
-                device: format!("{} ({})", selected.name, selected.reason),
-                precision: format!("{dtype:?}").to_lowercase(),
-                memory: MemoryFeatures {
-                    gradient_checkpointing: config.gradient_checkpointing,
-                    block_input_grad_path: config.gradient_checkpointing,
-                    latent_cache: config.latent_cache,
-                    predicted_peak_bytes: Some(plan.predicted_peak_bytes),
-                    machine: plan.machine.clone(),
-                },
-                trainable_params: trainable,
-                total_params: parameters + trainable,
-                cfg_dropout,
-                timestep_levels: trainer.settings.timesteps.levels().map(|l| l.iter().map(|&t| t as f32).collect()),
-                dataset: DatasetSummary {
-                    files: (data.len() + data.skipped()) as u64,
-                    usable: data.len() as u64,
-                    skipped: data.skipped() as u64,
-                    cache_hits: data.cache_hits as u64,
-                    cache_misses: data.cache_misses as u64,
-                    total_seconds: data.seconds_used(),
-                    seconds_in_files: Some(data.seconds_in_files()),
-                },
-                total_steps,
-            });
+            let device = format!("{} ({})", selected.name, selected.reason);
+            sink.emit(run_started(config, device, dtype, plan, &trainer, parameters, cfg_dropout, &data, total_steps));
         }
         Ok(Self {
             config: config.clone(),
@@ -723,6 +657,97 @@ impl Loop {
     }
 }
 
+/// The run's training set: a folder of preprocessed samples as it is, or a folder of
+/// songs prepared (encoded, or found in the latent cache). Stopped while preparing, an
+/// empty set: `train` then stops before step 1.
+fn load_dataset(
+    config: &RunConfig,
+    encoder: &dyn LatentEncoder,
+    conditioner: &dyn Conditioner,
+    cancel: &Cancel,
+    sink: &mut Sink,
+) -> Result<PreparedDataset> {
+    if is_preprocessed_dir(&config.data.folder) {
+        let samples = read_preprocessed_dir(&config.data.folder)?;
+        return PreparedDataset::preprocessed(&config.data, samples, encoder.frames_per_second());
+    }
+    let cache = match (&config.latent_cache, &config.cache_dir) {
+        (false, _) => None,
+        (true, Some(dir)) => Some(LatentCache::new(dir)?),
+        (true, None) => Some(LatentCache::open_default()?),
+    };
+    let emit = &mut |e| sink.emit(data_event(e, &config.data.folder));
+    match prepare_dataset(&config.data, encoder, conditioner, cache.as_ref(), cancel, emit) {
+        Err(Error::Cancelled) => Ok(PreparedDataset::empty(&config.data)),
+        prepared => prepared,
+    }
+}
+
+/// The counters of a run before its first step.
+fn fresh_state(config: &RunConfig, config_hash: String, dtype: DType, samples: usize) -> TrainingState {
+    let loss_scaler = if dtype == DType::F16 { LossScaler::dynamic(config.loss_scale) } else { LossScaler::disabled() };
+    TrainingState {
+        engine_version: state::ENGINE_VERSION.into(),
+        config_hash,
+        seed: config.seed,
+        step: 0,
+        attempts: 0,
+        epoch: 0,
+        batch_in_epoch: 0,
+        epoch_order: epoch_order(config.seed, 0, samples),
+        epoch_loss_sum: 0.0,
+        epoch_loss_count: 0,
+        last_loss: None,
+        loss_scaler,
+        skips: SkipCounter::new(config.max_consecutive_skips),
+        elapsed_s: 0.0,
+        best: None,
+        validations_since_best: 0,
+    }
+}
+
+/// The `run_started` event: what the run is about to do, on what, with what.
+#[allow(clippy::too_many_arguments)]
+fn run_started(
+    config: &RunConfig,
+    device: String,
+    dtype: DType,
+    plan: &MemoryPlan,
+    trainer: &Trainer,
+    parameters: u64,
+    cfg_dropout: f64,
+    data: &PreparedDataset,
+    total_steps: u64,
+) -> Event {
+    let trainable = trainer.adapter.num_parameters() as u64;
+    Event::RunStarted {
+        config: serde_json::to_value(config).expect("config serialises"),
+        device,
+        precision: format!("{dtype:?}").to_lowercase(),
+        memory: MemoryFeatures {
+            gradient_checkpointing: config.gradient_checkpointing,
+            block_input_grad_path: config.gradient_checkpointing,
+            latent_cache: config.latent_cache,
+            predicted_peak_bytes: Some(plan.predicted_peak_bytes),
+            machine: plan.machine.clone(),
+        },
+        trainable_params: trainable,
+        total_params: parameters + trainable,
+        cfg_dropout,
+        timestep_levels: trainer.settings.timesteps.levels().map(|l| l.iter().map(|&t| t as f32).collect()),
+        dataset: DatasetSummary {
+            files: (data.len() + data.skipped()) as u64,
+            usable: data.len() as u64,
+            skipped: data.skipped() as u64,
+            cache_hits: data.cache_hits as u64,
+            cache_misses: data.cache_misses as u64,
+            total_seconds: data.seconds_used(),
+            seconds_in_files: Some(data.seconds_in_files()),
+        },
+        total_steps,
+    }
+}
+
 /// The shuffled sample order of an epoch: a pure function of (seed, epoch).
 fn epoch_order(seed: u64, epoch: u64, n: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
@@ -780,7 +805,7 @@ mod tests {
     #[test]
     fn the_live_marker_is_gone_before_the_final_event_is_seen() {
         let tmp = tempfile::tempdir().unwrap();
-        let marker = tmp.path().join(history::LIVE_MARKER);
+        let marker = tmp.path().join(crate::train::lock::LIVE_MARKER);
         let (tx, rx) = channel();
         let lock = Some(RunLock::acquire(tmp.path()).unwrap());
         let mut sink = Sink { log: EventLog::open(tmp.path().join("events.jsonl")).unwrap(), tx, lock };

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::loss_scale::{LossScaler, SkipCounter};
 use crate::lora::LoraAdapter;
-use crate::model::tensors::save_tensors;
+use crate::tensor_io::save_tensors;
 use crate::{Error, Result};
 
 pub const ENGINE_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -11,9 +11,10 @@ use super::flow::{Batch, FlowBatch};
 use super::grads;
 use super::loss_scale::{LossScaler, SkipCounter, SkipVerdict};
 use super::optim::{self, AdamW};
-use super::schedule::{LrScheduler, TimestepSampling};
+use super::schedule::LrScheduler;
 use crate::events::SampleLoss;
 use crate::lora::{LoraAdapter, LoraMode};
+use crate::model::timesteps::TimestepSampling;
 use crate::model::DitModel;
 use crate::Result;
 

@@ -11,10 +11,11 @@ use rand_chacha::ChaCha8Rng;
 
 use super::config::RunConfig;
 use super::flow::{Batch, FlowBatch};
-use super::schedule::turbo_timesteps;
 use super::step::mix;
-use crate::data::{Conditioner, DatasetItem, LatentEncoder, PreparedDataset};
+use crate::codec::{Conditioner, LatentEncoder};
+use crate::data::{DatasetItem, PreparedDataset};
 use crate::lora::{LoraAdapter, LoraMode};
+use crate::model::timesteps::turbo_timesteps;
 use crate::model::DitModel;
 use crate::{Error, Result};
 
@@ -123,7 +124,7 @@ impl Validator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::SongMeta;
+    use crate::codec::SongMeta;
     use std::path::PathBuf;
 
     fn dataset(n: usize) -> PreparedDataset {

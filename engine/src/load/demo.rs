@@ -12,7 +12,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
-use super::{DecoderWeights, DitConfig, LayerType};
+use crate::model::{DecoderWeights, DitConfig, LayerType};
 use crate::Result;
 
 pub const DEMO_SEED: u64 = 0x0571_4A70;

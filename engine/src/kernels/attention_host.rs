@@ -1,4 +1,4 @@
-//! The CPU f32 kernels of attention's recompute path ([`super::attention`]): head by
+//! The CPU f32 kernels of attention's recompute path (`model::attention`): head by
 //! head in parallel, each head's blocks in turn on one thread, with its scores,
 //! probabilities and their gradients in buffers reused throughout, and every product
 //! written straight into its destination (`cpu_gemm`). A head's dk and dv sum over its
@@ -10,16 +10,20 @@
 use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
-use super::attention::BandBlock;
 use super::cpu_gemm::{host_f32, matmul_into, Mat, Threads};
-use super::ops;
 use super::simd;
 
 const OP: &str = "recompute-attention";
 
-/// Whether these kernels run the op: f32 on the CPU, the fused ops not switched off.
-pub fn applies(q: &Tensor, grad: Option<&Tensor>) -> bool {
-    ops::fused_cpu_f32(q) && grad.is_none_or(|g| g.dtype() == q.dtype())
+/// One query block of the banded form: which keys it reads and their mask.
+#[derive(Clone)]
+pub struct BandBlock {
+    pub q_start: usize,
+    pub q_len: usize,
+    pub k_start: usize,
+    pub k_len: usize,
+    /// `(q_len, 1, k_len)` additive mask, `None` when the whole rectangle is in the band.
+    pub mask: Option<Tensor>,
 }
 
 /// One block's rows and keys for head `head`.

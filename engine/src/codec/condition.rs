@@ -9,10 +9,42 @@
 use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
+use serde::{Deserialize, Serialize};
 
 use super::encode::{silence_latent, LatentEncoder};
-use super::SongMeta;
 use crate::Result;
+
+/// What a song is about, as ACE-Step's prompt needs it. Read from sidecars.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SongMeta {
+    pub caption: String,
+    /// The lyrics, or "[Instrumental]" when there are none.
+    pub lyrics: String,
+    pub bpm: Option<u32>,
+    pub keyscale: Option<String>,
+    pub timesignature: Option<String>,
+    pub language: Option<String>,
+    pub genre: Option<String>,
+    /// Length of the whole decoded file (before any cut), as ACE-Step's metas use it.
+    pub duration_seconds: f64,
+}
+
+pub const INSTRUMENTAL: &str = "[Instrumental]";
+
+impl Default for SongMeta {
+    fn default() -> Self {
+        Self {
+            caption: String::new(),
+            lyrics: INSTRUMENTAL.to_string(),
+            bpm: None,
+            keyscale: None,
+            timesignature: None,
+            language: None,
+            genre: None,
+            duration_seconds: 0.0,
+        }
+    }
+}
 
 /// What the DiT is conditioned on for one sample.
 #[derive(Debug, Clone)]

@@ -9,8 +9,8 @@
 
 use serde::Serialize;
 
-use super::weights::expected_shapes;
-use super::DitConfig;
+use crate::model::weights::expected_shapes;
+use crate::model::DitConfig;
 
 /// What one run trains on, as far as memory goes.
 #[derive(Debug, Clone, PartialEq)]

@@ -5,8 +5,8 @@
 
 use candle_core::{Device, Tensor, D};
 
-use super::ops::{rms_norm, softmax_last_dim};
-use super::tensors::TensorFile;
+use crate::model::ops::{rms_norm, softmax_last_dim};
+use crate::tensor_io::TensorFile;
 use crate::Result;
 
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -28,12 +28,12 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::Deserialize;
 
-use super::cpu_gemm::host_f32;
-use super::tensors::TensorFile;
 use crate::cancel::Cancel;
-use crate::data::encode::LatentEncoder;
-use crate::data::StereoAudio;
+use crate::codec::encode::LatentEncoder;
+use crate::codec::StereoAudio;
 use crate::kernels::conv1d as kernel;
+use crate::kernels::cpu_gemm::host_f32;
+use crate::tensor_io::TensorFile;
 use crate::{Error, Result};
 
 /// diffusers' `vae/config.json`.

@@ -16,17 +16,17 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
 
-use super::condition_encoder::{ConditionEncoder, ConditionEncoderConfig};
-use super::qwen3::{Qwen3Config, Qwen3Encoder};
-use super::tensors::TensorFile;
-use super::tokenizer::{Padding, TextTokenizer};
-use super::torch_pt::read_pt;
-use super::vae::{file_identity, OobleckEncoder, VaeConfig, VaeLatentEncoder, VAE_WEIGHTS};
-use super::weights::{expected_shapes, match_header, DecoderWeights};
-use super::DitConfig;
-use crate::data::condition::{context_latents, lyrics_prompt, text_prompt, Conditioner, Conditioning};
-use crate::data::{SongMeta, INSTRUMENTAL};
-use crate::train::schedule::TimestepSampling;
+use crate::codec::condition::{context_latents, lyrics_prompt, text_prompt, Conditioner, Conditioning};
+use crate::codec::condition_encoder::{ConditionEncoder, ConditionEncoderConfig};
+use crate::codec::qwen3::{Qwen3Config, Qwen3Encoder};
+use crate::codec::tokenizer::{Padding, TextTokenizer};
+use crate::codec::vae::{file_identity, OobleckEncoder, VaeConfig, VaeLatentEncoder, VAE_WEIGHTS};
+use crate::codec::{SongMeta, INSTRUMENTAL};
+use crate::model::timesteps::TimestepSampling;
+use crate::model::weights::{expected_shapes, match_header, DecoderWeights};
+use crate::model::DitConfig;
+use crate::tensor_io::torch_pt::read_pt;
+use crate::tensor_io::TensorFile;
 use crate::{Error, Result};
 
 pub const VAE_DIR: &str = "vae";
@@ -201,104 +201,26 @@ impl ModelFolder {
     pub fn open(path: &Path, dit: Option<&str>) -> Result<Self> {
         let fail = |problems: Vec<String>| Error::ModelFolder { path: path.to_path_buf(), problems };
         let (root, given_dit) = resolve_root(path).ok_or_else(|| fail(vec![not_a_model_reason(path)]))?;
-        let dit_dir = match (dit, given_dit) {
-            (Some(name), _) => root.join(name),
-            (None, Some(d)) => d,
-            (None, None) => {
-                let all: Vec<PathBuf> = dit_dirs(&root).collect();
-                all.iter()
-                    .find(|d| d.ends_with(DEFAULT_DIT))
-                    .or(all.first())
-                    .cloned()
-                    .unwrap_or_else(|| root.join(DEFAULT_DIT))
-            }
-        };
+        let dit_dir = choose_dit_dir(&root, dit, given_dit);
         let mut problems = Vec::new();
-        let missing_dir = |d: &Path, problems: &mut Vec<String>| {
+        let (vae_dir, text_dir) = (root.join(VAE_DIR), root.join(TEXT_DIR));
+        for d in [&dit_dir, &vae_dir, &text_dir] {
             if !d.is_dir() {
                 problems.push(format!("{}: folder missing", d.display()));
             }
-        };
-        let (vae_dir, text_dir) = (root.join(VAE_DIR), root.join(TEXT_DIR));
-        for d in [&dit_dir, &vae_dir, &text_dir] {
-            missing_dir(d, &mut problems);
         }
-
-        // DiT + condition encoder.
-        let dit_json = read_json(&dit_dir.join("config.json"), &mut problems);
-        let dit_cfg = dit_json.as_ref().and_then(|v| {
-            DitConfig::from_value(v)
-                .map_err(|e| problems.push(format!("{}: {e}", dit_dir.join("config.json").display())))
-                .ok()
-        });
-        let enc_cfg = match (&dit_json, &dit_cfg) {
-            (Some(v), Some(d)) => ConditionEncoderConfig::from_value(v, d)
-                .map_err(|e| problems.push(format!("{}: {e}", dit_dir.join("config.json").display())))
-                .ok(),
-            _ => None,
-        };
-        check_safetensors(
-            &dit_dir.join("model.safetensors"),
-            &["decoder.proj_in.1.weight", "encoder.text_projector.weight"],
-            &mut problems,
-        );
-        let silence = match read_silence(&dit_dir.join("silence_latent.pt")) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                problems.push(e.to_string());
-                None
-            }
-        };
-
-        // VAE.
+        let dit_part = read_dit_part(&dit_dir, &mut problems);
         let vae_cfg = VaeConfig::from_file(&vae_dir.join("config.json")).map_err(|e| problems.push(e.to_string())).ok();
         check_safetensors(&vae_dir.join(VAE_WEIGHTS), &["encoder.conv1.bias"], &mut problems);
+        let text_cfg = read_text_part(&text_dir, &mut problems);
+        dit_part.cross_check(vae_cfg.as_ref(), text_cfg.as_ref(), &mut problems);
 
-        // Text encoder + tokenizer.
-        let text_cfg =
-            Qwen3Config::from_file(&text_dir.join("config.json")).map_err(|e| problems.push(e.to_string())).ok();
-        if let Some(f) = check_safetensors(&text_dir.join("model.safetensors"), &[], &mut problems) {
-            if !f.contains("embed_tokens.weight") && !f.contains("model.embed_tokens.weight") {
-                problems.push(format!("{}: missing tensors embed_tokens.weight", f.path().display()));
-            }
-        }
-        if let Err(e) = TextTokenizer::from_dir(&text_dir, TEXT_TOKENS, Padding::ToLimit) {
-            problems.push(e.to_string());
-        }
-
-        // Cross-checks.
-        if let (Some(d), Some(v)) = (&dit_cfg, &vae_cfg) {
-            if v.latent_channels() != d.audio_acoustic_hidden_dim {
-                problems.push(format!(
-                    "the VAE gives {} latent channels, the DiT takes {}",
-                    v.latent_channels(),
-                    d.audio_acoustic_hidden_dim
-                ));
-            }
-        }
-        if let (Some(e), Some(t)) = (&enc_cfg, &text_cfg) {
-            if e.text_hidden_dim != t.hidden_size {
-                problems.push(format!(
-                    "text_hidden_dim {} but the text encoder's hidden_size is {}",
-                    e.text_hidden_dim, t.hidden_size
-                ));
-            }
-        }
-        if let (Some(d), Some(s)) = (&dit_cfg, &silence) {
-            if s.dim(1).ok() != Some(d.audio_acoustic_hidden_dim) {
-                problems.push(format!(
-                    "silence_latent.pt has shape {:?}, expected [frames, {}]",
-                    s.dims(),
-                    d.audio_acoustic_hidden_dim
-                ));
-            }
-        }
-
-        match (problems.is_empty(), dit_json, dit_cfg, enc_cfg, vae_cfg, text_cfg) {
+        let DitPart { json, dit, encoder, .. } = dit_part;
+        match (problems.is_empty(), json, dit, encoder, vae_cfg, text_cfg) {
             (true, Some(json), Some(dit), Some(encoder), Some(vae), Some(text)) => {
                 Ok(Self { variant: Variant::detect(&json, &dit_dir), root, dit_dir, dit, encoder, vae, text })
             }
-            _ => Err(Error::ModelFolder { path: path.to_path_buf(), problems }),
+            _ => Err(fail(problems)),
         }
     }
 
@@ -394,6 +316,101 @@ impl ModelFolder {
 
     pub fn conditioner(&self, device: &Device) -> Result<RealConditioner> {
         RealConditioner::load(self, device)
+    }
+}
+
+/// The DiT folder to use: the one asked for, the one `open` was given, else the
+/// default variant's when present, else the first.
+fn choose_dit_dir(root: &Path, asked: Option<&str>, given: Option<PathBuf>) -> PathBuf {
+    match (asked, given) {
+        (Some(name), _) => root.join(name),
+        (None, Some(d)) => d,
+        (None, None) => {
+            let all: Vec<PathBuf> = dit_dirs(root).collect();
+            all.iter()
+                .find(|d| d.ends_with(DEFAULT_DIT))
+                .or(all.first())
+                .cloned()
+                .unwrap_or_else(|| root.join(DEFAULT_DIT))
+        }
+    }
+}
+
+/// What the DiT folder holds, each part `None` where it could not be read (the reason
+/// is in the problems).
+struct DitPart {
+    json: Option<Value>,
+    dit: Option<DitConfig>,
+    encoder: Option<ConditionEncoderConfig>,
+    silence: Option<Tensor>,
+}
+
+/// The DiT folder: its config (the DiT's and the condition encoder's), its weights'
+/// header and the silence latent.
+fn read_dit_part(dit_dir: &Path, problems: &mut Vec<String>) -> DitPart {
+    let config_path = dit_dir.join("config.json");
+    let json = read_json(&config_path, problems);
+    let dit = json.as_ref().and_then(|v| {
+        DitConfig::from_value(v).map_err(|e| problems.push(format!("{}: {e}", config_path.display()))).ok()
+    });
+    let encoder = match (&json, &dit) {
+        (Some(v), Some(d)) => ConditionEncoderConfig::from_value(v, d)
+            .map_err(|e| problems.push(format!("{}: {e}", config_path.display())))
+            .ok(),
+        _ => None,
+    };
+    check_safetensors(
+        &dit_dir.join("model.safetensors"),
+        &["decoder.proj_in.1.weight", "encoder.text_projector.weight"],
+        problems,
+    );
+    let silence = read_silence(&dit_dir.join("silence_latent.pt")).map_err(|e| problems.push(e.to_string())).ok();
+    DitPart { json, dit, encoder, silence }
+}
+
+/// The text encoder's config, after checking its weights and tokenizer.
+fn read_text_part(text_dir: &Path, problems: &mut Vec<String>) -> Option<Qwen3Config> {
+    let config = Qwen3Config::from_file(&text_dir.join("config.json")).map_err(|e| problems.push(e.to_string())).ok();
+    if let Some(f) = check_safetensors(&text_dir.join("model.safetensors"), &[], problems) {
+        if !f.contains("embed_tokens.weight") && !f.contains("model.embed_tokens.weight") {
+            problems.push(format!("{}: missing tensors embed_tokens.weight", f.path().display()));
+        }
+    }
+    if let Err(e) = TextTokenizer::from_dir(text_dir, TEXT_TOKENS, Padding::ToLimit) {
+        problems.push(e.to_string());
+    }
+    config
+}
+
+impl DitPart {
+    /// The parts must fit each other: latent channels, text width, silence latent.
+    fn cross_check(&self, vae: Option<&VaeConfig>, text: Option<&Qwen3Config>, problems: &mut Vec<String>) {
+        if let (Some(d), Some(v)) = (&self.dit, vae) {
+            if v.latent_channels() != d.audio_acoustic_hidden_dim {
+                problems.push(format!(
+                    "the VAE gives {} latent channels, the DiT takes {}",
+                    v.latent_channels(),
+                    d.audio_acoustic_hidden_dim
+                ));
+            }
+        }
+        if let (Some(e), Some(t)) = (&self.encoder, text) {
+            if e.text_hidden_dim != t.hidden_size {
+                problems.push(format!(
+                    "text_hidden_dim {} but the text encoder's hidden_size is {}",
+                    e.text_hidden_dim, t.hidden_size
+                ));
+            }
+        }
+        if let (Some(d), Some(s)) = (&self.dit, &self.silence) {
+            if s.dim(1).ok() != Some(d.audio_acoustic_hidden_dim) {
+                problems.push(format!(
+                    "silence_latent.pt has shape {:?}, expected [frames, {}]",
+                    s.dims(),
+                    d.audio_acoustic_hidden_dim
+                ));
+            }
+        }
     }
 }
 
@@ -525,4 +542,39 @@ impl Conditioner for RealConditioner {
             num_frames,
         )
     }
+}
+/// The DiT folders in `dir`: itself, a model root's `acestep-v15-*` folders, a hub
+/// repository's snapshot, or every ACE-Step snapshot of a hub cache.
+pub fn models_in(dir: &Path) -> Vec<PathBuf> {
+    if is_dit_dir(dir) {
+        return vec![dir.to_path_buf()];
+    }
+    if is_root(dir) {
+        return dit_dirs(dir).collect();
+    }
+    if dir.join("snapshots").is_dir() {
+        return hf_snapshot(dir).map(|s| models_in(&s)).unwrap_or_default();
+    }
+    subfolders(dir)
+        .into_iter()
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("models--")))
+        .flat_map(|repo| models_in(&repo))
+        .collect()
+}
+
+/// A DiT folder: a config.json with ACE-Step's silence latent beside it.
+fn is_dit_dir(dir: &Path) -> bool {
+    dir.join("config.json").is_file() && dir.join("silence_latent.pt").exists()
+}
+
+pub(super) fn subfolders(dir: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+        .collect();
+    dirs.sort();
+    dirs
 }

@@ -16,8 +16,8 @@ use realfft::num_complex::Complex;
 use realfft::{ComplexToReal, RealFftPlanner, RealToComplex};
 
 use super::decode::LatentDecoder;
-use crate::data::encode::{MelEncoder, CHANNELS, HOP, LOG_CENTER, LOG_FLOOR, LOG_SCALE, N_MELS, RATE, WIN};
-use crate::data::{LatentEncoder, StereoAudio};
+use crate::codec::encode::{MelEncoder, CHANNELS, HOP, LOG_CENTER, LOG_FLOOR, LOG_SCALE, N_MELS, RATE, WIN};
+use crate::codec::{LatentEncoder, StereoAudio};
 use crate::{Error, Result};
 
 /// Griffin-Lim iterations: the re-encoded latents stop improving noticeably by here.
@@ -350,7 +350,7 @@ mod tests {
     #[test]
     fn silence_decodes_to_silence_and_decoding_is_deterministic() {
         let (enc, dec) = (MelEncoder::new(), MelDecoder::new());
-        let silent = dec.decode(&crate::data::encode::silence_latent(&enc, 10).unwrap()).unwrap();
+        let silent = dec.decode(&crate::codec::encode::silence_latent(&enc, 10).unwrap()).unwrap();
         println!("silence peak {:.2e}", silent.peak());
         assert!(silent.peak() < 1e-3);
         let z = enc.encode(&tone(440.0)).unwrap();

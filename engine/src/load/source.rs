@@ -9,11 +9,12 @@ use serde::{Deserialize, Serialize};
 
 use super::demo;
 use super::folder::{ModelFolder, LYRIC_TOKENS, TEXT_TOKENS};
-use super::tensors::TensorFile;
-use super::vae::VAE_WEIGHTS;
-use super::{DecoderWeights, DitConfig, DitModel};
-use crate::data::{Conditioner, HashConditioner, LatentEncoder, MelEncoder};
-use crate::train::schedule::TimestepSampling;
+use crate::codec::vae::VAE_WEIGHTS;
+use crate::codec::{Conditioner, HashConditioner, LatentEncoder, MelEncoder};
+use crate::codec::{LatentDecoder, MelDecoder, VaeDecoder};
+use crate::model::timesteps::TimestepSampling;
+use crate::model::{DecoderWeights, DitConfig, DitModel};
+use crate::tensor_io::TensorFile;
 use crate::Result;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -61,6 +62,17 @@ const DEMO_TEXT_TOKENS: usize = 32;
 const DEMO_LYRIC_TOKENS: usize = 32;
 
 impl ModelSource {
+    /// The decoder that turns this model's latents into audio: a model folder's VAE,
+    /// or the demo model's weight-free mel decoder.
+    pub fn latent_decoder(&self, device: &Device) -> Result<Box<dyn LatentDecoder>> {
+        Ok(match self {
+            ModelSource::Demo => Box::new(MelDecoder::new()),
+            ModelSource::Folder { path } => {
+                Box::new(VaeDecoder::from_dir(&ModelFolder::open(path, None)?.vae_dir(), device)?)
+            }
+        })
+    }
+
     /// The DiT's config and weights only (export, merge).
     pub fn load_decoder(&self, dtype: DType, device: &Device) -> Result<(DitConfig, DecoderWeights)> {
         match self {

@@ -1,6 +1,7 @@
-//! Named tensors from memory-mapped safetensors files, for the inference-only parts
-//! of the real model (VAE encoder, Qwen3, condition encoder). Every lookup checks the
-//! shape and names the file and key at fault; tensors come back as f32.
+//! Tensor files. Named tensors from memory-mapped safetensors files, for the
+//! inference-only parts of the real model (VAE, Qwen3, condition encoder): every
+//! lookup checks the shape and names the file and key at fault; tensors come back as
+//! f32. Safetensors written whole or not at all. `torch_pt` reads torch's `.pt` files.
 //!
 //! A file opened for checking reads headers only: each lookup records what is missing
 //! or mis-shaped and hands back a stand-in without storage, so a module's own loader
@@ -14,6 +15,8 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use crate::{Error, Result};
+
+pub mod torch_pt;
 
 pub struct TensorFile {
     st: MmapedSafetensors,
@@ -200,21 +203,6 @@ pub fn make_readable(path: &Path) -> Result<()> {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).map_err(|e| Error::io(path, e))?;
     }
     Ok(())
-}
-
-/// Whether `keys` use diffusers' attention names (`to_q`, `norm_q`, `to_out.0`).
-pub fn uses_diffusers_names(keys: &[String]) -> bool {
-    keys.iter().any(|k| k.contains(".to_q.") || k.contains(".norm_q."))
-}
-
-/// An original attention key (`self_attn.q_proj.weight`) in diffusers' naming.
-pub fn diffusers_name(key: &str) -> String {
-    key.replace(".q_proj.", ".to_q.")
-        .replace(".k_proj.", ".to_k.")
-        .replace(".v_proj.", ".to_v.")
-        .replace(".o_proj.", ".to_out.0.")
-        .replace(".q_norm.", ".norm_q.")
-        .replace(".k_norm.", ".norm_k.")
 }
 
 #[cfg(test)]

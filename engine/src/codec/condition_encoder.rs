@@ -10,10 +10,11 @@
 use candle_core::Tensor;
 use serde_json::Value;
 
-use super::config::{DitConfig, LayerType};
-use super::ops::rms_norm;
-use super::tensors::{diffusers_name, uses_diffusers_names, TensorFile};
 use super::transformer::{additive_mask, linear, Layer, LayerDims, Rope};
+use crate::model::config::{DitConfig, LayerType};
+use crate::model::ops::rms_norm;
+use crate::model::weights::{diffusers_name, uses_diffusers_names};
+use crate::tensor_io::TensorFile;
 use crate::{Error, Result};
 
 #[derive(Debug, Clone, PartialEq)]

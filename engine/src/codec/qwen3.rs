@@ -7,9 +7,9 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 use serde::Deserialize;
 
-use super::ops::rms_norm;
-use super::tensors::TensorFile;
 use super::transformer::{additive_mask, Layer, LayerDims, Rope};
+use crate::model::ops::rms_norm;
+use crate::tensor_io::TensorFile;
 use crate::{Error, Result};
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
