@@ -224,12 +224,10 @@ impl RunConfig {
         ] {
             e.check(value != Some(0), field, || "must be at least 1".into());
         }
-        e.check(self.lr.is_finite() && self.lr > 0.0 && self.lr <= MAX_LR, "lr", || {
-            format!("{} must be above 0 and at most {MAX_LR}", self.lr)
-        });
-        e.check(self.max_grad_norm.is_finite() && self.max_grad_norm > 0.0, "max_grad_norm", || {
-            format!("{} must be a positive number", self.max_grad_norm)
-        });
+        for (field, value) in [("lr", self.lr), ("max_grad_norm", self.max_grad_norm)] {
+            e.check(value.is_finite() && value > 0.0, field, || format!("{value} must be a positive number"));
+        }
+        e.check(self.lr.is_nan() || self.lr <= MAX_LR, "lr", || format!("{} must be at most {MAX_LR}", self.lr));
         e.check(self.seed <= MAX_SEED, "seed", || {
             format!("{} must be at most {MAX_SEED}, the largest whole number JSON readers hold exactly", self.seed)
         });
