@@ -15,13 +15,18 @@ pub enum Error {
     #[error("missing required field `{0}`")]
     MissingConfigField(String),
 
-    /// A model config that is not a model the engine can build.
-    #[error("model config: {0}")]
-    BadConfig(String),
+    /// A config (the DiT's, the VAE's, the condition encoder's) that is not a model the
+    /// engine can build; `what` names whose.
+    #[error("{what} config: {reason}")]
+    BadConfig { what: &'static str, reason: String },
 
     /// A training or generation setting out of its range, named as in run.toml.
     #[error("setting `{field}`: {reason}")]
     Setting { field: String, reason: String },
+
+    /// A run config's settings out of their ranges (`RunConfig::validate`).
+    #[error(transparent)]
+    Settings(#[from] SettingErrors),
 
     /// A run predicted to need more memory than its device offers: the prediction,
     /// what takes the memory and what to change.
@@ -128,6 +133,50 @@ impl Error {
         Error::Setting { field: field.to_string(), reason: reason.into() }
     }
 }
+
+/// Every setting found out of its range, each named as run.toml spells it (`lora.r`,
+/// `lr`), so that a front end can mark each one on its own field.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SettingErrors(Vec<(String, String)>);
+
+impl SettingErrors {
+    /// Notes `field` as out of range unless `ok`.
+    pub fn check(&mut self, ok: bool, field: &str, reason: impl FnOnce() -> String) {
+        if !ok {
+            self.0.push((field.to_string(), reason()));
+        }
+    }
+
+    /// (field, reason), in the order found.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(field, reason)| (field.as_str(), reason.as_str()))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Ok when nothing was found.
+    pub fn into_result(self) -> std::result::Result<(), SettingErrors> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(self)
+        }
+    }
+}
+
+impl std::fmt::Display for SettingErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (field, reason)) in self.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "; " };
+            write!(f, "{sep}setting `{field}`: {reason}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for SettingErrors {}
 
 /// At most this many of a weights file's problems are spelled out.
 const SHOWN_PROBLEMS: usize = 8;

@@ -13,6 +13,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::error::SettingErrors;
 use crate::model::lora_linear::lora_linear;
 use crate::model::weights::diffusers_name;
 use crate::model::{DitModel, LinearAdapter};
@@ -300,18 +301,25 @@ fn diffusers_target(target: &str) -> String {
     diffusers_name(&format!(".{target}.")).trim_matches('.').to_string()
 }
 
-/// The LoRA settings' ranges, named as in run.toml.
+/// The largest rank trained or loaded: far above any LoRA recipe (ACE-Step's is 64),
+/// and at half of ACE-Step 1.5's width an adapter is no longer low-rank.
+pub const MAX_RANK: usize = 1024;
+
+/// The LoRA settings' ranges.
 pub fn validate_config(config: &LoraConfig) -> Result<()> {
-    if config.r == 0 {
-        return Err(Error::setting("lora.r", "the rank must be at least 1"));
-    }
-    if !(config.alpha.is_finite() && config.alpha > 0.0) {
-        return Err(Error::setting("lora.alpha", format!("{} must be a positive number", config.alpha)));
-    }
-    if !(0.0..1.0).contains(&config.dropout) {
-        return Err(Error::setting("lora.dropout", format!("{} must be in [0, 1)", config.dropout)));
-    }
-    Ok(())
+    let mut errors = SettingErrors::default();
+    check_config(config, &mut errors);
+    Ok(errors.into_result()?)
+}
+
+/// Notes every LoRA setting out of its range, named as in run.toml (`lora.r`, ...).
+pub fn check_config(config: &LoraConfig, errors: &mut SettingErrors) {
+    let LoraConfig { r, alpha, dropout, .. } = *config;
+    errors.check((1..=MAX_RANK).contains(&r), "lora.r", || {
+        format!("the rank must be between 1 and {MAX_RANK} (got {r})")
+    });
+    errors.check(alpha.is_finite() && alpha > 0.0, "lora.alpha", || format!("{alpha} must be a positive number"));
+    errors.check((0.0..1.0).contains(&dropout), "lora.dropout", || format!("{dropout} must be in [0, 1)"));
 }
 
 fn peft_config_from_file(path: &Path) -> Result<LoraConfig> {

@@ -76,7 +76,7 @@ pub struct FileRow {
     pub duration_s: Option<f64>,
     pub has_caption: bool,
     pub has_lyrics: bool,
-    /// "ok", "cached" or "bad".
+    /// "ok" or "bad".
     pub status: String,
     /// For a bad file: what is wrong, in words ("cannot decode: ...", "too short: 0.4 s").
     pub problem: Option<String>,
@@ -167,16 +167,7 @@ pub struct HistoryEntry {
     pub active: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ExportFormat {
-    /// PEFT adapter (adapter_config.json + adapter_model.safetensors): ACE-Step, diffusers.
-    Peft,
-    /// Single-file LoRA with ComfyUI key names.
-    Comfyui,
-    /// Full model weights with the adapter merged in.
-    Merged,
-}
+pub use ostinato_engine::export::ExportFormat;
 
 /// The engine's memory prediction for the saved settings, shown before Start.
 #[derive(Debug, Clone, Serialize)]
@@ -426,10 +417,9 @@ impl AppState {
         self.lock().settings.clone()
     }
 
-    /// Validates (the run settings by the engine), persists and adopts new settings.
+    /// Validates (by the engine), persists and adopts new settings.
     pub fn save_settings(&self, new: Settings) -> Result<Settings, BridgeError> {
         new.validate().map_err(BridgeError::InvalidSettings)?;
-        engine::check_run_settings(&new, &self.0.runs_dir)?;
         settings::save(&self.0.config_dir, &new).map_err(|source| BridgeError::Io {
             context: format!("saving settings in {}", self.0.config_dir.display()),
             source,
@@ -456,7 +446,7 @@ impl AppState {
             s.dataset_dir = Some(path.to_path_buf());
             self.save_settings(s.clone())?;
         }
-        let view = engine::scan(path, &s)?;
+        let view = engine::scan(path)?;
         self.lock().dataset = Some(view.clone());
         Ok(view)
     }
@@ -674,7 +664,7 @@ impl AppState {
         if !to.is_dir() {
             return Err(BridgeError::Invalid(format!("not a folder: {}", to.display())));
         }
-        engine::export(&dir, format, to, &self.settings())
+        engine::export(&dir, format, to)
     }
 
     /// Only directories directly under the runs dir are accepted as runs: the web view
@@ -714,14 +704,10 @@ pub fn value_channel<T: Serialize + Send + 'static>(rx: Receiver<T>) -> Receiver
 // ---------------------------------------------------------------------------------------
 mod engine {
     use super::*;
-    use crate::settings::{ModelChoice, Precision};
     use ostinato_engine::charts::{render_svg, Chart, Theme};
-    use ostinato_engine::data::{audio, scan::scan_folder, sidecar::Sidecars};
-    use ostinato_engine::device::Precision as EnginePrecision;
+    use ostinato_engine::data::inspect_folder;
     use ostinato_engine::events::{read_events, Event};
-    use ostinato_engine::export::{export_run, ExportFormat as EngineFormat};
-    use ostinato_engine::load::source::ModelSource;
-    use ostinato_engine::train::config::default_run_name;
+    use ostinato_engine::export::export_run;
     pub use ostinato_engine::train::history::RunSummary;
     use ostinato_engine::train::{fit, history, Run, RunConfig, RunControl, RunHandle};
     use ostinato_engine::Error as EngineError;
@@ -738,26 +724,24 @@ mod engine {
     }
 
     /// Every audio file under `dir` with its duration, sidecars and, for a bad one,
-    /// what is wrong: the checks training applies, without encoding anything.
-    pub fn scan(dir: &Path, _settings: &Settings) -> Result<DatasetView, BridgeError> {
-        let outcome = scan_folder(dir).map_err(engine_err)?;
-        let mut sidecars = Sidecars::new();
-        let mut sidecar_issues = Vec::new();
+    /// what is wrong: the engine's check of a folder, the one training applies,
+    /// without encoding anything.
+    pub fn scan(dir: &Path) -> Result<DatasetView, BridgeError> {
+        let folder = inspect_folder(dir).map_err(engine_err)?;
         let name = |p: &Path| p.strip_prefix(dir).unwrap_or(p).display().to_string();
         let mut files = Vec::new();
-        for path in &outcome.audio {
-            let meta = sidecars.read(path, &mut sidecar_issues);
-            let checked = audio::decode(path).and_then(|a| audio::check_usable(&a).map(|_| a.duration_seconds()));
+        for song in &folder.songs {
+            let checked = song.check().map(|d| d.audio.duration_seconds());
             files.push(FileRow {
-                name: name(path),
+                name: name(&song.path),
                 duration_s: checked.as_ref().ok().copied(),
-                has_caption: !meta.caption.trim().is_empty(),
-                has_lyrics: meta.lyrics.trim() != "[Instrumental]" && !meta.lyrics.trim().is_empty(),
+                has_caption: song.meta.has_caption(),
+                has_lyrics: song.meta.has_lyrics(),
                 status: if checked.is_ok() { "ok" } else { "bad" }.into(),
                 problem: checked.err(),
             });
         }
-        for (path, reason) in &outcome.skipped {
+        for (path, reason) in &folder.skipped {
             files.push(FileRow {
                 name: name(path),
                 duration_s: None,
@@ -777,63 +761,11 @@ mod engine {
         })
     }
 
+    /// The run the saved settings start: the settings' config, on the request's dataset.
     fn run_config(req: &StartRequest) -> RunConfig {
-        let s = &req.settings;
-        let mut c = RunConfig {
-            name: default_run_name(),
-            runs_dir: req.runs_dir.clone(),
-            model: match &s.model {
-                ModelChoice::Demo => ModelSource::Demo,
-                ModelChoice::Folder { path } => ModelSource::Folder { path: path.clone() },
-            },
-            gradient_checkpointing: s.gradient_checkpointing,
-            latent_cache: s.latent_cache,
-            precision: match s.precision {
-                Precision::Auto => EnginePrecision::Auto,
-                Precision::F32 => EnginePrecision::F32,
-                Precision::Bf16 => EnginePrecision::Bf16,
-                Precision::F16 => EnginePrecision::F16,
-            },
-            lr: s.learning_rate,
-            epochs: s.epochs as u64,
-            batch_size: s.batch_size as usize,
-            grad_accum: s.grad_accumulation as usize,
-            save_every_steps: Some(s.save_every as u64),
-            seed: s.seed,
-            cfg_dropout: s.cfg_dropout,
-            val_fraction: s.val_fraction,
-            val_every_steps: s.val_every_steps,
-            patience: s.patience,
-            preview_every_steps: s.preview_every_steps,
-            preview_seconds: s.preview_seconds,
-            preview_caption: s.preview_caption.clone(),
-            ..RunConfig::default()
-        };
+        let mut c = req.settings.run_config(req.runs_dir.clone());
         c.data.folder = req.dataset_dir.clone();
-        c.lora.r = s.rank as usize;
-        c.lora.alpha = s.alpha;
-        c.lora.dropout = s.dropout;
         c
-    }
-
-    /// The engine's judgement of the settings a run would get; a setting it refuses is
-    /// marked on its field.
-    pub fn check_run_settings(settings: &Settings, runs_dir: &Path) -> Result<(), BridgeError> {
-        let req =
-            StartRequest { settings: settings.clone(), dataset_dir: PathBuf::new(), runs_dir: runs_dir.to_path_buf() };
-        match run_config(&req).validate() {
-            Ok(()) => Ok(()),
-            Err(EngineError::Setting { field, reason }) => {
-                let field = match field.as_str() {
-                    "lr" => "learning_rate",
-                    "grad_accum" => "grad_accumulation",
-                    "save_every_steps" => "save_every",
-                    other => other,
-                };
-                Err(BridgeError::InvalidSettings([(field.to_string(), reason)].into()))
-            }
-            Err(e) => Err(BridgeError::Invalid(e.to_string())),
-        }
     }
 
     struct Handle {
@@ -938,19 +870,15 @@ mod engine {
         })
     }
 
-    /// Into the folder `to`: `<run>-peft/`, `<run>-comfyui.safetensors` or
-    /// `<run>-merged.safetensors`.
-    pub fn export(
-        run_dir: &Path,
-        format: ExportFormat,
-        to: &Path,
-        _settings: &Settings,
-    ) -> Result<PathBuf, BridgeError> {
+    /// Into the folder `to`: `<run>-peft/`, `<run>-comfyui.safetensors`,
+    /// `<run>-merged.safetensors` or `<run>-merged-model/`.
+    pub fn export(run_dir: &Path, format: ExportFormat, to: &Path) -> Result<PathBuf, BridgeError> {
         let run = run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let (format, target) = match format {
-            ExportFormat::Peft => (EngineFormat::Peft, to.join(format!("{run}-peft"))),
-            ExportFormat::Comfyui => (EngineFormat::Comfyui, to.join(format!("{run}-comfyui.safetensors"))),
-            ExportFormat::Merged => (EngineFormat::Merged, to.join(format!("{run}-merged.safetensors"))),
+        let target = match format {
+            ExportFormat::Peft => to.join(format!("{run}-peft")),
+            ExportFormat::Comfyui => to.join(format!("{run}-comfyui.safetensors")),
+            ExportFormat::Merged => to.join(format!("{run}-merged.safetensors")),
+            ExportFormat::MergedModel => to.join(format!("{run}-merged-model")),
         };
         export_run(run_dir, format, &target).map_err(engine_err)
     }

@@ -1,38 +1,23 @@
-//! The user's training settings: defaults, validation, and persistence as JSON in the
+//! The window's settings: the template of the next run's `RunConfig`, in the names
+//! the settings form uses, with the engine's types. Defaults and every range are the
+//! engine's (`RunConfig::default`, `RunConfig::validate`). Saved as JSON in the
 //! platform config dir (`settings.json`), written atomically (temp file + rename).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use ostinato_engine::device::Precision;
+use ostinato_engine::load::source::ModelSource;
+use ostinato_engine::train::config::default_run_name;
+use ostinato_engine::train::RunConfig;
 use serde::{Deserialize, Serialize};
-
-/// Which base model to train against.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum ModelChoice {
-    /// The small built-in demo model (no download, weight-free latent encoder).
-    Demo,
-    /// An ACE-Step 1.5 model folder on disk (config.json + safetensors).
-    Folder { path: PathBuf },
-}
-
-/// Compute precision. `Auto` follows the engine's policy (CPU f32; Metal bf16 where
-/// supported, else f16; CUDA bf16).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Precision {
-    Auto,
-    F32,
-    Bf16,
-    F16,
-}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Settings {
     /// The folder of songs last chosen (only ever read).
     pub dataset_dir: Option<PathBuf>,
-    pub model: ModelChoice,
+    pub model: ModelSource,
     /// Recompute each block in backward instead of keeping its activations.
     pub gradient_checkpointing: bool,
     /// Encode each song to latents once and reuse them across epochs and runs.
@@ -41,18 +26,17 @@ pub struct Settings {
     /// Let the engine choose gradient checkpointing, batch, precision and crop length
     /// for this machine's memory (its `fit auto`); the window's default.
     pub fit_memory: bool,
-    pub rank: u32,
+    pub rank: usize,
     pub alpha: f64,
     pub dropout: f64,
     pub learning_rate: f64,
-    pub epochs: u32,
-    pub batch_size: u32,
-    pub grad_accumulation: u32,
-    /// Save a checkpoint every this many optimizer steps.
-    pub save_every: u32,
+    pub epochs: u64,
+    pub batch_size: usize,
+    pub grad_accumulation: usize,
+    /// A checkpoint every this many optimizer steps; `None`: only the final adapter.
+    pub save_every: Option<u64>,
     pub seed: u64,
-    // The run settings below are passed to the engine as they are: `None` takes the
-    // engine's default, and the engine judges the values (`RunConfig::validate`).
+    // `None` takes the engine's default (or leaves the feature off).
     /// Share of samples trained on the model's null condition (CFG dropout).
     pub cfg_dropout: Option<f64>,
     /// Share of the songs held out for validation.
@@ -69,89 +53,97 @@ pub struct Settings {
     pub preview_caption: Option<String>,
 }
 
+/// The run config's fields the form shows under another name: (run.toml, form).
+const FORM_NAMES: [(&str, &str); 6] = [
+    ("lora.r", "rank"),
+    ("lora.alpha", "alpha"),
+    ("lora.dropout", "dropout"),
+    ("lr", "learning_rate"),
+    ("grad_accum", "grad_accumulation"),
+    ("save_every_steps", "save_every"),
+];
+
+/// The form's name of a run config field.
+fn form_name(field: &str) -> &str {
+    FORM_NAMES.iter().find(|(config, _)| *config == field).map_or(field, |(_, form)| form)
+}
+
 impl Default for Settings {
-    /// ACE-Step's LoRA defaults: rank 64, alpha 128, dropout 0.1, lr 3e-4.
+    /// The engine's defaults; the window fits each run to the machine.
     fn default() -> Self {
-        Settings {
-            dataset_dir: None,
-            model: ModelChoice::Demo,
-            gradient_checkpointing: true,
-            latent_cache: true,
-            precision: Precision::Auto,
-            fit_memory: true,
-            rank: 64,
-            alpha: 128.0,
-            dropout: 0.1,
-            learning_rate: 3e-4,
-            epochs: 10,
-            batch_size: 1,
-            grad_accumulation: 1,
-            save_every: 200,
-            seed: 42,
-            cfg_dropout: None,
-            val_fraction: None,
-            val_every_steps: None,
-            patience: None,
-            preview_every_steps: None,
-            preview_seconds: None,
-            preview_caption: None,
-        }
+        Settings::from_template(&RunConfig::default(), true)
     }
 }
 
-/// Field name -> what is wrong with it.
+/// Field name (as the form names it) -> what is wrong with it.
 pub type FieldErrors = BTreeMap<String, String>;
 
-/// Largest seed the web view can represent exactly (2^53 - 1).
-pub const MAX_SEED: u64 = (1 << 53) - 1;
-
 impl Settings {
-    /// Checks every field; returns all problems at once so the UI can mark each one.
-    pub fn validate(&self) -> Result<(), FieldErrors> {
-        let mut e = FieldErrors::new();
-        let mut bad = |field: &str, msg: String| {
-            e.insert(field.to_string(), msg);
+    /// The window's settings for a run config: the fields the form shows, and whether
+    /// runs are fitted to the machine (the app's own choice).
+    pub fn from_template(c: &RunConfig, fit_memory: bool) -> Self {
+        Settings {
+            dataset_dir: Some(c.data.folder.clone()).filter(|f| !f.as_os_str().is_empty()),
+            model: c.model.clone(),
+            gradient_checkpointing: c.gradient_checkpointing,
+            latent_cache: c.latent_cache,
+            precision: c.precision,
+            fit_memory,
+            rank: c.lora.r,
+            alpha: c.lora.alpha,
+            dropout: c.lora.dropout,
+            learning_rate: c.lr,
+            epochs: c.epochs,
+            batch_size: c.batch_size,
+            grad_accumulation: c.grad_accum,
+            save_every: c.save_every_steps,
+            seed: c.seed,
+            cfg_dropout: c.cfg_dropout,
+            val_fraction: c.val_fraction,
+            val_every_steps: c.val_every_steps,
+            patience: c.patience,
+            preview_every_steps: c.preview_every_steps,
+            preview_seconds: c.preview_seconds,
+            preview_caption: c.preview_caption.clone(),
+        }
+    }
+
+    /// The config of a new run under `runs_dir` with these settings, named by the
+    /// engine; the engine's defaults for everything the form does not show.
+    pub fn run_config(&self, runs_dir: PathBuf) -> RunConfig {
+        let mut c = RunConfig {
+            name: default_run_name(),
+            runs_dir,
+            model: self.model.clone(),
+            gradient_checkpointing: self.gradient_checkpointing,
+            latent_cache: self.latent_cache,
+            precision: self.precision,
+            lr: self.learning_rate,
+            epochs: self.epochs,
+            batch_size: self.batch_size,
+            grad_accum: self.grad_accumulation,
+            save_every_steps: self.save_every,
+            seed: self.seed,
+            cfg_dropout: self.cfg_dropout,
+            val_fraction: self.val_fraction,
+            val_every_steps: self.val_every_steps,
+            patience: self.patience,
+            preview_every_steps: self.preview_every_steps,
+            preview_seconds: self.preview_seconds,
+            preview_caption: self.preview_caption.clone(),
+            ..RunConfig::default()
         };
-        if !(1..=1024).contains(&self.rank) {
-            bad("rank", format!("rank must be between 1 and 1024 (got {})", self.rank));
-        }
-        if !(self.alpha.is_finite() && self.alpha > 0.0 && self.alpha <= 100_000.0) {
-            bad("alpha", format!("alpha must be a positive number (got {})", self.alpha));
-        }
-        if !(self.dropout.is_finite() && (0.0..1.0).contains(&self.dropout)) {
-            bad("dropout", format!("dropout must be at least 0 and below 1 (got {})", self.dropout));
-        }
-        if !(self.learning_rate.is_finite() && self.learning_rate > 0.0 && self.learning_rate <= 1.0) {
-            bad("learning_rate", format!("learning rate must be above 0 and at most 1 (got {})", self.learning_rate));
-        }
-        if !(1..=100_000).contains(&self.epochs) {
-            bad("epochs", format!("epochs must be between 1 and 100000 (got {})", self.epochs));
-        }
-        if !(1..=1024).contains(&self.batch_size) {
-            bad("batch_size", format!("batch size must be between 1 and 1024 (got {})", self.batch_size));
-        }
-        if !(1..=1024).contains(&self.grad_accumulation) {
-            bad(
-                "grad_accumulation",
-                format!("gradient accumulation must be between 1 and 1024 (got {})", self.grad_accumulation),
-            );
-        }
-        if self.save_every == 0 {
-            bad("save_every", "save every must be at least 1 step".to_string());
-        }
-        if self.seed > MAX_SEED {
-            bad("seed", format!("seed must be at most {MAX_SEED}"));
-        }
-        if let ModelChoice::Folder { path } = &self.model {
-            if path.as_os_str().is_empty() {
-                bad("model", "choose a model folder, or the built-in demo model".to_string());
-            }
-        }
-        if e.is_empty() {
-            Ok(())
-        } else {
-            Err(e)
-        }
+        c.data.folder = self.dataset_dir.clone().unwrap_or_default();
+        (c.lora.r, c.lora.alpha, c.lora.dropout) = (self.rank, self.alpha, self.dropout);
+        c
+    }
+
+    /// The engine's judgement of every field (`RunConfig::validate`), each problem
+    /// named as the form names the field.
+    pub fn validate(&self) -> Result<(), FieldErrors> {
+        self.run_config(PathBuf::new()).validate().map_err(|errors| {
+            errors.iter().map(|(field, reason)| (form_name(field).to_string(), reason.to_string())).collect()
+        })
     }
 }
 
@@ -228,13 +220,71 @@ mod tests {
         assert!(e["rank"].contains("between 1 and 1024"), "{e:?}");
     }
 
+    /// The window's defaults are the engine's, and its settings are a run config's:
+    /// every field the form shows survives settings -> RunConfig -> settings.
+    #[test]
+    fn settings_are_a_run_config_template() {
+        let runs = PathBuf::from("/runs");
+        let engine = RunConfig { name: String::new(), runs_dir: runs.clone(), ..RunConfig::default() };
+        let from_defaults = RunConfig { name: String::new(), ..Settings::default().run_config(runs.clone()) };
+        assert_eq!(from_defaults, engine, "the app's defaults are the engine's");
+        assert_eq!(Settings::default().save_every, Some(100));
+
+        let s = Settings {
+            dataset_dir: Some("/songs".into()),
+            model: ModelSource::Folder { path: "/models/acestep".into() },
+            gradient_checkpointing: false,
+            latent_cache: false,
+            precision: Precision::Bf16,
+            fit_memory: false,
+            rank: 8,
+            alpha: 16.0,
+            dropout: 0.05,
+            learning_rate: 1e-4,
+            epochs: 3,
+            batch_size: 2,
+            grad_accumulation: 4,
+            save_every: None,
+            seed: 7,
+            cfg_dropout: Some(0.2),
+            val_fraction: Some(0.25),
+            val_every_steps: Some(5),
+            patience: Some(2),
+            preview_every_steps: Some(10),
+            preview_seconds: Some(4.0),
+            preview_caption: Some("a caption".into()),
+        };
+        let c = s.run_config(runs.clone());
+        assert_eq!((c.runs_dir.clone(), c.data.folder.clone(), c.lora.r, c.lr), (runs, "/songs".into(), 8, 1e-4));
+        c.validate().unwrap();
+        assert_eq!(Settings::from_template(&c, false), s);
+    }
+
+    /// A value the engine refuses gets the engine's reason, on the form's field.
+    #[test]
+    fn validation_is_the_engines() {
+        let s = Settings { rank: 5000, learning_rate: 2.0, save_every: Some(0), ..Default::default() };
+        let engine: FieldErrors = s
+            .run_config(PathBuf::new())
+            .validate()
+            .unwrap_err()
+            .iter()
+            .map(|(f, r)| (f.to_string(), r.to_string()))
+            .collect();
+        let app = s.validate().unwrap_err();
+        assert_eq!(app.len(), 3, "{app:?}");
+        for (config, form) in [("lora.r", "rank"), ("lr", "learning_rate"), ("save_every_steps", "save_every")] {
+            assert_eq!(app[form], engine[config], "{form}");
+        }
+    }
+
     #[test]
     fn round_trips_and_survives_garbage() {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(load(dir.path()), (Settings::default(), None));
         let s = Settings {
             gradient_checkpointing: false,
-            model: ModelChoice::Folder { path: "/models/acestep".into() },
+            model: ModelSource::Folder { path: "/models/acestep".into() },
             precision: Precision::Bf16,
             ..Default::default()
         };

@@ -145,6 +145,54 @@ fn invalid_settings_are_rejected_field_by_field_and_not_saved() {
     assert!(err.to_string().contains("rank") || err.to_string().contains("invalid type"), "{err}");
 }
 
+/// The window's settings are a template of the engine's `RunConfig`: its defaults, its
+/// types, saved and read back as the config a run gets; a value the engine refuses is
+/// refused with the engine's own reason, on the form's field.
+#[test]
+fn settings_are_a_run_config_template_judged_by_the_engine() {
+    use ostinato_app::settings::Settings;
+    use ostinato_engine::device::Precision;
+    use ostinato_engine::train::RunConfig;
+
+    let dir = tempfile::tempdir().unwrap();
+    let app = TestApp::new(dir.path());
+    let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+    let engine = RunConfig::default();
+    assert_eq!(
+        (s["save_every"].clone(), s["epochs"].clone(), s["seed"].clone()),
+        (json!(engine.save_every_steps), json!(engine.epochs), json!(engine.seed)),
+        "the engine's defaults"
+    );
+
+    s["rank"] = json!(16);
+    s["learning_rate"] = json!(1e-4);
+    s["save_every"] = Value::Null;
+    s["precision"] = json!("f16");
+    s["model"] = json!({"kind": "folder", "path": "/models/acestep-v15"});
+    app.invoke("save_settings", json!({ "settings": s })).unwrap();
+    let saved: Settings =
+        serde_json::from_slice(&std::fs::read(dir.path().join("config/settings.json")).unwrap()).unwrap();
+    let config = saved.run_config(dir.path().join("runs"));
+    assert_eq!((config.lora.r, config.lr, config.save_every_steps, config.precision), (16, 1e-4, None, Precision::F16));
+    assert_eq!(config.model, ostinato_engine::load::source::ModelSource::Folder { path: "/models/acestep-v15".into() });
+    assert_eq!(Settings::from_template(&config, saved.fit_memory), saved);
+
+    for (form, value, field, set) in [
+        ("rank", json!(4096), "lora.r", (|c: &mut RunConfig| c.lora.r = 4096) as fn(&mut RunConfig)),
+        ("learning_rate", json!(3.0), "lr", |c| c.lr = 3.0),
+        ("seed", json!(1u64 << 60), "seed", |c| c.seed = 1 << 60),
+    ] {
+        let mut bad = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+        bad[form] = value;
+        let err = app.invoke("save_settings", json!({ "settings": bad })).unwrap_err();
+        let mut c = RunConfig { name: "r".into(), ..RunConfig::default() };
+        set(&mut c);
+        let errors = c.validate().unwrap_err();
+        let (_, reason) = errors.iter().find(|(f, _)| *f == field).unwrap();
+        assert_eq!(err["fields"][form], json!(reason), "{form}: {err}");
+    }
+}
+
 /// Two demo songs and one file that is not audio.
 fn songs(dir: &Path) -> std::path::PathBuf {
     let songs = dir.join("songs");

@@ -31,6 +31,18 @@ pub struct SongMeta {
 
 pub const INSTRUMENTAL: &str = "[Instrumental]";
 
+impl SongMeta {
+    pub fn has_caption(&self) -> bool {
+        !self.caption.trim().is_empty()
+    }
+
+    /// Lyrics to sing: neither empty nor ACE-Step's instrumental marker.
+    pub fn has_lyrics(&self) -> bool {
+        let lyrics = self.lyrics.trim();
+        !lyrics.is_empty() && lyrics != INSTRUMENTAL
+    }
+}
+
 impl Default for SongMeta {
     fn default() -> Self {
         Self {

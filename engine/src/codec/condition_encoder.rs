@@ -34,13 +34,14 @@ pub struct ConditionEncoderConfig {
 impl ConditionEncoderConfig {
     /// From ACE-Step's `config.json` (the fields beside the DiT's).
     pub fn from_value(value: &Value, dit: &DitConfig) -> Result<Self> {
+        let bad = |reason| Error::BadConfig { what: "condition encoder", reason };
         let field = |name: &str, default: usize| -> Result<usize> {
             match value.get(name) {
                 None => Ok(default),
                 Some(v) => v
                     .as_u64()
                     .map(|n| n as usize)
-                    .ok_or_else(|| Error::BadConfig(format!("`{name}` must be a non-negative integer"))),
+                    .ok_or_else(|| bad(format!("`{name}` must be a non-negative integer"))),
             }
         };
         let cfg = Self {
@@ -62,7 +63,7 @@ impl ConditionEncoderConfig {
         };
         let most = cfg.lyric_layers.max(cfg.timbre_layers);
         if most > cfg.layer_types.len() {
-            return Err(Error::BadConfig(format!(
+            return Err(bad(format!(
                 "the condition encoder has {most} layers but layer_types lists {}",
                 cfg.layer_types.len()
             )));

@@ -601,9 +601,10 @@ impl OobleckDecoder {
             })
             .collect::<Result<Vec<_>>>()?;
         if let Some(odd) = cfg.downsampling_ratios.iter().find(|s| *s % 2 == 1) {
-            return Err(Error::BadConfig(format!(
-                "VAE ratio {odd} is odd: the decoder's upsampling needs even ratios"
-            )));
+            return Err(Error::BadConfig {
+                what: "VAE",
+                reason: format!("ratio {odd} is odd: the decoder's upsampling needs even ratios"),
+            });
         }
         Ok(Self {
             cfg: cfg.clone(),

@@ -1,5 +1,5 @@
-//! Dataset assembly: scan the folder, read sidecars, decode and check every song,
-//! and encode it (or find it in the cache). Bad files are reported and skipped; no
+//! Dataset assembly: inspect the folder (scan, sidecars), decode and check every song
+//! as `inspect` does, and encode it (or find it in the cache). Bad files are reported and skipped; no
 //! usable file at all is an error before training starts. Every used song is
 //! reported with the seconds training sees of it, and every oddity that does not
 //! keep it out (an ignored sidecar value, a file shorter than its header says) as a
@@ -10,10 +10,11 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use rand::{Rng, RngCore};
 
-use super::audio::{self, Cut, Decoded};
+use super::audio::{self, Cut};
 use super::cache::{entry_key, file_hash, EntryKey, LatentCache};
-use super::scan::{scan_folder, AUDIO_EXTENSIONS};
-use super::sidecar::{apply_trigger, Sidecars};
+use super::inspect::{decode_checked, inspect_folder, SongFile};
+use super::scan::AUDIO_EXTENSIONS;
+use super::sidecar::apply_trigger;
 use super::{DataEvent, DataSpec, FileUse, Issue, IssueKind, Stage, TrainingSample};
 use crate::cancel::Cancel;
 use crate::codec::{Conditioner, LatentEncoder, SongMeta, StereoAudio};
@@ -141,12 +142,6 @@ fn cut_note(cut: Cut, seconds: f64, random: bool) -> Option<String> {
     }
 }
 
-fn decode_checked(path: &Path) -> std::result::Result<Decoded, String> {
-    let decoded = audio::decode_file(path)?;
-    audio::check_usable(&decoded.audio)?;
-    Ok(decoded)
-}
-
 /// A decoded song and what its sidecars say.
 struct Song<'a> {
     source: &'a Path,
@@ -192,42 +187,21 @@ pub fn prepare_dataset(
     report: &mut dyn FnMut(DataEvent),
 ) -> Result<PreparedDataset> {
     spec.validate()?;
-    let scanned = scan_folder(&spec.folder)?;
-    let total = scanned.audio.len();
-    let mut prep = Preparer {
-        spec,
-        encoder,
-        conditioner,
-        cache,
-        cancel,
-        settings: format!("max{}:crop{:?}:cut-centre", spec.max_duration_seconds, spec.crop_seconds),
-        sidecars: Sidecars::new(),
-        data: PreparedDataset::empty(spec),
-        position: (0, total),
-        report,
-    };
-    for (file, reason) in scanned.skipped {
+    let folder = inspect_folder(&spec.folder)?;
+    let total = folder.songs.len();
+    let mut prep = Preparer::new(spec, encoder, conditioner, cache, cancel, report);
+    for (file, reason) in folder.skipped {
         prep.issue(file, reason, IssueKind::Skipped);
     }
-    (prep.report)(DataEvent::Progress { stage: Stage::Scanning, done: total, total, file: None, seconds: None });
-    for (done, path) in scanned.audio.into_iter().enumerate() {
+    prep.progress(Stage::Scanning, total, total, None);
+    for (done, song) in folder.songs.into_iter().enumerate() {
         cancel.check()?;
-        (prep.report)(DataEvent::Progress {
-            stage: Stage::Encoding,
-            done,
-            total,
-            file: Some(path.clone()),
-            seconds: None,
-        });
+        prep.progress(Stage::Encoding, done, total, Some(song.path.clone()));
         prep.position = (done, total);
-        prep.add(path)?;
+        prep.add(song)?;
     }
-    (prep.report)(DataEvent::Progress { stage: Stage::Encoding, done: total, total, file: None, seconds: None });
-    let data = prep.data;
-    if data.items.is_empty() {
-        return Err(nothing_usable(&data, total));
-    }
-    Ok(data)
+    prep.progress(Stage::Encoding, total, total, None);
+    prep.finish(total)
 }
 
 /// The error for a folder where no file could be used, with the first reason.
@@ -254,14 +228,46 @@ struct Preparer<'a> {
     cancel: &'a Cancel,
     /// The spec's part of every cache key.
     settings: String,
-    sidecars: Sidecars,
     data: PreparedDataset,
     /// (files prepared before this one, files): where the per-tile progress sits.
     position: (usize, usize),
     report: &'a mut dyn FnMut(DataEvent),
 }
 
-impl Preparer<'_> {
+impl<'a> Preparer<'a> {
+    fn new(
+        spec: &'a DataSpec,
+        encoder: &'a dyn LatentEncoder,
+        conditioner: &'a dyn Conditioner,
+        cache: Option<&'a LatentCache>,
+        cancel: &'a Cancel,
+        report: &'a mut dyn FnMut(DataEvent),
+    ) -> Self {
+        Preparer {
+            spec,
+            encoder,
+            conditioner,
+            cache,
+            cancel,
+            settings: format!("max{}:crop{:?}:cut-centre", spec.max_duration_seconds, spec.crop_seconds),
+            data: PreparedDataset::empty(spec),
+            position: (0, 0),
+            report,
+        }
+    }
+
+    fn progress(&mut self, stage: Stage, done: usize, total: usize, file: Option<PathBuf>) {
+        (self.report)(DataEvent::Progress { stage, done, total, file, seconds: None });
+    }
+
+    /// The dataset, or the error of a folder without a usable song among its `total`.
+    fn finish(self, total: usize) -> Result<PreparedDataset> {
+        match self.data.items.is_empty() {
+            true => Err(nothing_usable(&self.data, total)),
+            false => Ok(self.data),
+        }
+    }
+
     fn issue(&mut self, file: PathBuf, reason: String, kind: IssueKind) {
         let issue = Issue { file, reason, kind };
         (self.report)(DataEvent::Issue(issue.clone()));
@@ -271,9 +277,8 @@ impl Preparer<'_> {
     /// Prepares one audio file and reports what became of it: its warnings (sidecar
     /// values ignored, a short decode), then either how much of it is used or why
     /// it is skipped.
-    fn add(&mut self, path: PathBuf) -> Result<()> {
-        let mut warnings = Vec::new();
-        let mut meta = self.sidecars.read(&path, &mut warnings);
+    fn add(&mut self, song: SongFile) -> Result<()> {
+        let SongFile { path, mut meta, mut warnings } = song;
         meta.caption = apply_trigger(&meta.caption, self.spec.trigger.as_ref());
         match self.song(&path, meta, &mut warnings)? {
             Ok(item) => {
@@ -588,6 +593,47 @@ mod tests {
             }
         }
         assert_eq!(snapshot(d), before, "the source folder changed");
+    }
+
+    /// Every file's verdict from `inspect_folder` (the app's scan): None when training
+    /// can use it, else why not.
+    fn inspected(folder: &Path) -> BTreeMap<PathBuf, Option<String>> {
+        let inspection = inspect_folder(folder).unwrap();
+        let songs = inspection.songs.iter().map(|s| (s.path.clone(), s.check().err()));
+        songs.chain(inspection.skipped.into_iter().map(|(file, reason)| (file, Some(reason)))).collect()
+    }
+
+    /// Every file's verdict from training's preparation (no cache: every song decoded).
+    fn prepared(folder: &Path) -> BTreeMap<PathBuf, Option<String>> {
+        let (_, events) = prepare(&DataSpec::new(folder), None);
+        let verdict = |e: DataEvent| match e {
+            DataEvent::Used(u) => Some((u.file, None)),
+            DataEvent::Issue(i) if i.kind == IssueKind::Skipped => Some((i.file, Some(i.reason))),
+            _ => None,
+        };
+        events.into_iter().filter_map(verdict).collect()
+    }
+
+    #[test]
+    fn inspect_folder_gives_the_verdicts_training_reaches() {
+        let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/demo");
+        let verdicts = inspected(&demo);
+        assert_eq!(verdicts.len(), 6, "{verdicts:?}");
+        assert!(verdicts.values().all(Option::is_none), "{verdicts:?}");
+        assert_eq!(verdicts, prepared(&demo));
+        assert!(inspect_folder(&demo).unwrap().songs.iter().all(|s| s.meta.has_caption()));
+
+        let src = tempfile::tempdir().unwrap();
+        let good = good_wav(src.path(), "good.wav", 1.5, 440.0);
+        let notes = write_file(src.path(), "notes.wav", b"not audio");
+        let short = good_wav(src.path(), "short.wav", 0.2, 440.0);
+        let readme = write_file(src.path(), "readme.md", b"songs");
+        let verdicts = inspected(src.path());
+        assert_eq!(verdicts[&good], None);
+        assert!(verdicts[&notes].is_some());
+        assert!(verdicts[&short].as_deref().is_some_and(|r| r.starts_with("too short")), "{verdicts:?}");
+        assert!(verdicts[&readme].is_some());
+        assert_eq!(verdicts, prepared(src.path()));
     }
 
     #[test]

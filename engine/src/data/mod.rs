@@ -2,11 +2,13 @@
 //!
 //! scan (find audio) -> sidecar (captions, lyrics, metas) -> audio (decode, resample,
 //! cut) -> the codecs' encoders (latents, condition) -> cache (content-addressed).
-//! `dataset` ties them together. The source folder is only ever read.
+//! `inspect` is the check of a folder every shell calls (scan, sidecars, decode);
+//! `dataset` ties it all together. The source folder is only ever read.
 
 pub mod audio;
 pub mod cache;
 pub mod dataset;
+pub mod inspect;
 pub mod preprocessed;
 pub mod scan;
 pub mod sidecar;
@@ -21,8 +23,11 @@ use std::path::PathBuf;
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
+use crate::error::SettingErrors;
+
 pub use cache::LatentCache;
 pub use dataset::{encode_item, prepare_dataset, DatasetItem, PreparedDataset};
+pub use inspect::{inspect_folder, FolderInspection, SongFile};
 
 /// One preprocessed sample, with ACE-Step's preprocessed-sample tensors.
 #[derive(Debug, Clone)]
@@ -81,18 +86,30 @@ impl DataSpec {
 
     /// Every song must give at least `audio::MIN_SECONDS` of training audio.
     pub fn validate(&self) -> crate::Result<()> {
-        let min = audio::MIN_SECONDS;
-        let ok = |s: f64| s >= min; // false for NaN too
-        if !ok(self.max_duration_seconds) {
-            return Err(crate::Error::BadDataSpec(format!(
-                "max_duration_seconds is {}, must be at least {min}",
-                self.max_duration_seconds
-            )));
+        match self.too_short().first() {
+            Some((field, seconds)) => {
+                Err(crate::Error::BadDataSpec(format!("{field} is {seconds}, must be at least {}", audio::MIN_SECONDS)))
+            }
+            None => Ok(()),
         }
-        match self.crop_seconds {
-            Some(c) if !ok(c) => Err(crate::Error::BadDataSpec(format!("crop_seconds is {c}, must be at least {min}"))),
-            _ => Ok(()),
+    }
+
+    /// Notes every field out of range, named as in run.toml (`data.crop_seconds`).
+    pub fn check(&self, errors: &mut SettingErrors) {
+        for (field, seconds) in self.too_short() {
+            errors.check(false, &format!("data.{field}"), || {
+                format!("{seconds} must be at least {} s", audio::MIN_SECONDS)
+            });
         }
+    }
+
+    /// The lengths that would give a song less than `audio::MIN_SECONDS`: (field, value).
+    fn too_short(&self) -> Vec<(&'static str, f64)> {
+        let enough = |s: f64| s >= audio::MIN_SECONDS; // false for NaN too
+        [("max_duration_seconds", Some(self.max_duration_seconds)), ("crop_seconds", self.crop_seconds)]
+            .into_iter()
+            .filter_map(|(field, seconds)| seconds.filter(|s| !enough(*s)).map(|s| (field, s)))
+            .collect()
     }
 }
 

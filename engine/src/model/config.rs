@@ -86,7 +86,8 @@ impl DitConfig {
             Some(inner) if inner.get("hidden_size").is_some() => inner,
             _ => value,
         };
-        let raw: RawConfig = serde_json::from_value(object.clone()).map_err(|e| Error::BadConfig(e.to_string()))?;
+        let raw: RawConfig = serde_json::from_value(object.clone())
+            .map_err(|e| Error::BadConfig { what: "DiT", reason: e.to_string() })?;
         Self::from_raw(raw)
     }
 
@@ -95,7 +96,10 @@ impl DitConfig {
         let num_attention_heads = required(raw.num_attention_heads, "num_attention_heads")?;
         let num_hidden_layers = required(raw.num_hidden_layers, "num_hidden_layers")?;
         if raw.attention_bias == Some(true) {
-            return Err(Error::BadConfig("attention_bias = true is not an ACE-Step 1.5 DiT".into()));
+            return Err(Error::BadConfig {
+                what: "DiT",
+                reason: "attention_bias = true is not an ACE-Step 1.5 DiT".into(),
+            });
         }
         // ACE-Step's default: layer i is a sliding-window layer when (i + 1) is odd.
         let layer_types = raw.layer_types.unwrap_or_else(|| {
@@ -125,7 +129,7 @@ impl DitConfig {
     }
 
     fn validate(&self) -> Result<()> {
-        let bad = |msg: String| Err(Error::BadConfig(msg));
+        let bad = |reason: String| Err(Error::BadConfig { what: "DiT", reason });
         if self.layer_types.len() != self.num_hidden_layers {
             return bad(format!(
                 "layer_types has {} entries but num_hidden_layers is {}",

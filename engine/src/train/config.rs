@@ -9,6 +9,7 @@ use super::optim::AdamWConfig;
 use super::schedule::LrSchedule;
 use crate::data::DataSpec;
 use crate::device::Precision;
+use crate::error::SettingErrors;
 use crate::generate::song::MAX_SECONDS;
 use crate::load::source::ModelSource;
 use crate::lora::LoraConfig;
@@ -129,6 +130,13 @@ impl Default for RunConfig {
 /// Seconds of a preview when the config names none.
 pub const DEFAULT_PREVIEW_SECONDS: f64 = 10.0;
 
+/// The highest peak learning rate: AdamW steps of this size already wreck an adapter.
+pub const MAX_LR: f64 = 1.0;
+
+/// The largest seed: the config travels as JSON (the run_started event, the app's
+/// settings), whose readers hold whole numbers exactly only up to 2^53 - 1.
+pub const MAX_SEED: u64 = (1 << 53) - 1;
+
 /// A new run's name: the UTC date and time, so names sort by age, and a random
 /// suffix, so that runs started in the same second into one folder do not clash
 /// (`2026-12-02_034512-3f9a1c`).
@@ -189,50 +197,51 @@ impl RunConfig {
         self.clone().resolve_paths()
     }
 
-    /// Settings that make no sense, before anything is loaded; the error names the
-    /// field as run.toml spells it.
-    pub fn validate(&self) -> Result<()> {
-        if self.name.is_empty() || self.name.contains(['/', '\\']) || self.name.starts_with('.') {
-            return Err(Error::setting("name", format!("`{}` must be a plain, non-empty folder name", self.name)));
+    /// Every setting that makes no sense, before anything is loaded, each named as
+    /// run.toml spells it. The one judge of settings: the CLI and the app call it.
+    pub fn validate(&self) -> std::result::Result<(), SettingErrors> {
+        let mut e = SettingErrors::default();
+        let plain_name = !(self.name.is_empty() || self.name.contains(['/', '\\']) || self.name.starts_with('.'));
+        e.check(plain_name, "name", || format!("`{}` must be a plain, non-empty folder name", self.name));
+        if let ModelSource::Folder { path } = &self.model {
+            e.check(!path.as_os_str().is_empty(), "model", || {
+                "choose a model folder, or the built-in demo model".into()
+            });
         }
         for (field, value) in [
             ("batch_size", self.batch_size),
             ("grad_accum", self.grad_accum),
             ("keep_checkpoints", self.keep_checkpoints),
         ] {
-            if value == 0 {
-                return Err(Error::setting(field, "must be at least 1"));
-            }
+            e.check(value >= 1, field, || "must be at least 1".into());
         }
-        if self.epochs == 0 {
-            return Err(Error::setting("epochs", "must be at least 1"));
-        }
-        if self.max_steps == Some(0) {
-            return Err(Error::setting("max_steps", "must be at least 1"));
+        for (field, value) in [
+            ("epochs", Some(self.epochs)),
+            ("max_steps", self.max_steps),
+            ("save_every_steps", self.save_every_steps),
+            ("save_every_epochs", self.save_every_epochs),
+            ("preview_every_steps", self.preview_every_steps),
+        ] {
+            e.check(value != Some(0), field, || "must be at least 1".into());
         }
         for (field, value) in [("lr", self.lr), ("max_grad_norm", self.max_grad_norm)] {
-            if !(value.is_finite() && value > 0.0) {
-                return Err(Error::setting(field, format!("{value} must be a positive number")));
-            }
+            e.check(value.is_finite() && value > 0.0, field, || format!("{value} must be a positive number"));
         }
+        e.check(self.lr.is_nan() || self.lr <= MAX_LR, "lr", || format!("{} must be at most {MAX_LR}", self.lr));
+        e.check(self.seed <= MAX_SEED, "seed", || {
+            format!("{} must be at most {MAX_SEED}, the largest whole number JSON readers hold exactly", self.seed)
+        });
         if let Some(ratio) = self.cfg_dropout {
-            if !(0.0..=1.0).contains(&ratio) {
-                return Err(Error::setting("cfg_dropout", format!("{ratio} must be between 0 and 1")));
-            }
-        }
-        if self.preview_every_steps == Some(0) {
-            return Err(Error::setting("preview_every_steps", "must be at least 1"));
+            e.check((0.0..=1.0).contains(&ratio), "cfg_dropout", || format!("{ratio} must be between 0 and 1"));
         }
         let seconds = self.preview_seconds();
-        if !(seconds > 0.0 && seconds <= MAX_SECONDS) {
-            return Err(Error::setting(
-                "preview_seconds",
-                format!("{seconds} must be more than 0 and at most {MAX_SECONDS}"),
-            ));
-        }
-        self.validate_validation()?;
-        crate::lora::validate_config(&self.lora)?;
-        self.data.validate()
+        e.check(seconds > 0.0 && seconds <= MAX_SECONDS, "preview_seconds", || {
+            format!("{seconds} must be more than 0 and at most {MAX_SECONDS}")
+        });
+        self.check_validation(&mut e);
+        crate::lora::check_config(&self.lora, &mut e);
+        self.data.check(&mut e);
+        e.into_result()
     }
 
     pub fn preview_seconds(&self) -> f64 {
@@ -246,31 +255,24 @@ impl RunConfig {
     }
 
     /// Clips are held out one way only, validation needs a period, patience needs validation.
-    fn validate_validation(&self) -> Result<()> {
-        if !self.val_files.is_empty() && self.val_fraction.is_some() {
-            return Err(Error::setting("val_fraction", "cannot be combined with val_files: hold clips out one way"));
-        }
+    fn check_validation(&self, e: &mut SettingErrors) {
+        let by_name = !self.val_files.is_empty();
+        e.check(!(by_name && self.val_fraction.is_some()), "val_fraction", || {
+            "cannot be combined with val_files: hold clips out one way".into()
+        });
         if let Some(f) = self.val_fraction {
-            if !(f > 0.0 && f < 1.0) {
-                return Err(Error::setting("val_fraction", format!("{f} must be between 0 and 1 (exclusive)")));
-            }
+            e.check(f > 0.0 && f < 1.0, "val_fraction", || format!("{f} must be between 0 and 1 (exclusive)"));
         }
-        let held_out = !self.val_files.is_empty() || self.val_fraction.is_some();
         for (field, value) in [("val_every_steps", self.val_every_steps), ("patience", self.patience)] {
-            if value == Some(0) {
-                return Err(Error::setting(field, "must be at least 1"));
-            }
+            e.check(value != Some(0), field, || "must be at least 1".into());
         }
-        if held_out != self.val_every_steps.is_some() {
-            return Err(Error::setting(
-                "val_every_steps",
-                "is needed exactly when clips are held out (val_files or val_fraction)",
-            ));
-        }
-        if self.patience.is_some() && !held_out {
-            return Err(Error::setting("patience", "needs validation (val_files or val_fraction)"));
-        }
-        Ok(())
+        let held_out = by_name || self.val_fraction.is_some();
+        e.check(held_out == self.val_every_steps.is_some(), "val_every_steps", || {
+            "is needed exactly when clips are held out (val_files or val_fraction)".into()
+        });
+        e.check(self.patience.is_none() || held_out, "patience", || {
+            "needs validation (val_files or val_fraction)".into()
+        });
     }
 
     /// A stable hash of the settings that determine the training trajectory; resume
@@ -381,6 +383,100 @@ mod tests {
             .unwrap();
         // Runs without validation write no new keys: their trajectory hash is unchanged.
         assert!(!base.to_toml().contains("val_"), "{}", base.to_toml());
+    }
+
+    /// The fields `c.validate()` names, in order.
+    fn named(c: &RunConfig) -> Vec<String> {
+        match c.validate() {
+            Ok(()) => Vec::new(),
+            Err(e) => e.iter().map(|(field, _)| field.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_run_name_must_be_a_plain_folder_name() {
+        for name in ["", "a/b", "a\\b", ".hidden"] {
+            assert_eq!(named(&RunConfig { name: name.into(), ..Default::default() }), ["name"], "{name:?}");
+        }
+        assert!(named(&RunConfig { name: "run-1".into(), ..Default::default() }).is_empty());
+    }
+
+    #[test]
+    fn counts_of_zero_are_named() {
+        let a = RunConfig { name: "r".into(), ..Default::default() };
+        let cases = [
+            (RunConfig { batch_size: 0, ..a.clone() }, "batch_size"),
+            (RunConfig { grad_accum: 0, ..a.clone() }, "grad_accum"),
+            (RunConfig { keep_checkpoints: 0, ..a.clone() }, "keep_checkpoints"),
+            (RunConfig { epochs: 0, ..a.clone() }, "epochs"),
+            (RunConfig { max_steps: Some(0), ..a.clone() }, "max_steps"),
+            (RunConfig { save_every_steps: Some(0), ..a.clone() }, "save_every_steps"),
+            (RunConfig { save_every_epochs: Some(0), ..a.clone() }, "save_every_epochs"),
+        ];
+        for (c, field) in cases {
+            let err = c.validate().unwrap_err();
+            assert_eq!(named(&c), [field]);
+            assert_eq!(err.to_string(), format!("setting `{field}`: must be at least 1"));
+        }
+    }
+
+    #[test]
+    fn numbers_out_of_their_range_are_named() {
+        let a = RunConfig { name: "r".into(), ..Default::default() };
+        let cases = [
+            (RunConfig { lr: 0.0, ..a.clone() }, "lr"),
+            (RunConfig { lr: MAX_LR * 2.0, ..a.clone() }, "lr"),
+            (RunConfig { lr: f64::NAN, ..a.clone() }, "lr"),
+            (RunConfig { max_grad_norm: -1.0, ..a.clone() }, "max_grad_norm"),
+            (RunConfig { seed: MAX_SEED + 1, ..a.clone() }, "seed"),
+        ];
+        for (c, field) in cases {
+            assert_eq!(named(&c), [field], "{c:?}");
+        }
+        for c in [RunConfig { lr: MAX_LR, ..a.clone() }, RunConfig { seed: MAX_SEED, ..a.clone() }] {
+            c.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn lora_data_and_model_settings_are_named_by_their_path() {
+        let a = RunConfig { name: "r".into(), ..Default::default() };
+        let with = |f: &dyn Fn(&mut RunConfig)| {
+            let mut c = a.clone();
+            f(&mut c);
+            named(&c)
+        };
+        assert_eq!(with(&|c| c.lora.r = 0), ["lora.r"]);
+        assert_eq!(with(&|c| c.lora.r = crate::lora::MAX_RANK + 1), ["lora.r"]);
+        assert_eq!(with(&|c| c.lora.alpha = 0.0), ["lora.alpha"]);
+        assert_eq!(with(&|c| c.lora.dropout = 1.0), ["lora.dropout"]);
+        assert_eq!(with(&|c| c.data.max_duration_seconds = 0.1), ["data.max_duration_seconds"]);
+        assert_eq!(with(&|c| c.data.crop_seconds = Some(f64::NAN)), ["data.crop_seconds"]);
+        assert_eq!(with(&|c| c.model = ModelSource::Folder { path: PathBuf::new() }), ["model"]);
+        assert!(with(&|c| c.lora.r = crate::lora::MAX_RANK).is_empty());
+    }
+
+    #[test]
+    fn every_bad_field_is_named_at_once() {
+        let mut c = RunConfig { name: String::new(), batch_size: 0, lr: -1.0, patience: Some(1), ..Default::default() };
+        c.lora.dropout = 2.0;
+        assert_eq!(named(&c), ["name", "batch_size", "lr", "patience", "lora.dropout"]);
+        let message = c.validate().unwrap_err().to_string();
+        assert!(message.starts_with("setting `name`: ") && message.contains("; setting `lora.dropout`: "), "{message}");
+    }
+
+    #[test]
+    fn default_names_read_as_the_utc_time_with_a_hex_suffix() {
+        let before = time::OffsetDateTime::now_utc().replace_nanosecond(0).unwrap();
+        let name = default_run_name();
+        let after = time::OffsetDateTime::now_utc();
+        let num = |r: std::ops::Range<usize>| name[r].parse::<u8>().unwrap();
+        assert_eq!((&name[4..5], &name[7..8], &name[10..11], &name[17..18]), ("-", "-", "_", "-"), "{name}");
+        let year = name[0..4].parse::<i32>().unwrap();
+        let date = time::Date::from_calendar_date(year, time::Month::try_from(num(5..7)).unwrap(), num(8..10)).unwrap();
+        let at = date.with_hms(num(11..13), num(13..15), num(15..17)).unwrap().assume_utc();
+        assert!(before <= at && at <= after, "{name}: {before} .. {after}");
+        assert!(name.len() == 24 && name[18..].chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')), "{name}");
     }
 
     #[test]

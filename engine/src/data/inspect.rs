@@ -1,0 +1,61 @@
+//! The one dataset check every shell calls: which files of a folder are songs, what
+//! their sidecars say, and whether training can use each. `prepare_dataset` goes
+//! through the same listing and the same per-file check, so the app's scan and a run
+//! reach the same verdicts.
+
+use std::path::{Path, PathBuf};
+
+use super::audio::{self, Decoded};
+use super::scan::scan_folder;
+use super::sidecar::Sidecars;
+use crate::codec::SongMeta;
+use crate::error::Result;
+
+/// A folder as training finds it, before any song is decoded.
+#[derive(Debug)]
+pub struct FolderInspection {
+    /// The audio files, sorted, with what their sidecars say.
+    pub songs: Vec<SongFile>,
+    /// Entries the scan leaves out (not audio, unreadable), and why.
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
+/// One audio file and what its sidecars say.
+#[derive(Debug, Clone)]
+pub struct SongFile {
+    pub path: PathBuf,
+    pub meta: SongMeta,
+    /// Sidecar values ignored (the sidecar, why): the song is still used.
+    pub warnings: Vec<(PathBuf, String)>,
+}
+
+impl SongFile {
+    /// Decodes the file: its audio when training can use it, else why it is skipped.
+    pub fn check(&self) -> std::result::Result<Decoded, String> {
+        decode_checked(&self.path)
+    }
+}
+
+/// Lists `folder` and reads every song's sidecars; fails only when the folder itself
+/// cannot be read.
+pub fn inspect_folder(folder: &Path) -> Result<FolderInspection> {
+    let scanned = scan_folder(folder)?;
+    let mut sidecars = Sidecars::new();
+    let songs = scanned
+        .audio
+        .into_iter()
+        .map(|path| {
+            let mut warnings = Vec::new();
+            let meta = sidecars.read(&path, &mut warnings);
+            SongFile { path, meta, warnings }
+        })
+        .collect();
+    Ok(FolderInspection { songs, skipped: scanned.skipped })
+}
+
+/// The file decoded, or (in words, without the path) why training cannot use it.
+pub(crate) fn decode_checked(path: &Path) -> std::result::Result<Decoded, String> {
+    let decoded = audio::decode_file(path)?;
+    audio::check_usable(&decoded.audio)?;
+    Ok(decoded)
+}
