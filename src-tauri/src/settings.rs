@@ -65,7 +65,7 @@ const FORM_NAMES: [(&str, &str); 6] = [
 
 /// The form's name of a run config field.
 fn form_name(field: &str) -> &str {
-    FORM_NAMES.iter().find(|(config, _)| *config == field).map_or(field, |(_, form)| form)
+    FORM_NAMES.iter().find(|(config, _)| *config == field).map_or(field, |&(_, form)| form)
 }
 
 impl Default for Settings {

@@ -177,17 +177,14 @@ fn settings_are_a_run_config_template_judged_by_the_engine() {
     assert_eq!(config.model, ostinato_engine::load::source::ModelSource::Folder { path: "/models/acestep-v15".into() });
     assert_eq!(Settings::from_template(&config, saved.fit_memory), saved);
 
-    for (form, value, field, set) in [
-        ("rank", json!(4096), "lora.r", (|c: &mut RunConfig| c.lora.r = 4096) as fn(&mut RunConfig)),
-        ("learning_rate", json!(3.0), "lr", |c| c.lr = 3.0),
-        ("seed", json!(1u64 << 60), "seed", |c| c.seed = 1 << 60),
-    ] {
+    for (form, value, field) in
+        [("rank", json!(4096), "lora.r"), ("learning_rate", json!(3.0), "lr"), ("seed", json!(1u64 << 60), "seed")]
+    {
         let mut bad = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
         bad[form] = value;
         let err = app.invoke("save_settings", json!({ "settings": bad })).unwrap_err();
-        let mut c = RunConfig { name: "r".into(), ..RunConfig::default() };
-        set(&mut c);
-        let errors = c.validate().unwrap_err();
+        let config = serde_json::from_value::<Settings>(bad).unwrap().run_config(dir.path().join("runs"));
+        let errors = config.validate().unwrap_err();
         let (_, reason) = errors.iter().find(|(f, _)| *f == field).unwrap();
         assert_eq!(err["fields"][form], json!(reason), "{form}: {err}");
     }
