@@ -5,7 +5,8 @@
 //! forwards engine events to the web view from a background thread.
 //!
 //! Everything that needs the engine goes through the [`engine`] module at the bottom of
-//! this file.
+//! this file, the dataset scan (dataset_scan.rs) and the settings' conversion into a run
+//! configuration (run_settings.rs).
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+
+mod dataset_scan;
+mod run_settings;
 
 use crate::models::Models;
 use crate::settings::{self, FieldErrors, Settings};
@@ -429,7 +433,7 @@ impl AppState {
     /// Validates (the run settings by the engine), persists and adopts new settings.
     pub fn save_settings(&self, new: Settings) -> Result<Settings, BridgeError> {
         new.validate().map_err(BridgeError::InvalidSettings)?;
-        engine::check_run_settings(&new, &self.0.runs_dir)?;
+        run_settings::check_run_settings(&new, &self.0.runs_dir)?;
         settings::save(&self.0.config_dir, &new).map_err(|source| BridgeError::Io {
             context: format!("saving settings in {}", self.0.config_dir.display()),
             source,
@@ -456,7 +460,7 @@ impl AppState {
             s.dataset_dir = Some(path.to_path_buf());
             self.save_settings(s.clone())?;
         }
-        let view = engine::scan(path, &s)?;
+        let view = dataset_scan::scan(path, &s)?;
         self.lock().dataset = Some(view.clone());
         Ok(view)
     }
@@ -714,19 +718,15 @@ pub fn value_channel<T: Serialize + Send + 'static>(rx: Receiver<T>) -> Receiver
 // ---------------------------------------------------------------------------------------
 mod engine {
     use super::*;
-    use crate::settings::{ModelChoice, Precision};
+    use super::run_settings::run_config;
     use ostinato_engine::charts::{render_svg, Chart, Theme};
-    use ostinato_engine::data::{audio, scan::scan_folder, sidecar::Sidecars};
-    use ostinato_engine::device::Precision as EnginePrecision;
     use ostinato_engine::events::{read_events, Event};
     use ostinato_engine::export::{export_run, ExportFormat as EngineFormat};
-    use ostinato_engine::load::source::ModelSource;
-    use ostinato_engine::train::config::default_run_name;
     pub use ostinato_engine::train::history::RunSummary;
-    use ostinato_engine::train::{fit, history, Run, RunConfig, RunControl, RunHandle};
+    use ostinato_engine::train::{fit, history, Run, RunControl, RunHandle};
     use ostinato_engine::Error as EngineError;
 
-    fn engine_err(e: impl std::fmt::Display) -> BridgeError {
+    pub(super) fn engine_err(e: impl std::fmt::Display) -> BridgeError {
         BridgeError::Engine(e.to_string())
     }
 
@@ -735,105 +735,6 @@ mod engine {
         std::env::var_os("OSTINATO_RUNS_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(ostinato_engine::train::config::default_runs_dir)
-    }
-
-    /// Every audio file under `dir` with its duration, sidecars and, for a bad one,
-    /// what is wrong: the checks training applies, without encoding anything.
-    pub fn scan(dir: &Path, _settings: &Settings) -> Result<DatasetView, BridgeError> {
-        let outcome = scan_folder(dir).map_err(engine_err)?;
-        let mut sidecars = Sidecars::new();
-        let mut sidecar_issues = Vec::new();
-        let name = |p: &Path| p.strip_prefix(dir).unwrap_or(p).display().to_string();
-        let mut files = Vec::new();
-        for path in &outcome.audio {
-            let meta = sidecars.read(path, &mut sidecar_issues);
-            let checked = audio::decode(path).and_then(|a| audio::check_usable(&a).map(|_| a.duration_seconds()));
-            files.push(FileRow {
-                name: name(path),
-                duration_s: checked.as_ref().ok().copied(),
-                has_caption: !meta.caption.trim().is_empty(),
-                has_lyrics: meta.lyrics.trim() != "[Instrumental]" && !meta.lyrics.trim().is_empty(),
-                status: if checked.is_ok() { "ok" } else { "bad" }.into(),
-                problem: checked.err(),
-            });
-        }
-        for (path, reason) in &outcome.skipped {
-            files.push(FileRow {
-                name: name(path),
-                duration_s: None,
-                has_caption: false,
-                has_lyrics: false,
-                status: "bad".into(),
-                problem: Some(reason.clone()),
-            });
-        }
-        let usable = files.iter().filter(|f| f.status == "ok").count();
-        Ok(DatasetView {
-            path: dir.to_path_buf(),
-            total_duration_s: files.iter().filter_map(|f| f.duration_s).sum(),
-            usable,
-            bad: files.len() - usable,
-            files,
-        })
-    }
-
-    fn run_config(req: &StartRequest) -> RunConfig {
-        let s = &req.settings;
-        let mut c = RunConfig {
-            name: default_run_name(),
-            runs_dir: req.runs_dir.clone(),
-            model: match &s.model {
-                ModelChoice::Demo => ModelSource::Demo,
-                ModelChoice::Folder { path } => ModelSource::Folder { path: path.clone() },
-            },
-            gradient_checkpointing: s.gradient_checkpointing,
-            latent_cache: s.latent_cache,
-            precision: match s.precision {
-                Precision::Auto => EnginePrecision::Auto,
-                Precision::F32 => EnginePrecision::F32,
-                Precision::Bf16 => EnginePrecision::Bf16,
-                Precision::F16 => EnginePrecision::F16,
-            },
-            lr: s.learning_rate,
-            epochs: s.epochs as u64,
-            batch_size: s.batch_size as usize,
-            grad_accum: s.grad_accumulation as usize,
-            save_every_steps: Some(s.save_every as u64),
-            seed: s.seed,
-            cfg_dropout: s.cfg_dropout,
-            val_fraction: s.val_fraction,
-            val_every_steps: s.val_every_steps,
-            patience: s.patience,
-            preview_every_steps: s.preview_every_steps,
-            preview_seconds: s.preview_seconds,
-            preview_caption: s.preview_caption.clone(),
-            ..RunConfig::default()
-        };
-        c.data.folder = req.dataset_dir.clone();
-        c.lora.r = s.rank as usize;
-        c.lora.alpha = s.alpha;
-        c.lora.dropout = s.dropout;
-        c
-    }
-
-    /// The engine's judgement of the settings a run would get; a setting it refuses is
-    /// marked on its field.
-    pub fn check_run_settings(settings: &Settings, runs_dir: &Path) -> Result<(), BridgeError> {
-        let req =
-            StartRequest { settings: settings.clone(), dataset_dir: PathBuf::new(), runs_dir: runs_dir.to_path_buf() };
-        match run_config(&req).validate() {
-            Ok(()) => Ok(()),
-            Err(EngineError::Setting { field, reason }) => {
-                let field = match field.as_str() {
-                    "lr" => "learning_rate",
-                    "grad_accum" => "grad_accumulation",
-                    "save_every_steps" => "save_every",
-                    other => other,
-                };
-                Err(BridgeError::InvalidSettings([(field.to_string(), reason)].into()))
-            }
-            Err(e) => Err(BridgeError::Invalid(e.to_string())),
-        }
     }
 
     struct Handle {
