@@ -721,6 +721,7 @@ mod engine {
     use super::run_settings::run_config;
     use ostinato_engine::charts::{render_svg, Chart, Theme};
     use ostinato_engine::events::{read_events, Event};
+    use ostinato_engine::run_state::RunState;
     use ostinato_engine::export::{export_run, ExportFormat as EngineFormat};
     pub use ostinato_engine::train::history::RunSummary;
     use ostinato_engine::train::{fit, history, Run, RunControl, RunHandle};
@@ -830,7 +831,8 @@ mod engine {
 
     fn draw_charts(events: &[Event], dark: bool) -> Result<Charts, BridgeError> {
         let theme = if dark { Theme::Dark } else { Theme::Light };
-        let draw = |chart| render_svg(chart, events, (720, 300), theme).map_err(engine_err);
+        let run = RunState::replay(events);
+        let draw = |chart| render_svg(chart, &run, (720, 300), theme).map(|d| d.svg).map_err(engine_err);
         Ok(Charts {
             loss: draw(Chart::Loss)?,
             throughput: draw(Chart::Throughput)?,
