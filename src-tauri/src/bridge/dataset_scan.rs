@@ -48,4 +48,3 @@ pub fn scan(dir: &Path, _settings: &Settings) -> Result<DatasetView, BridgeError
         files,
     })
 }
-

@@ -70,4 +70,3 @@ pub fn check_run_settings(settings: &Settings, runs_dir: &Path) -> Result<(), Br
         Err(e) => Err(BridgeError::Invalid(e.to_string())),
     }
 }
-
