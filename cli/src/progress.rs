@@ -3,12 +3,13 @@
 //! result with `--quiet`, or the engine's events as JSON lines (stdout, nothing else).
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use ostinato_engine::events::{to_json_line, DatasetSummary, Event, IssueKind};
 use ostinato_engine::metrics::LossSmoother;
+use ostinato_engine::run_state::{preparation_fraction, RunState};
 use ostinato_engine::train::fit;
 
 /// In `Lines` mode a step gets a line at most this often (epochs, checkpoints and
@@ -48,11 +49,8 @@ pub struct Progress {
     mode: Mode,
     bar: ProgressBar,
     smoother: LossSmoother,
-    adapter: Option<PathBuf>,
-    steps: u64,
-    total_steps: Option<u64>,
-    elapsed_s: f64,
-    final_loss: Option<f64>,
+    /// The run as its events so far tell it: the bar and the result are drawn from it.
+    state: RunState,
     last_step_line: Option<Instant>,
 }
 
@@ -90,8 +88,7 @@ pub fn file_name(path: &Path) -> String {
 /// The dataset line (`preparing dataset 1/3: a.wav, 120 of 240 s encoded`) and the
 /// fraction of preparation done: files done plus the encoded part of the current one.
 pub fn dataset_progress(done: u64, total: u64, file: &str, seconds: Option<(f64, f64)>) -> (String, f64) {
-    let part = seconds.map_or(0.0, |(d, t)| if t > 0.0 { (d / t).clamp(0.0, 1.0) } else { 1.0 });
-    let fraction = if total == 0 { 1.0 } else { ((done as f64 + part) / total as f64).min(1.0) };
+    let fraction = preparation_fraction(done, total, seconds);
     let encoded = seconds.map(|(d, t)| format!(", {d:.0} of {t:.0} s encoded")).unwrap_or_default();
     (format!("preparing dataset {done}/{total}: {file}{encoded}"), fraction)
 }
@@ -110,17 +107,7 @@ impl Progress {
     pub fn new(mode: Mode) -> Self {
         let bar = if mode == Mode::Bar { ProgressBar::new_spinner() } else { ProgressBar::hidden() };
         bar.enable_steady_tick(Duration::from_millis(200));
-        Self {
-            mode,
-            bar,
-            smoother: LossSmoother::new(0.9),
-            adapter: None,
-            steps: 0,
-            total_steps: None,
-            elapsed_s: 0.0,
-            final_loss: None,
-            last_step_line: None,
-        }
+        Self { mode, bar, smoother: LossSmoother::new(0.9), state: RunState::default(), last_step_line: None }
     }
 
     pub fn show(&mut self, event: &Event) {
@@ -139,42 +126,33 @@ impl Progress {
         }
     }
 
-    /// Keeps the bar and the closing summary up to date.
+    /// Folds the event into the run's state and redraws the bar from it.
     fn track(&mut self, event: &Event) {
+        self.state.apply(event);
         match event {
-            Event::DatasetProgress { done, total, file, seconds_done, seconds_total } => {
-                let (line, fraction) =
-                    dataset_progress(*done, *total, &file_name(file), seconds_done.zip(*seconds_total));
+            Event::DatasetProgress { .. } => {
+                let Some(p) = &self.state.preparing else { return };
+                let (line, _) = dataset_progress(p.done, p.total, &file_name(&p.file), p.seconds);
                 self.bar.set_length(1000);
                 self.bar.set_style(ProgressStyle::with_template("{bar:30} {msg}").expect("valid template"));
-                self.bar.set_position((fraction * 1000.0) as u64);
+                self.bar.set_position((p.fraction * 1000.0) as u64);
                 self.bar.set_message(line)
             }
             Event::RunStarted { total_steps, .. } => {
-                self.total_steps = Some(*total_steps);
                 self.bar.set_length(*total_steps);
                 self.bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"));
             }
-            Event::Step { step, epoch, loss, samples_per_sec, memory_now_bytes, elapsed_s, eta_s, .. } => {
+            Event::Step { loss, .. } => {
                 let smooth = self.smoother.push(*loss);
-                self.steps = *step;
-                self.elapsed_s = *elapsed_s;
-                self.final_loss = Some(*loss);
-                self.bar.set_position(*step);
-                let eta = eta_s.map(|s| format!("  ETA {s:.0} s")).unwrap_or_default();
+                let Some(s) = &self.state.last_step else { return };
+                self.bar.set_position(s.step);
+                let eta = s.eta_s.map(|s| format!("  ETA {s:.0} s")).unwrap_or_default();
                 self.bar.set_message(format!(
-                    "epoch {}  loss {smooth:.4}  {samples_per_sec:.2} it/s  {}{eta}",
-                    epoch + 1,
-                    mib(*memory_now_bytes)
+                    "epoch {}  loss {smooth:.4}  {:.2} it/s  {}{eta}",
+                    s.epoch + 1,
+                    s.samples_per_sec,
+                    mib(s.memory_now_bytes)
                 ));
-            }
-            Event::Stopped { step, adapter_path } => {
-                self.steps = *step;
-                self.adapter = adapter_path.clone();
-            }
-            Event::Finished { adapter_path, steps, .. } => {
-                self.steps = *steps;
-                self.adapter = Some(adapter_path.clone());
             }
             _ => {}
         }
@@ -187,13 +165,13 @@ impl Progress {
                 Some(dataset_progress(*done, *total, &file.display().to_string(), seconds_done.zip(*seconds_total)).0)
             }
             Event::Step { step, epoch, loss, samples_per_sec, memory_now_bytes, eta_s, .. } => {
-                let last = self.total_steps == Some(*step);
+                let last = self.state.total_steps() == Some(*step);
                 let due = self.last_step_line.is_none_or(|t| t.elapsed() >= STEP_LINE_EVERY);
                 if !(due || last) {
                     return None;
                 }
                 self.last_step_line = Some(Instant::now());
-                let of = self.total_steps.map(|t| format!("/{t}")).unwrap_or_default();
+                let of = self.state.total_steps().map(|t| format!("/{t}")).unwrap_or_default();
                 let eta = eta_s.map(|s| format!(", ETA {s:.0} s")).unwrap_or_default();
                 Some(format!(
                     "step {step}{of} (epoch {}): loss {loss:.4}, {samples_per_sec:.2} it/s, {}{eta}",
@@ -230,15 +208,22 @@ impl Progress {
         if self.mode == Mode::Json {
             return;
         }
-        if let Some(adapter) = &self.adapter {
-            let loss = self.final_loss.map(|l| format!(", final loss {l:.4}")).unwrap_or_default();
-            println!(
-                "adapter: {}\n{} steps in {:.1} s{loss}",
-                adapter.join("adapter_model.safetensors").display(),
-                self.steps,
-                self.elapsed_s
-            );
+        if let Some(result) = self.result() {
+            println!("{result}");
         }
+    }
+
+    /// The closing summary, once the run wrote an adapter: where, how many steps in how
+    /// long, the final loss.
+    fn result(&self) -> Option<String> {
+        let adapter = self.state.adapter.as_ref()?;
+        let loss = self.state.last_loss().map(|l| format!(", final loss {l:.4}")).unwrap_or_default();
+        let elapsed = self.state.last_step.as_ref().map_or(0.0, |s| s.elapsed_s);
+        Some(format!(
+            "adapter: {}\n{} steps in {elapsed:.1} s{loss}",
+            adapter.join("adapter_model.safetensors").display(),
+            self.state.steps,
+        ))
     }
 }
 
@@ -299,6 +284,7 @@ fn on_off(on: bool) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     #[test]
     fn dataset_progress_counts_the_encoded_part_of_the_current_file() {
@@ -308,5 +294,54 @@ mod tests {
         let (line, fraction) = dataset_progress(2, 4, "c.wav", None);
         assert_eq!((line.as_str(), fraction), ("preparing dataset 2/4: c.wav", 0.5));
         assert_eq!(dataset_progress(0, 0, "x", None).1, 1.0);
+    }
+
+    fn step(step: u64, loss: f64, elapsed_s: f64) -> Event {
+        Event::Step {
+            step,
+            epoch: 0,
+            loss,
+            lr: 1e-4,
+            grad_norm: 1.0,
+            samples_per_sec: 2.0,
+            memory_now_bytes: 1 << 20,
+            memory_peak_bytes: 1 << 20,
+            elapsed_s,
+            eta_s: None,
+            samples: Vec::new(),
+        }
+    }
+
+    /// The bar and the result follow the engine's `RunState`: a resumed run's redone
+    /// steps, the adapter of its end.
+    #[test]
+    fn the_result_is_what_the_run_state_tells() {
+        let events = [
+            Event::DatasetProgress { done: 1, total: 2, file: "a.wav".into(), seconds_done: None, seconds_total: None },
+            step(1, 0.9, 1.0),
+            step(2, 0.8, 2.0),
+            // Resumed from step 1: step 2 again, then stopped.
+            step(2, 0.5, 1.5),
+            Event::Stopped { step: 2, adapter_path: Some(PathBuf::from("runs/r/final/adapter")) },
+        ];
+        let mut progress = Progress::new(Mode::Quiet);
+        assert_eq!(progress.result(), None);
+        for e in &events[..1] {
+            progress.show(e);
+        }
+        assert_eq!(progress.state.preparing.as_ref().map(|p| p.fraction), Some(0.5));
+        for e in &events[1..] {
+            progress.show(e);
+        }
+        assert_eq!(progress.state, RunState::replay(&events));
+        let adapter = Path::new("runs/r/final/adapter/adapter_model.safetensors");
+        assert_eq!(
+            progress.result().unwrap(),
+            format!("adapter: {}\n2 steps in 1.5 s, final loss 0.5000", adapter.display())
+        );
+        // Stopped before any update: no adapter, no result.
+        let mut untrained = Progress::new(Mode::Quiet);
+        untrained.show(&Event::Stopped { step: 0, adapter_path: None });
+        assert_eq!(untrained.result(), None);
     }
 }

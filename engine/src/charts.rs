@@ -1,5 +1,6 @@
-//! Charts of a run's metrics, drawn from its events: SVG strings for the app, PNG
-//! files for reports. The same drawing code serves both backends.
+//! Charts of a run's metrics, drawn from its [`RunState`]: SVG strings for the app (with
+//! a [`Readout`] of what they show, for a value under the pointer), PNG files for
+//! reports. The same drawing code serves both backends.
 //!
 //! Text is measured (and, in PNGs, drawn) with DejaVu Sans embedded in the binary,
 //! so no system fonts are needed. SVGs name the font family `sans-serif`; the viewer
@@ -14,9 +15,12 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
-use crate::events::{drop_redone, read_events, Event};
+use serde::{Deserialize, Serialize};
+
+use crate::events::read_events;
 use crate::metrics::LossSmoother;
-use crate::noise_levels::loss_by_noise_level;
+use crate::noise_levels::loss_by_noise_level_of;
+use crate::run_state::{RunState, StepRecord};
 use crate::{Error, Result};
 
 /// Which metric a chart shows.
@@ -105,54 +109,17 @@ struct Series {
     points: Vec<(u64, f64)>,
 }
 
-/// What the charts draw from one `step` event.
-struct StepPoint {
-    step: u64,
-    loss: f64,
-    samples_per_sec: f64,
-    memory_now_mib: f64,
-    memory_peak_mib: f64,
-}
-
-/// The `step` events of a replay as they stand at its end. After a crash the run
-/// resumes from its last checkpoint and logs some steps again: the later ones replace
-/// the earlier.
-fn step_points(events: &[Event]) -> Vec<StepPoint> {
-    const MIB: f64 = 1024.0 * 1024.0;
-    let mut out: Vec<StepPoint> = Vec::new();
-    for event in events {
-        if let Event::Step { step, loss, samples_per_sec, memory_now_bytes, memory_peak_bytes, .. } = *event {
-            drop_redone(&mut out, step, |p| p.step);
-            out.push(StepPoint {
-                step,
-                loss,
-                samples_per_sec,
-                memory_now_mib: memory_now_bytes as f64 / MIB,
-                memory_peak_mib: memory_peak_bytes as f64 / MIB,
-            });
-        }
-    }
-    out
-}
-
-/// The validation losses of a replay, redone ones replaced as for steps; `None`
-/// when the run held no clips out.
-fn validation_series(events: &[Event]) -> Option<Series> {
-    let mut points: Vec<(u64, f64)> = Vec::new();
-    for event in events {
-        if let Event::Validation { step, loss, .. } = *event {
-            drop_redone(&mut points, step, |p| p.0);
-            points.push((step, loss));
-        }
-    }
+/// The validation losses of a run; `None` when it held no clips out.
+fn validation_series(state: &RunState) -> Option<Series> {
+    let points = state.validations().to_vec();
     (!points.is_empty()).then_some(Series { name: "validation", points })
 }
 
-fn series(chart: Chart, events: &[Event]) -> Vec<Series> {
-    let points = step_points(events);
-    let line = |name, value: fn(&StepPoint) -> f64| Series {
+fn series(chart: Chart, state: &RunState) -> Vec<Series> {
+    const MIB: f64 = 1024.0 * 1024.0;
+    let line = |name, value: fn(&StepRecord) -> f64| Series {
         name,
-        points: points.iter().map(|p| (p.step, value(p))).collect(),
+        points: state.series().iter().map(|p| (p.step, value(p))).collect(),
     };
     match chart {
         Chart::Loss => {
@@ -163,7 +130,9 @@ fn series(chart: Chart, events: &[Event]) -> Vec<Series> {
             vec![raw, smoothed]
         }
         Chart::Throughput => vec![line("samples/s", |p| p.samples_per_sec)],
-        Chart::Memory => vec![line("now", |p| p.memory_now_mib), line("peak", |p| p.memory_peak_mib)],
+        Chart::Memory => {
+            vec![line("now", |p| p.memory_now_bytes as f64 / MIB), line("peak", |p| p.memory_peak_bytes as f64 / MIB)]
+        }
         // Not a chart over steps: `noise_level_figure` draws it.
         Chart::NoiseLevel => Vec::new(),
     }
@@ -240,8 +209,8 @@ fn styles(palette: &Palette, count: usize) -> impl Iterator<Item = ShapeStyle> +
 }
 
 /// A chart over steps; validation, sparse, is marked on top of the loss.
-fn step_figure(chart: Chart, events: &[Event], palette: &Palette) -> Figure<u64> {
-    let plain = series(chart, events);
+fn step_figure(chart: Chart, state: &RunState, palette: &Palette) -> Figure<u64> {
+    let plain = series(chart, state);
     let count = plain.len();
     let mut lines: Vec<Line<u64>> = (plain.into_iter().zip(styles(palette, count)))
         // A line needs two points: mark a lone first one so it shows.
@@ -252,7 +221,7 @@ fn step_figure(chart: Chart, events: &[Event], palette: &Palette) -> Figure<u64>
             style,
         })
         .collect();
-    if let Some(v) = validation_series(events).filter(|_| chart == Chart::Loss) {
+    if let Some(v) = validation_series(state).filter(|_| chart == Chart::Loss) {
         lines.push(Line {
             name: v.name.into(),
             points: v.points,
@@ -273,8 +242,8 @@ fn step_figure(chart: Chart, events: &[Event], palette: &Palette) -> Figure<u64>
 }
 
 /// The mean loss per noise level, first epoch against the latest.
-fn noise_level_figure(events: &[Event], palette: &Palette) -> Figure<f64> {
-    let by_level = loss_by_noise_level(events);
+fn noise_level_figure(state: &RunState, palette: &Palette) -> Figure<f64> {
+    let by_level = loss_by_noise_level_of(state);
     let lines = (by_level.epochs.iter().zip(styles(palette, by_level.epochs.len())))
         .map(|(e, style)| Line {
             name: format!("epoch {}", e.epoch + 1),
@@ -295,75 +264,148 @@ fn noise_level_figure(events: &[Event], palette: &Palette) -> Figure<f64> {
     }
 }
 
-fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: Chart, events: &[Event], theme: Theme) -> Result<()> {
-    let palette = theme.palette();
-    match chart {
-        Chart::NoiseLevel => plot(root, noise_level_figure(events, &palette), &palette),
-        _ => plot(root, step_figure(chart, events, &palette), &palette),
+/// What a viewer needs to read the value under the pointer of a drawn chart: where the
+/// plotting area lies in the drawing, what its axes span, and the points drawn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Readout {
+    /// The drawing's width and height in pixels.
+    pub size: (u32, u32),
+    /// The plotting area in drawing pixels: left, top, right, bottom.
+    pub area: (i32, i32, i32, i32),
+    /// The values at the area's left and right edges.
+    pub x_range: (f64, f64),
+    /// The values at the area's bottom and top edges.
+    pub y_range: (f64, f64),
+    pub x_desc: String,
+    pub y_desc: String,
+    /// Each line as drawn (thinned), points in ascending x.
+    pub lines: Vec<ReadoutLine>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReadoutLine {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// An x value as a plain number, for the readout.
+trait Number: Copy {
+    fn number(self) -> f64;
+}
+
+impl Number for u64 {
+    fn number(self) -> f64 {
+        self as f64
     }
 }
 
-fn plot<DB, X>(root: &DrawingArea<DB, Shift>, figure: Figure<X>, palette: &Palette) -> Result<()>
+impl Number for f64 {
+    fn number(self) -> f64 {
+        self
+    }
+}
+
+fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    chart: Chart,
+    state: &RunState,
+    theme: Theme,
+) -> Result<Readout> {
+    let palette = theme.palette();
+    match chart {
+        Chart::NoiseLevel => plot(root, noise_level_figure(state, &palette), &palette),
+        _ => plot(root, step_figure(chart, state, &palette), &palette),
+    }
+}
+
+fn plot<DB, X>(root: &DrawingArea<DB, Shift>, figure: Figure<X>, palette: &Palette) -> Result<Readout>
 where
     DB: DrawingBackend,
-    X: Copy + PartialEq + 'static,
+    X: Number + PartialEq + 'static,
     Range<X>: AsRangedCoord<Value = X>,
     <Range<X> as AsRangedCoord>::CoordDescType: ValueFormatter<X>,
 {
     let y_range = value_range(figure.lines.iter().flat_map(|l| l.points.iter().map(|p| p.1)));
     let text = |size: u32| (FONT, size).into_font().color(&palette.text);
+    let x_range = (figure.x_range.start.number(), figure.x_range.end.number());
 
     root.fill(&palette.background).map_err(chart_error)?;
     let mut cc = ChartBuilder::on(root)
-        .caption(figure.title, text(16))
-        .margin(10)
-        .x_label_area_size(32)
+        .caption(figure.title, text(15))
+        .margin(8)
+        .x_label_area_size(34)
         .y_label_area_size(56)
-        .build_cartesian_2d(figure.x_range, y_range)
+        .build_cartesian_2d(figure.x_range, y_range.clone())
         .map_err(chart_error)?;
     cc.configure_mesh()
         .x_desc(figure.x_desc)
         .y_desc(figure.y_desc)
-        .label_style(text(12))
-        .axis_desc_style(text(12))
+        .x_labels(6)
+        .y_labels(5)
+        .label_style(text(13))
+        .axis_desc_style(text(13))
         .axis_style(palette.text)
         .bold_line_style(palette.grid)
         .light_line_style(palette.background)
         .draw()
         .map_err(chart_error)?;
+    let (xs, ys) = cc.plotting_area().get_pixel_range();
+    let mut lines = Vec::with_capacity(figure.lines.len());
     for line in &figure.lines {
         let style = line.style;
-        cc.draw_series(LineSeries::new(thin(&line.points), style).point_size(line.marker))
+        let points = thin(&line.points);
+        lines.push(ReadoutLine {
+            name: line.name.clone(),
+            points: points.iter().map(|&(x, y)| (x.number(), y)).collect(),
+        });
+        cc.draw_series(LineSeries::new(points, style).point_size(line.marker))
             .map_err(chart_error)?
             .label(line.name.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
     }
     cc.configure_series_labels()
         .position(figure.legend)
-        .label_font(text(12))
+        .label_font(text(13))
         .background_style(palette.background.mix(0.8))
         .border_style(palette.grid)
         .draw()
         .map_err(chart_error)?;
-    root.present().map_err(chart_error)
+    root.present().map_err(chart_error)?;
+    let (width, height) = root.dim_in_pixel();
+    Ok(Readout {
+        size: (width, height),
+        area: (xs.start, ys.start, xs.end, ys.end),
+        x_range,
+        y_range: (y_range.start, y_range.end),
+        x_desc: figure.x_desc.into(),
+        y_desc: figure.y_desc.into(),
+        lines,
+    })
 }
 
-/// Draws `chart` of a run's events as an SVG document of `size` pixels.
-pub fn render_svg(chart: Chart, events: &[Event], size: (u32, u32), theme: Theme) -> Result<String> {
+/// A chart as an SVG document, with its readout.
+#[derive(Debug, Clone)]
+pub struct Drawn {
+    pub svg: String,
+    pub readout: Readout,
+}
+
+/// Draws `chart` of a run as an SVG document of `size` pixels.
+pub fn render_svg(chart: Chart, state: &RunState, size: (u32, u32), theme: Theme) -> Result<Drawn> {
     ensure_font()?;
     let mut svg = String::new();
-    {
+    let readout = {
         let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
-        draw(&root, chart, events, theme)?;
-    }
-    Ok(svg)
+        draw(&root, chart, state, theme)?
+    };
+    Ok(Drawn { svg, readout })
 }
 
-/// Draws `chart` of a run's events into a PNG file of `size` pixels.
-pub fn render_png(chart: Chart, events: &[Event], size: (u32, u32), theme: Theme, path: &Path) -> Result<()> {
+/// Draws `chart` of a run into a PNG file of `size` pixels.
+pub fn render_png(chart: Chart, state: &RunState, size: (u32, u32), theme: Theme, path: &Path) -> Result<()> {
     ensure_font()?;
     let root = BitMapBackend::new(path, size).into_drawing_area();
-    draw(&root, chart, events, theme).map_err(|e| Error::Chart(format!("{}: {e}", path.display())))
+    draw(&root, chart, state, theme).map(drop).map_err(|e| Error::Chart(format!("{}: {e}", path.display())))
 }
 
 /// Size of the charts `write_run_charts` writes.
@@ -373,7 +415,7 @@ pub const REPORT_SIZE: (u32, u32) = (960, 400);
 /// (`loss.png`, `loss.svg`, `noise-levels.png`, ...); each file is written to a
 /// temporary name and renamed into place. Returns the files written.
 pub fn write_run_charts(run_dir: &Path, out: &Path) -> Result<Vec<PathBuf>> {
-    let events = read_events(&run_dir.join("events.jsonl"))?;
+    let state = RunState::replay(&read_events(&run_dir.join("events.jsonl"))?);
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let mut written = Vec::new();
     for chart in Chart::ALL {
@@ -381,11 +423,12 @@ pub fn write_run_charts(run_dir: &Path, out: &Path) -> Result<Vec<PathBuf>> {
         let png = out.join(format!("{stem}.png"));
         // The temporary name keeps the extension: the encoder is chosen by it.
         let tmp = out.join(format!(".{stem}.tmp.png"));
-        render_png(chart, &events, REPORT_SIZE, Theme::Light, &tmp)?;
+        render_png(chart, &state, REPORT_SIZE, Theme::Light, &tmp)?;
         std::fs::rename(&tmp, &png).map_err(|e| Error::io(&png, e))?;
         let svg = out.join(format!("{stem}.svg"));
         let tmp = out.join(format!(".{stem}.tmp.svg"));
-        std::fs::write(&tmp, render_svg(chart, &events, REPORT_SIZE, Theme::Light)?).map_err(|e| Error::io(&tmp, e))?;
+        std::fs::write(&tmp, render_svg(chart, &state, REPORT_SIZE, Theme::Light)?.svg)
+            .map_err(|e| Error::io(&tmp, e))?;
         std::fs::rename(&tmp, &svg).map_err(|e| Error::io(&svg, e))?;
         written.extend([png, svg]);
     }
@@ -395,7 +438,7 @@ pub fn write_run_charts(run_dir: &Path, out: &Path) -> Result<Vec<PathBuf>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::SampleLoss;
+    use crate::events::{Event, SampleLoss};
 
     /// Ten steps an epoch, each of one sample at t in the middle of span `step % 8`.
     fn step(step: u64, loss: f64) -> Event {
@@ -435,7 +478,7 @@ mod tests {
             (Chart::Throughput, &["samples/s"][..]),
             (Chart::Memory, &["now", "peak"][..]),
         ] {
-            let svg = render_svg(chart, &events, SIZE, Theme::Light).unwrap();
+            let svg = render_svg(chart, &RunState::replay(&events), SIZE, Theme::Light).unwrap().svg;
             assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
             // One polyline per series carries all 50 points (others are the mesh and legend).
             let data_lines = (svg.split("<polyline").skip(1))
@@ -453,7 +496,7 @@ mod tests {
     fn empty_and_single_point_inputs_render() {
         for events in [vec![], run(1)] {
             for chart in [Chart::Loss, Chart::Throughput, Chart::Memory, Chart::NoiseLevel] {
-                let svg = render_svg(chart, &events, SIZE, Theme::Dark).unwrap();
+                let svg = render_svg(chart, &RunState::replay(&events), SIZE, Theme::Dark).unwrap().svg;
                 assert!(svg.contains("</svg>"));
             }
         }
@@ -464,7 +507,7 @@ mod tests {
         // Crash after step 5, resume from the checkpoint at step 3.
         let mut events = run(5);
         events.extend([step(4, 0.7), step(5, 0.6), step(6, 0.5)]);
-        let loss = &series(Chart::Loss, &events)[0].points;
+        let loss = &series(Chart::Loss, &RunState::replay(&events))[0].points;
         let steps: Vec<u64> = loss.iter().map(|p| p.0).collect();
         assert_eq!(steps, [1, 2, 3, 4, 5, 6]);
         assert_eq!(loss[3].1, 0.7);
@@ -476,13 +519,13 @@ mod tests {
         for (step, loss) in [(10, 0.5), (20, 0.4), (30, 0.35), (20, 0.45), (30, 0.3), (40, 0.25)] {
             events.push(Event::Validation { step, loss, best: true });
         }
-        let v = validation_series(&events).unwrap();
+        let v = validation_series(&RunState::replay(&events)).unwrap();
         assert_eq!(v.points, [(10, 0.5), (20, 0.45), (30, 0.3), (40, 0.25)]);
-        let svg = render_svg(Chart::Loss, &events, SIZE, Theme::Light).unwrap();
+        let svg = render_svg(Chart::Loss, &RunState::replay(&events), SIZE, Theme::Light).unwrap().svg;
         let texts = texts(&svg);
         assert!(texts.contains(&"validation"), "the legend names it: {texts:?}");
-        assert!(validation_series(&run(5)).is_none());
-        let memory = render_svg(Chart::Memory, &events, SIZE, Theme::Light).unwrap();
+        assert!(validation_series(&RunState::replay(&run(5))).is_none());
+        let memory = render_svg(Chart::Memory, &RunState::replay(&events), SIZE, Theme::Light).unwrap().svg;
         assert!(!memory.contains("validation"), "only the loss chart shows it");
     }
 
@@ -490,13 +533,13 @@ mod tests {
     fn the_noise_level_chart_compares_the_first_epoch_with_the_latest() {
         // Five epochs of ten steps; each epoch has samples in all eight spans.
         let events = run(50);
-        let figure = noise_level_figure(&events, &Theme::Light.palette());
+        let figure = noise_level_figure(&RunState::replay(&events), &Theme::Light.palette());
         let names: Vec<&str> = figure.lines.iter().map(|l| l.name.as_str()).collect();
         assert_eq!(names, ["epoch 1", "epoch 5"]);
         // Epoch 1's span 0 holds step 8 alone (loss 1/8); epoch 5's holds step 48.
         assert_eq!(figure.lines[0].points[0], (0.0625, 0.125));
         assert_eq!(figure.lines[1].points[0], (0.0625, (1.0f32 / 48.0) as f64));
-        let svg = render_svg(Chart::NoiseLevel, &events, SIZE, Theme::Light).unwrap();
+        let svg = render_svg(Chart::NoiseLevel, &RunState::replay(&events), SIZE, Theme::Light).unwrap().svg;
         let data_lines = (svg.split("<polyline").skip(1))
             .filter(|el| el.split("/>").next().unwrap().matches(',').count() == 8)
             .count();
@@ -506,7 +549,7 @@ mod tests {
             assert!(texts.contains(&text), "{text} in {texts:?}");
         }
         // A run in its first epoch has one line; a log without samples none.
-        assert_eq!(noise_level_figure(&run(5), &Theme::Dark.palette()).lines.len(), 1);
+        assert_eq!(noise_level_figure(&RunState::replay(&run(5)), &Theme::Dark.palette()).lines.len(), 1);
         let old: Vec<Event> = run(5)
             .into_iter()
             .map(|mut e| {
@@ -516,7 +559,38 @@ mod tests {
                 e
             })
             .collect();
-        assert!(noise_level_figure(&old, &Theme::Dark.palette()).lines.is_empty());
+        assert!(noise_level_figure(&RunState::replay(&old), &Theme::Dark.palette()).lines.is_empty());
+    }
+
+    /// The readout places the drawn points in the drawing: a value read under the
+    /// pointer at the plotting area's edges is the first and the last step's.
+    #[test]
+    fn the_readout_tells_where_the_drawn_points_lie() {
+        let events = run(50);
+        let drawn = render_svg(Chart::Loss, &RunState::replay(&events), SIZE, Theme::Light).unwrap();
+        let r = &drawn.readout;
+        assert_eq!(r.size, SIZE);
+        let (left, top, right, bottom) = r.area;
+        assert!(0 < left && left < right && right <= SIZE.0 as i32, "{:?}", r.area);
+        assert!(0 < top && top < bottom && bottom <= SIZE.1 as i32, "{:?}", r.area);
+        assert_eq!((r.x_range, r.x_desc.as_str(), r.y_desc.as_str()), ((1.0, 50.0), "step", "loss"));
+        assert!(r.y_range.0 < 1.0 / 50.0 && r.y_range.1 > 1.0, "{:?}", r.y_range);
+        let names: Vec<&str> = r.lines.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["loss", "smoothed"]);
+        assert_eq!(r.lines[0].points.len(), 50);
+        assert_eq!((r.lines[0].points[0], r.lines[0].points[49]), ((1.0, 1.0), (50.0, 1.0 / 50.0)));
+        // The SVG's first data point (step 1, loss 1) lies where the readout maps it.
+        let x = left as f64 + (1.0 - r.x_range.0) / (r.x_range.1 - r.x_range.0) * (right - left) as f64;
+        let y = bottom as f64 - (1.0 - r.y_range.0) / (r.y_range.1 - r.y_range.0) * (bottom - top) as f64;
+        let line = (drawn.svg.split("<polyline").skip(1))
+            .find(|el| el.split("/>").next().unwrap().matches(',').count() == 50)
+            .unwrap();
+        let first = line.split("points=\"").nth(1).unwrap().split_whitespace().next().unwrap();
+        let (px, py) = first.split_once(',').unwrap();
+        let (px, py): (f64, f64) = (px.parse().unwrap(), py.parse().unwrap());
+        assert!((px - x).abs() <= 1.5 && (py - y).abs() <= 1.5, "drawn at ({px}, {py}), mapped to ({x}, {y})");
+        let noise = render_svg(Chart::NoiseLevel, &RunState::replay(&events), SIZE, Theme::Dark).unwrap().readout;
+        assert_eq!(noise.lines.len(), 2, "epoch 1 and the latest");
     }
 
     #[test]
@@ -532,7 +606,7 @@ mod tests {
     fn png_is_written() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("loss.png");
-        render_png(Chart::Loss, &run(20), SIZE, Theme::Light, &path).unwrap();
+        render_png(Chart::Loss, &RunState::replay(&run(20)), SIZE, Theme::Light, &path).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[1..4], b"PNG");
     }

@@ -18,6 +18,7 @@ pub mod lora;
 pub mod metrics;
 pub mod model;
 pub mod noise_levels;
+pub mod run_state;
 pub mod runtime;
 pub mod tensor_io;
 pub mod train;

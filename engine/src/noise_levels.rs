@@ -4,7 +4,8 @@
 //! set (turbo: its 8 timesteps) is bucketed by those; any other by 8 equal spans of
 //! [0, 1].
 
-use crate::events::{drop_redone, Event, SampleLoss};
+use crate::events::{Event, SampleLoss};
+use crate::run_state::RunState;
 
 /// Buckets when t is drawn from a continuous distribution.
 pub const SPANS: usize = 8;
@@ -35,20 +36,14 @@ pub struct LossByNoiseLevel {
 /// Buckets the per-sample losses of a replay. Steps a resumed run logged again
 /// replace the earlier ones, as in the other charts.
 pub fn loss_by_noise_level(events: &[Event]) -> LossByNoiseLevel {
-    let mut fixed: Option<Vec<f64>> = None;
-    let mut steps: Vec<(u64, u64, &[SampleLoss])> = Vec::new();
-    for event in events {
-        match event {
-            Event::RunStarted { timestep_levels, .. } => {
-                fixed = timestep_levels.as_ref().map(|l| l.iter().map(|&t| t as f64).collect());
-            }
-            Event::Step { step, epoch, samples, .. } => {
-                drop_redone(&mut steps, *step, |s| s.0);
-                steps.push((*step, *epoch, samples));
-            }
-            _ => {}
-        }
-    }
+    loss_by_noise_level_of(&RunState::replay(events))
+}
+
+/// Buckets the per-sample losses of the steps a run's state holds.
+pub fn loss_by_noise_level_of(state: &RunState) -> LossByNoiseLevel {
+    let fixed: Option<Vec<f64>> = state.timestep_levels().map(|l| l.iter().map(|&t| t as f64).collect());
+    let steps: Vec<(u64, u64, &[SampleLoss])> =
+        state.series().iter().map(|s| (s.step, s.epoch, s.samples.as_slice())).collect();
     let levels = match &fixed {
         Some(l) => {
             let mut l = l.clone();

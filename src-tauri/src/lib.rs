@@ -1,5 +1,5 @@
 //! Ostinato's desktop shell: tauri commands and the engine-event bridge. Thin by design:
-//! the training engine computes, this crate forwards (see bridge.rs).
+//! the training engine computes, this crate forwards (see bridge/).
 
 pub mod bridge;
 pub mod command_list;

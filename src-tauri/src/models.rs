@@ -11,7 +11,7 @@ use ostinato_engine::load::{
 };
 use serde_json::{json, Value};
 
-use crate::bridge::{BridgeError, EventSink};
+use crate::bridge::{BridgeError, EventSink, Outgoing};
 
 /// Name of the event every download event is forwarded under: the engine's
 /// `DownloadEvent` (`{"type": "progress", ...}`), then `cancelled` or `failed` (with
@@ -83,13 +83,15 @@ impl Models {
             .name("ostinato-download".into())
             .spawn(move || {
                 let downloader = Downloader { hub: &hub, cache: HubCache::new(cache), models_dir };
-                let mut forward = |e| sink.send(DOWNLOAD_EVENT, serde_json::to_value(&e).unwrap_or(Value::Null));
+                let mut forward = |e| sink.send(Outgoing::Download(&serde_json::to_value(&e).unwrap_or(Value::Null)));
                 let end = downloader.download(variant, &mut forward, &cancel);
                 *slot.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 match end {
                     Ok(_) => {}
-                    Err(ostinato_engine::Error::Cancelled) => sink.send(DOWNLOAD_EVENT, json!({"type": "cancelled"})),
-                    Err(e) => sink.send(DOWNLOAD_EVENT, json!({"type": "failed", "error": e.to_string()})),
+                    Err(ostinato_engine::Error::Cancelled) => {
+                        sink.send(Outgoing::Download(&json!({"type": "cancelled"})))
+                    }
+                    Err(e) => sink.send(Outgoing::Download(&json!({"type": "failed", "error": e.to_string()}))),
                 }
             })
             .map_err(|e| BridgeError::Io { context: "starting the download".into(), source: e })?;

@@ -2,17 +2,19 @@
 //! real IPC (de)serialization, no window.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 use tauri::ipc::{CallbackFn, InvokeBody};
 use tauri::test::{get_ipc_response, mock_builder, MockRuntime, INVOKE_KEY};
 use tauri::webview::InvokeRequest;
-use tauri::{App, WebviewWindow, WebviewWindowBuilder};
+use tauri::{App, Listener, WebviewWindow, WebviewWindowBuilder};
 
+use ostinato_app::bridge::{ENGINE_EVENT, RUN_EVENT};
 use ostinato_app::AppState;
 
 struct TestApp {
-    _app: App<MockRuntime>,
+    app: App<MockRuntime>,
     window: WebviewWindow<MockRuntime>,
 }
 
@@ -26,10 +28,22 @@ impl TestApp {
             .build(tauri::generate_context!(test = true))
             .expect("building the mock app");
         let window = WebviewWindowBuilder::new(&app, "main", Default::default()).build().expect("mock window");
-        TestApp { _app: app, window }
+        TestApp { app, window }
     }
 
     /// Invokes a command as the web view would; Ok(value) or Err(rejection).
+    /// Records the payloads of the app's `names` events, as the web view gets them.
+    fn record(&self, names: &[&'static str]) -> Arc<Mutex<Vec<(&'static str, Value)>>> {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        for &name in names {
+            let seen = seen.clone();
+            self.app.listen_any(name, move |e| {
+                seen.lock().unwrap().push((name, serde_json::from_str(e.payload()).expect("JSON payload")))
+            });
+        }
+        seen
+    }
+
     fn invoke(&self, cmd: &str, args: Value) -> Result<Value, Value> {
         get_ipc_response(
             &self.window,
@@ -240,6 +254,7 @@ fn scan_start_follow_and_export_a_demo_run() {
     s["preview_seconds"] = json!(1.0);
     s["preview_caption"] = json!("a test caption");
     app.invoke("save_settings", json!({ "settings": s })).unwrap();
+    let sent = app.record(&[ENGINE_EVENT, RUN_EVENT]);
     app.invoke("start_run", json!({})).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
     let state = loop {
@@ -272,6 +287,27 @@ fn scan_start_follow_and_export_a_demo_run() {
         events.iter().any(|e| e["type"] == "preview" && e["caption"] == "a test caption" && e["step"] == 0),
         "the base preview"
     );
+    // Each engine event reached the web view once, typed, in the order of the run's log;
+    // the run's views followed its preparation and ended with it.
+    let sent = std::mem::take(&mut *sent.lock().unwrap());
+    let forwarded: Vec<ostinato_engine::events::Event> = (sent.iter())
+        .filter(|(name, _)| *name == ENGINE_EVENT)
+        .map(|(_, e)| serde_json::from_value(e.clone()).expect("an engine event"))
+        .collect();
+    let log = ostinato_engine::events::read_events(&Path::new(run_dir.as_str().unwrap()).join("events.jsonl")).unwrap();
+    assert_eq!(forwarded, log);
+    let views: Vec<&Value> = sent.iter().filter(|(name, _)| *name == RUN_EVENT).map(|(_, v)| v).collect();
+    assert!(
+        views.iter().any(|v| v["preparing"]["total"].as_u64() > Some(0) && v["status"] == "running"),
+        "preparation shown"
+    );
+    let last = views.last().unwrap();
+    assert_eq!(
+        (&last["status"], &last["active"], &last["preparing"]),
+        (&json!("finished"), &json!(false), &Value::Null)
+    );
+    assert!(views.iter().all(|v| v.get("recent_events").is_none()), "views are light: no event history");
+
     let charts = app.invoke("run_charts", json!({"dir": run_dir})).unwrap();
     for chart in ["loss", "noise_levels", "throughput", "memory"] {
         assert!(charts[chart].as_str().unwrap().contains("<svg"), "{chart}");

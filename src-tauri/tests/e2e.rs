@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fantoccini::actions::{InputSource, MouseActions, PointerAction};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
@@ -347,6 +348,41 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     };
     wait_js_for(&c, &legend("chart-loss", "validation"), "the validation curve", ENGINE_WAIT).await;
     wait_js_for(&c, &legend("chart-noise-levels", "epoch 1"), "the noise-level chart", ENGINE_WAIT).await;
+    // Once training runs, the dataset line no longer says "Preparing".
+    assert!(!text(&c, "#dataset-summary").await.contains("Preparing"), "{}", text(&c, "#dataset-summary").await);
+
+    // The window at 1200 px: the status bar fits, with a run's device, step, times.
+    c.set_window_size(1200, 800).await.expect("resizing the window");
+    wait_js(&c, "return window.innerWidth === 1200", "the window at 1200 px").await;
+    let fits = "const b = document.querySelector('.statusbar'); return [b.scrollWidth, b.clientWidth]";
+    let (scroll, client) = match js(&c, fits).await.as_array().map(|a| (a[0].as_u64(), a[1].as_u64())) {
+        Some((Some(s), Some(w))) => (s, w),
+        other => panic!("status bar widths: {other:?}"),
+    };
+    eprintln!("e2e: status bar at 1200 px: content {scroll} px in {client} px");
+    assert!(scroll <= client, "the status bar overflows at 1200 px: {scroll} > {client}");
+
+    // Chart labels are legible at the window's size: the smallest text of the loss chart
+    // (its tick labels) is at least 9.5 px high on screen (about an 11 px font). Drawn at
+    // 720 px and shown at this width, as before, the same labels were about half that.
+    wait_js(&c, "return document.querySelector('#chart-loss svg text') !== null", "the loss chart's labels").await;
+    let smallest = "return Math.min(...[...document.querySelectorAll('#chart-loss svg text')].map(t => t.getBoundingClientRect().height).filter(h => h > 0))";
+    let smallest = js(&c, smallest).await.as_f64().unwrap();
+    eprintln!("e2e: smallest loss chart label {smallest:.1} px high");
+    assert!(smallest >= 9.5, "chart labels are {smallest:.1} px high at 1200 px");
+
+    // The pointer over the loss chart reads out the values under it.
+    let chart = c.find(Locator::Id("chart-loss")).await.unwrap();
+    let hover = MouseActions::new("mouse".into()).then(PointerAction::MoveToElement {
+        element: chart,
+        duration: None,
+        x: 20.0,
+        y: 0.0,
+    });
+    c.perform_actions(hover).await.expect("moving the pointer over the loss chart");
+    let readout = "const t = document.querySelector('#chart-loss ~ .chart-readout'); return !!t && !t.hidden && /^step \\d+ · loss \\S+ · smoothed /.test(t.textContent)";
+    wait_js(&c, readout, "the loss chart's read-out under the pointer").await;
+    eprintln!("e2e: read-out {:?}", text(&c, "#chart-loss ~ .chart-readout").await);
     screenshot(&c, "03-training.png").await;
 
     // Pause: the counter stops.
@@ -366,6 +402,10 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     c.find(Locator::Id("btn-stop")).await.unwrap().click().await.unwrap();
     let stopped = "return document.getElementById('run-status').dataset.status === 'stopped'";
     wait_js_for(&c, stopped, "stopped", ENGINE_WAIT).await;
+    // The run has ended: the dataset line is the folder's again, without a progress bar.
+    let summary = text(&c, "#dataset-summary").await;
+    assert!(!summary.contains("Preparing") && summary.contains("usable"), "{summary}");
+    assert!(!c.find(Locator::Id("dataset-progress")).await.unwrap().is_displayed().await.unwrap());
     let run = std::fs::read_dir(&runs).unwrap().next().unwrap().unwrap().path();
     assert!(run.join("final/adapter/adapter_model.safetensors").is_file());
     eprintln!("e2e: paused at step {paused_at}, stopped with {}", text(&c, "#sb-step").await);

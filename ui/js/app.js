@@ -1,21 +1,24 @@
 // Ostinato's web view. It never computes training numbers: it shows what the backend
 // says (get_state on load) and then follows its events:
-//   engine-event  every engine event ({type: "step" | "paused" | ...})
-//   run-state     the run's status view whenever it changes
+//   run-state     the run's view after every change: the engine's RunState (status,
+//                 preparation, latest step, ...) and what the user asked (pause, stop)
+//   engine-event  every engine event ({type: "step" | "paused" | ...}), for the activity list
 //   charts        fresh SVG charts from the engine's chart module (>= 2 Hz while running)
 
 import { invoke, listen, onDragDrop, errorText, available } from './api.js';
 import * as fmt from './format.js';
 import { setSvg } from './svg.js';
+import { followPointer } from './readout.js';
 import { setupModels, refreshModels } from './models.js';
 
 const $ = (id) => document.getElementById(id);
 
 const ui = {
   settings: null,      // as last saved by the backend
-  run: null,           // RunView
+  run: null,           // RunView (the latest run-state)
   dataset: null,       // DatasetView
-  stepAt: 0,           // performance.now() when the last step event arrived
+  stepAt: 0,           // performance.now() when the last step arrived
+  preparing: false,    // the dataset line shows the run's preparation
   runs: [],
   saveChain: Promise.resolve(),
 };
@@ -23,7 +26,6 @@ const ui = {
 // The charts the backend draws (keys of its Charts), in the order they are shown.
 const CHARTS = ['loss', 'noise_levels', 'throughput', 'memory'];
 
-const ACTIVE = new Set(['running', 'pausing', 'paused', 'stopping']);
 const STATUS_TEXT = {
   idle: 'Idle', running: 'Running', pausing: 'Pausing…', paused: 'Paused',
   stopping: 'Stopping…', stopped: 'Stopped', finished: 'Finished', failed: 'Failed',
@@ -233,36 +235,64 @@ function markFileProblem(file, reason) {
 
 // ---- runs -------------------------------------------------------------------------
 
+/** The status in the window's words: the engine's, or what the user asked and it has not yet done. */
+function shownStatus(run) {
+  if (!run) return 'idle';
+  if (run.requested === 'stop') return 'stopping';
+  if (run.requested === 'pause' && run.status === 'running') return 'pausing';
+  return run.status;
+}
+
+/** Shows a run view. Views arrive in the order the backend made them: the last one is the state. */
 function setRun(run) {
-  // Views are numbered as the backend made them; a command's reply can arrive after a
-  // later run-state event (Pause's "pausing" after "paused"), and must not undo it.
-  if (!run || run.revision < ui.run?.revision) return;
-  const prev = ui.run?.status;
+  if (!run) return;
+  const prev = ui.run;
   ui.run = run;
-  if (run.last_step && !ui.stepAt) ui.stepAt = performance.now();
+  if (run.last_step && run.last_step.elapsed_s !== prev?.last_step?.elapsed_s) ui.stepAt = performance.now();
   showRunStatus();
   showStep(run.last_step);
+  showPreparation();
   updateStatusBar();
-  if (prev && prev !== run.status && !ACTIVE.has(run.status)) refreshRuns();
-  if (run.status === 'failed' && run.error) say(`Run failed: ${run.error}`, { error: true, sticky: true });
+  if (prev?.active && !run.active) refreshRuns();
+  if (run.status === 'failed' && run.reason && prev?.status !== 'failed') say(`Run failed: ${run.reason}`, { error: true, sticky: true });
 }
 
 function showRunStatus() {
-  const status = ui.run?.status || 'idle';
+  const status = shownStatus(ui.run);
+  const active = Boolean(ui.run?.active);
   const pill = $('run-status');
   pill.dataset.status = status;
   pill.textContent = STATUS_TEXT[status] || status;
   document.body.dataset.runStatus = status;
-  $('btn-start').disabled = ACTIVE.has(status);
+  $('btn-start').disabled = active;
   $('btn-pause').disabled = status !== 'running';
   $('btn-resume').disabled = !(status === 'paused' || status === 'pausing');
-  $('btn-stop').disabled = !(status === 'running' || status === 'paused' || status === 'pausing');
+  $('btn-stop').disabled = !active || status === 'stopping';
   $('btn-pause').hidden = status === 'paused';
   $('btn-resume').hidden = status !== 'paused';
-  $('settings-fields').disabled = ACTIVE.has(status);
-  $('settings-hint').textContent = ACTIVE.has(status)
+  $('settings-fields').disabled = active;
+  $('settings-hint').textContent = active
     ? 'Settings apply to the next run.'
     : "Defaults follow ACE-Step's LoRA recipe.";
+}
+
+/** The dataset line follows the run: its preparation while that goes on, then the folder again. */
+function showPreparation() {
+  const p = ui.run?.active ? ui.run.preparing : null;
+  const bar = $('dataset-progress');
+  bar.hidden = !p;
+  if (p) {
+    bar.value = p.fraction;
+    const name = String(p.file).split(/[\\/]/).pop();
+    const encoded = p.seconds ? ` (${name}: ${Math.round(p.seconds[0])} of ${Math.round(p.seconds[1])} s encoded)` : '';
+    $('dataset-summary').textContent = `Preparing ${p.done} / ${p.total}${encoded}…`;
+    ui.preparing = true;
+  } else if (ui.preparing) {
+    ui.preparing = false;
+    const used = ui.run?.started?.dataset;
+    if (ui.dataset) showDataset(ui.dataset);
+    else $('dataset-summary').textContent = used ? `${used.usable} songs prepared` : '';
+  }
 }
 
 function showStep(ev) {
@@ -284,7 +314,9 @@ function updateStatusBar() {
   const started = ui.run?.started;
   const step = ui.run?.last_step;
   const s = ui.settings || {};
-  $('sb-device').textContent = `Device ${started?.device ?? '—'}`;
+  // The device's name; why it was chosen ("cpu (no GPU backend built)") on hover.
+  $('sb-device').textContent = `Device ${started ? started.device.split(' (')[0] : '—'}`;
+  $('sb-device').title = started ? started.device : 'Device';
   $('sb-precision').textContent = `Precision ${started?.precision ?? s.precision ?? '—'}`;
   const mem = started?.memory ?? { gradient_checkpointing: s.gradient_checkpointing, latent_cache: s.latent_cache };
   const onOff = (v) => (v ? 'on' : 'off');
@@ -293,43 +325,23 @@ function updateStatusBar() {
   tick();
 }
 
-/** Elapsed and ETA move between step events (2 Hz), from the last event's numbers. */
+/** Elapsed and ETA move between step events (2 Hz), from the last step's numbers. */
 function tick() {
   const step = ui.run?.last_step;
   const running = ui.run?.status === 'running';
   const since = running && ui.stepAt ? (performance.now() - ui.stepAt) / 1000 : 0;
   $('sb-elapsed').textContent = `Elapsed ${step ? fmt.duration(step.elapsed_s + since) : '—'}`;
   const eta = step?.eta_s;
-  $('sb-eta').textContent = `ETA ${eta != null && ACTIVE.has(ui.run?.status) ? fmt.duration(Math.max(0, eta - since)) : '—'}`;
+  $('sb-eta').textContent = `ETA ${eta != null && ui.run?.active ? fmt.duration(Math.max(0, eta - since)) : '—'}`;
 }
 
+/** An engine event in the activity list (the run's state comes with run-state). */
 function onEngineEvent(ev) {
   if (!ev || !ev.type) return;
-  const run = ui.run || (ui.run = { status: 'running' });
   switch (ev.type) {
     case 'run_started':
-      run.started = ev;
       activity(`Run started on ${ev.device} (${ev.precision})`);
-      updateStatusBar();
       break;
-    case 'step':
-      run.last_step = ev;
-      ui.stepAt = performance.now();
-      showStep(ev);
-      updateStatusBar();
-      break;
-    case 'dataset_progress': {
-      // Files done plus the encoded part of the current one (per-tile events carry seconds).
-      const tile = ev.seconds_total != null;
-      const part = tile && ev.seconds_total > 0 ? Math.min(ev.seconds_done / ev.seconds_total, 1) : 0;
-      const bar = $('dataset-progress');
-      bar.hidden = false;
-      bar.value = ev.total > 0 ? Math.min((ev.done + part) / ev.total, 1) : 1;
-      const name = String(ev.file).split(/[\\/]/).pop();
-      const encoded = tile ? ` (${name}: ${Math.round(ev.seconds_done)} of ${Math.round(ev.seconds_total)} s encoded)` : '';
-      $('dataset-summary').textContent = `Preparing ${ev.done} / ${ev.total}${encoded}…`;
-      break;
-    }
     case 'dataset_issue':
       // A warning is about a song that is still used: it stays marked usable.
       if (ev.kind === 'warning') {
@@ -365,16 +377,16 @@ function showCharts(charts, prefix = 'chart') {
     const el = $(`${prefix}-${key.replace('_', '-')}`);
     if (el && charts[key]) {
       setSvg(el, charts[key]);
+      el.readout = charts.readouts?.[key];
       el.dataset.updated = String(Date.now());
     }
   }
 }
 
+/** A run command. Its reply is not shown: the run-state events that follow it are. */
 async function command(name, args) {
   try {
-    const view = await invoke(name, args);
-    if (view && view.status) setRun(view);
-    return view;
+    return await invoke(name, args);
   } catch (e) {
     say(errorText(e), { error: true });
     return null;
@@ -439,7 +451,7 @@ async function refreshRuns() {
       box.append(b);
     };
     btn('Charts', 'run-charts', () => historyCharts(r));
-    btn('Resume', 'run-resume', () => command('resume_past_run', { dir: r.dir }), r.resumable && !ACTIVE.has(ui.run?.status));
+    btn('Resume', 'run-resume', () => command('resume_past_run', { dir: r.dir }), r.resumable && !ui.run?.active);
     btn('PEFT', 'export-peft', () => exportRun(r, 'peft'), !r.active);
     btn('ComfyUI', 'export-comfyui', () => exportRun(r, 'comfyui'), !r.active);
     btn('Merged', 'export-merged', () => exportRun(r, 'merged'), !r.active);
@@ -466,6 +478,7 @@ async function historyCharts(r) {
     div.innerHTML = '<p class="empty">Drawing…</p>';
     fig.append(cap, div);
     box.append(fig);
+    followPointer(div);
   }
   try {
     showCharts(await invoke('run_charts', { dir: r.dir }), 'history');
@@ -514,6 +527,7 @@ function showShortcuts() {
 
 function bindUi() {
   showShortcuts();
+  for (const chart of document.querySelectorAll('#panel-charts .chart')) followPointer(chart);
   $('btn-start').addEventListener('click', start);
   $('btn-pause').addEventListener('click', pause);
   $('btn-resume').addEventListener('click', resume);
@@ -525,7 +539,8 @@ function bindUi() {
     else if (mod && e.key === '.') { e.preventDefault(); stop(); }
     else if (e.key === ' ' && !mod && !isTyping(e.target) && !(e.target instanceof HTMLButtonElement)) {
       e.preventDefault();
-      if (ui.run?.status === 'running') pause(); else if (ui.run?.status === 'paused') resume();
+      const status = shownStatus(ui.run);
+      if (status === 'running') pause(); else if (status === 'paused') resume();
     }
   });
 

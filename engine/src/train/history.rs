@@ -8,22 +8,10 @@ use serde::Serialize;
 
 use super::lock;
 use super::state::list_checkpoints;
-use crate::events::{read_events, Event};
+use crate::events::read_events;
+use crate::run_state::RunState;
+pub use crate::run_state::RunStatus;
 use crate::{Error, Result};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RunStatus {
-    Running,
-    Paused,
-    Stopped,
-    Finished,
-    Failed,
-    /// The process ended without a final event (a crash or a kill): resumable.
-    Interrupted,
-    /// The event log cannot be read (`reason` says where): the status is unknown.
-    Damaged,
-}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSummary {
@@ -68,58 +56,40 @@ pub fn list_runs(runs_dir: &Path) -> Result<Vec<RunSummary>> {
 /// One run's summary; a log that cannot be read makes it `damaged`, not an error.
 pub fn summarise(dir: &Path) -> RunSummary {
     let log = dir.join("events.jsonl");
-    let mut s = RunSummary {
+    let events = if log.exists() { read_events(&log) } else { Ok(Vec::new()) };
+    let (state, damaged) = match events {
+        Ok(events) => (RunState::replay(&events), None),
+        Err(e) => (RunState::default(), Some(e.to_string())),
+    };
+    let told = if damaged.is_some() { RunStatus::Damaged } else { state.status };
+    let status = on_disk(told, is_live(dir));
+    RunSummary {
         name: dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         dir: dir.to_path_buf(),
-        status: RunStatus::Interrupted,
-        steps: 0,
-        total_steps: None,
-        last_loss: None,
+        status,
+        steps: state.steps,
+        total_steps: state.total_steps(),
+        last_loss: state.last_loss(),
         adapter: Some(dir.join("final/adapter")).filter(|p| p.is_dir()),
-        best_step: None,
-        best_loss: None,
-        resumable: false,
-        reason: None,
+        best_step: state.best.map(|b| b.0),
+        best_loss: state.best.map(|b| b.1),
+        resumable: !matches!(status, RunStatus::Running | RunStatus::Paused | RunStatus::Finished)
+            && has_checkpoint(dir),
+        reason: damaged.or(state.reason),
         updated_unix: modified_unix(&log).or_else(|| modified_unix(&dir.join("run.toml"))),
-    };
-    let events = if log.exists() { read_events(&log) } else { Ok(Vec::new()) };
-    match events {
-        Ok(events) => replay(&mut s, &events),
-        Err(e) => (s.status, s.reason) = (RunStatus::Damaged, Some(e.to_string())),
     }
-    let live = is_live(dir);
-    if live && !matches!(s.status, RunStatus::Paused) {
-        s.status = RunStatus::Running;
-    }
-    if !live && s.status == RunStatus::Paused {
-        // Paused, then the process went away (the app was quit): resumable as stopped.
-        s.status = RunStatus::Stopped;
-    }
-    s.resumable =
-        !matches!(s.status, RunStatus::Running | RunStatus::Paused | RunStatus::Finished) && has_checkpoint(dir);
-    s
 }
 
-/// The status, step counts and loss the events tell.
-fn replay(s: &mut RunSummary, events: &[Event]) {
-    for e in events {
-        match e {
-            Event::RunStarted { total_steps, .. } => {
-                s.total_steps = Some(*total_steps);
-                (s.status, s.reason) = (RunStatus::Interrupted, None);
-            }
-            Event::Step { step, loss, .. } => {
-                s.steps = *step;
-                s.last_loss = Some(*loss);
-            }
-            Event::Validation { step, loss, best: true } => (s.best_step, s.best_loss) = (Some(*step), Some(*loss)),
-            Event::Paused { .. } => s.status = RunStatus::Paused,
-            Event::Resumed { .. } => s.status = RunStatus::Interrupted,
-            Event::Stopped { step, .. } => (s.status, s.steps) = (RunStatus::Stopped, *step),
-            Event::Finished { steps, .. } => (s.status, s.steps) = (RunStatus::Finished, *steps),
-            Event::Failed { reason, .. } => (s.status, s.reason) = (RunStatus::Failed, Some(reason.clone())),
-            _ => {}
-        }
+/// The status its events tell, given whether a process trains the run now.
+fn on_disk(told: RunStatus, live: bool) -> RunStatus {
+    match (told, live) {
+        (RunStatus::Paused, true) => RunStatus::Paused,
+        (_, true) => RunStatus::Running,
+        // Paused, then the process went away (the app was quit): resumable as stopped.
+        (RunStatus::Paused, false) => RunStatus::Stopped,
+        // Begun and never ended, and no process has it: a crash or a kill.
+        (RunStatus::Idle | RunStatus::Running, false) => RunStatus::Interrupted,
+        (other, false) => other,
     }
 }
 
@@ -141,7 +111,7 @@ pub fn is_live(dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::EventLog;
+    use crate::events::{Event, EventLog};
 
     /// A run with a checkpoint at the last step of `events` (as every ended run has).
     fn run(runs: &Path, name: &str, events: &[Event]) -> PathBuf {
@@ -225,6 +195,30 @@ mod tests {
         checkpoint(&bare);
         let s = summarise(&bare);
         assert!(s.updated_unix.is_some() && s.resumable && s.status == RunStatus::Interrupted);
+    }
+
+    /// The summary is the run's `RunState` (status, steps, losses, best, failure) read
+    /// together with its files.
+    #[test]
+    fn a_summary_tells_what_the_run_state_of_its_log_tells() {
+        let tmp = tempfile::tempdir().unwrap();
+        let events = [
+            step(1, 0.9),
+            Event::Validation { step: 1, loss: 0.8, best: true },
+            step(2, 0.7),
+            Event::Validation { step: 2, loss: 0.85, best: false },
+            // Resumed from the checkpoint at step 1: step 2 again, then a failure.
+            step(2, 0.6),
+            Event::Failed { step: 2, reason: "out of memory".into() },
+        ];
+        let dir = run(tmp.path(), "resumed-then-failed", &events);
+        let s = summarise(&dir);
+        let state = RunState::replay(&events);
+        assert_eq!((s.status, s.steps, s.last_loss), (state.status, state.steps, state.last_loss()));
+        assert_eq!((s.status, s.steps, s.last_loss), (RunStatus::Failed, 2, Some(0.6)));
+        assert_eq!((s.best_step, s.best_loss), (Some(1), Some(0.8)));
+        assert_eq!(s.reason.as_deref(), Some("out of memory"));
+        assert!(s.resumable);
     }
 
     #[test]

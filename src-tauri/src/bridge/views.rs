@@ -1,0 +1,122 @@
+//! What the web view sees: the values commands return and events carry, serialized as-is.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use ostinato_engine::charts::Readout;
+use ostinato_engine::events::Event;
+use ostinato_engine::run_state::RunState;
+pub use ostinato_engine::train::history::RunSummary;
+use serde::{Deserialize, Serialize};
+
+use crate::settings::Settings;
+
+/// One file of the dataset, as the files table shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileRow {
+    /// Path relative to the dataset folder.
+    pub name: String,
+    pub duration_s: Option<f64>,
+    pub has_caption: bool,
+    pub has_lyrics: bool,
+    /// "ok", "cached" or "bad".
+    pub status: String,
+    /// For a bad file: what is wrong, in words ("cannot decode: ...", "too short: 0.4 s").
+    pub problem: Option<String>,
+}
+
+/// A scanned dataset folder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DatasetView {
+    pub path: PathBuf,
+    pub files: Vec<FileRow>,
+    pub total_duration_s: f64,
+    pub usable: usize,
+    pub bad: usize,
+}
+
+/// SVG documents rendered by the engine's chart module.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct Charts {
+    /// Loss, raw and smoothed.
+    pub loss: String,
+    /// Samples per second.
+    pub throughput: String,
+    /// Memory now and peak.
+    pub memory: String,
+    /// Mean loss by noise level (timestep), first epoch against the latest.
+    pub noise_levels: String,
+    /// Per chart (by the names above): where its points lie, for a value under the pointer.
+    pub readouts: BTreeMap<String, Readout>,
+}
+
+/// What the user asked of the run that the engine has not yet acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Request {
+    /// Pause: until the engine's `paused` (the step in flight finishes first).
+    Pause,
+    /// Stop: until the engine's `stopped` (it writes a checkpoint and an adapter first).
+    Stop,
+}
+
+/// The current (or last) run, as the Run panel and status bar show it: its state as the
+/// engine's events tell it (`status`, `started`, `preparing`, `last_step`, ...,
+/// flattened) and what the user asked that the engine has not yet done. Sent as a
+/// `run-state` event after everything that changes it, in the order it changed.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunView {
+    #[serde(flatten)]
+    pub state: RunState,
+    pub run_dir: Option<PathBuf>,
+    pub requested: Option<Request>,
+    /// The engine has the run (running or paused): Start waits, the settings apply to the next run.
+    pub active: bool,
+}
+
+/// The run as `get_state` gives it after a reload: its view and its recent events.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSnapshot {
+    #[serde(flatten)]
+    pub view: RunView,
+    /// The last [`RECENT_EVENTS`](super::RECENT_EVENTS) events, oldest first.
+    pub recent_events: Vec<Event>,
+}
+
+/// One run in the History panel: the engine's summary of it (name, dir, status, steps,
+/// last loss, final adapter, resumable, update time), flattened, and whether it is the run
+/// this app is training now (then the panel shows it as "active", not resumable).
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryEntry {
+    #[serde(flatten)]
+    pub summary: RunSummary,
+    /// The run this app is training now (running or paused).
+    pub active: bool,
+}
+
+pub use ostinato_engine::export::ExportFormat;
+
+/// The engine's memory prediction for the saved settings, shown before Start.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryView {
+    /// "predicted peak 3.1 of 19.8 GB (RAM available)".
+    pub summary: String,
+    pub fits: bool,
+    /// What fitting to this machine changed, in words.
+    pub changes: Vec<String>,
+    /// Why the run would not start, and what to change.
+    pub problem: Option<String>,
+}
+
+/// Everything the UI needs on load (after which it follows events).
+#[derive(Debug, Clone, Serialize)]
+pub struct StateView {
+    pub settings: Settings,
+    pub dataset: Option<DatasetView>,
+    pub run: RunSnapshot,
+    pub charts: Option<Charts>,
+    pub runs_dir: PathBuf,
+    pub config_dir: PathBuf,
+    pub notice: Option<String>,
+    pub version: &'static str,
+}
