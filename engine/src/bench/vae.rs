@@ -13,6 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::cancel::Cancel;
 use crate::codec::vae::{OobleckDecoder, OobleckEncoder, RandomVaeTensors, VaeConfig, TILE_FRAMES};
+use crate::kernels::conv_profile;
+pub use crate::kernels::conv_profile::LayerTime;
+use crate::kernels::conv_tile::Micro;
 use crate::{heap, metrics, Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,6 +141,17 @@ pub struct VaeBenchReport {
     /// The most heap bytes live at once during the runs minus those live before them
     /// (None unless the binary counts its heap).
     pub activation_heap_bytes: Option<u64>,
+    /// The timed passes' convolution time per geometry, slowest first (the CPU
+    /// kernels only: empty on other devices).
+    #[serde(default)]
+    pub layers: Vec<LayerTime>,
+    /// The CPU's f32 peak for `threads` cores, measured (one core's best FMA-loop rate
+    /// on the conv tile's vectors x threads; None off the CPU).
+    #[serde(default)]
+    pub peak_gflop_per_s: Option<f64>,
+    /// Which register tile the CPU convs ran (`avx512`, `avx2`, `portable`).
+    #[serde(default)]
+    pub conv_tile: Option<String>,
 }
 
 /// Builds the encoder or decoder with random weights on `device`, a seeded input of
@@ -169,6 +183,9 @@ pub fn run_vae(preset: VaePreset, warmup: usize, runs: usize, device: &Device) -
     heap::reset_peak();
     let (mut times, mut cpu) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
     for i in 0..warmup + runs {
+        if i == warmup {
+            conv_profile::start();
+        }
         let (start, cpu_start) = (Instant::now(), metrics::process_cpu_seconds());
         pass()?;
         device.synchronize()?;
@@ -179,13 +196,17 @@ pub fn run_vae(preset: VaePreset, warmup: usize, runs: usize, device: &Device) -
             }
         }
     }
+    let layers = conv_profile::stop();
+    let threads = candle_core::utils::get_num_threads();
+    let tile = device.is_cpu().then(Micro::best);
+    let peak_gflop_per_s = tile.map(|m| m.peak_gflop_per_s() * threads as f64);
     let median = super::median(&times);
     let cpu_s_per_step = (cpu.len() == runs).then(|| super::median(&cpu));
     let peak = metrics::peak_rss_bytes().unwrap_or(0);
     Ok(VaeBenchReport {
         preset: preset.name().to_string(),
         device: super::device_name(device).to_string(),
-        threads: candle_core::utils::get_num_threads(),
+        threads,
         seconds_of_audio: preset.seconds(),
         tile_frames,
         warmup,
@@ -200,19 +221,42 @@ pub fn run_vae(preset: VaePreset, warmup: usize, runs: usize, device: &Device) -
         model_rss_bytes: baseline,
         activation_bytes: peak.saturating_sub(baseline),
         activation_heap_bytes: heap_baseline.zip(heap::peak_bytes()).map(|(base, peak)| peak.saturating_sub(base)),
+        layers,
+        peak_gflop_per_s,
+        conv_tile: tile.map(|m| m.name().to_string()),
     })
 }
 
 impl VaeBenchReport {
-    /// A small human-readable table.
+    /// A small human-readable table, then the time per conv geometry.
     pub fn table(&self) -> String {
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-        format!(
+        let total: f64 = self.runs_s.iter().sum();
+        let layers: String = self
+            .layers
+            .iter()
+            .map(|l| {
+                format!(
+                    "  {:<14} {:>4} -> {:<4} k{:<2} s{:<2} d{:<2} {:>8.2} s {:>5.1}% {:>7.1} GFLOP/s\n",
+                    l.kind,
+                    l.cin,
+                    l.cout,
+                    l.k,
+                    l.stride,
+                    l.dilation,
+                    l.seconds,
+                    100.0 * l.seconds / total.max(1e-12),
+                    l.gflop_per_s(),
+                )
+            })
+            .collect();
+        let table = format!(
             "preset                  {}\n\
              device / threads        {} / {}\n\
              audio                   {} s, tiles of {} latent frames\n\
              median s                {:.3} (over {} runs after {} warm-up)\n\
              conv GFLOP, GFLOP/s     {:.1}, {:.1} ({} per CPU second)\n\
+             measured peak           {}\n\
              realtime factor         {:.2}x\n\
              peak RSS                {:.1} MiB\n\
              weights + input RSS     {:.1} MiB\n\
@@ -228,12 +272,22 @@ impl VaeBenchReport {
             self.gflop,
             self.gflop_per_s,
             self.gflop_per_cpu_s.map_or("n/a".into(), |g| format!("{g:.1}")),
+            self.peak_gflop_per_s.map_or("n/a".into(), |p| format!(
+                "{p:.0} GFLOP/s for {} threads ({:.0}% reached, {} tile)",
+                self.threads,
+                100.0 * self.gflop_per_s / p,
+                self.conv_tile.as_deref().unwrap_or("?")
+            )),
             self.realtime_factor,
             mib(self.peak_rss_bytes),
             mib(self.model_rss_bytes),
             mib(self.activation_bytes),
             self.activation_heap_bytes.map_or("not counted".into(), |b| format!("{:.1} MiB", mib(b))),
-        )
+        );
+        match layers.is_empty() {
+            true => table,
+            false => format!("{table}conv time per geometry (of all timed passes):\n{layers}"),
+        }
     }
 }
 

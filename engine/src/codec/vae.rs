@@ -572,9 +572,9 @@ pub struct OobleckDecoder {
 
 /// Latent frames encoded or decoded in one tile (10 s at 25 Hz), plus the receptive
 /// field's overlap on each side; longer songs go tile by tile. At ACE-Step's config
-/// the largest activation (128 channels at 48 kHz) is about 1 MB per frame and the CPU
-/// kernels keep three of them alive: (250 + 2 * 15) frames * 3 MB ~ 0.85 GB above the
-/// weights, whatever the song's length.
+/// the largest activation (128 channels at 48 kHz) is about 1 MB per frame; the CPU
+/// kernels keep at most two of them alive (a residual unit's input and its output):
+/// (250 + 2 * 15) frames * 2 MB ~ 0.55 GB above the weights, whatever the song's length.
 pub const TILE_FRAMES: usize = 250;
 
 impl OobleckDecoder {

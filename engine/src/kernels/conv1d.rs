@@ -1,23 +1,57 @@
 //! Direct 1-D convolutions on the CPU (f32), for the Oobleck VAE.
 //!
-//! A convolution with k taps is k accumulating GEMMs, `out += W_j X_j`, where `W_j` is
-//! tap j of the weight `[out, in, k]` (a strided view, nothing copied) and `X_j` is a
-//! time-shifted view of the padded input (shift j * dilation, columns `stride` apart: a
-//! strided conv reads its polyphase component in place). im2col's k-fold copy of the
-//! input never exists; the copies are the padded input (Snake, which always comes
-//! right before a convolution in this model, is applied while it is written) and, per
-//! thread, one L2-sized block of it at a time (see [`accumulate`]).
+//! Every convolution here is one reduction of length (input rows) x (taps) per output
+//! element, computed by the register tile of [`super::conv_tile`]: the packed weight
+//! is its A operand, and a panel of input rows its B operand, read in place with each
+//! tap j a shift of j * dilation along the row. No im2col copy exists; the only copies
+//! are the panels, one per thread at a time (a chunk of columns plus the taps' reach,
+//! with the padding's zeros and the Snake that always precedes a conv in this model
+//! written in as it is filled), and the packed weight.
 //!
-//! A transposed conv with k = 2s and stride s writes each output phase r (samples
-//! `t ≡ r - p mod s`) from two taps: `W_r^T x[q] + W_{r+s}^T x[q-1]`, two GEMMs into a
-//! view whose columns are s apart.
+//! - A strided conv (k = 2s, stride s) is a stride-1 conv over the input's s polyphase
+//!   rows (`x[c, q s + r]` as row (c, r)) with ceil(k / s) taps: the panel is filled
+//!   from the phases, the weight packed to match.
+//! - A transposed conv (k = 2s, stride s) is a stride-1 conv with two taps whose s * cout
+//!   output rows are the output's phases: row (r, o), column q lands at `q s + r - p`.
+//! - The residual unit runs both of its convs chunk by chunk: conv1's output for one
+//!   chunk of columns (and snake2 on it) stays in the thread's cache for the 1x1 conv2,
+//!   which writes `x + conv2(...)` straight into the result; no full-length
+//!   intermediate exists.
 //!
-//! Signals are row-major `[channels, len]`. Other devices keep candle's conv path.
+//! Threads take chunks of output columns (time), so each owns its panel and writes
+//! columns no other thread writes. Signals are row-major `[channels, len]`. Other
+//! devices keep candle's conv path.
+//! Direct 1-D convolutions on the CPU (f32), for the Oobleck VAE.
+//!
+//! Every convolution here is one reduction of length (input rows) x (taps) per output
+//! element, computed by the register tile of [`super::conv_tile`]: the packed weight
+//! is its A operand, and a panel of input rows its B operand, read in place with each
+//! tap j a shift of j * dilation along the row. No im2col copy exists; the only copies
+//! are the panels, one per thread at a time (a chunk of columns plus the taps' reach,
+//! with the padding's zeros and the Snake that always precedes a conv in this model
+//! written in as it is filled), and the packed weight.
+//!
+//! - A strided conv (k = 2s, stride s) is a stride-1 conv over the input's s polyphase
+//!   rows (`x[c, q s + r]` as row (c, r)) with ceil(k / s) taps: the panel is filled
+//!   from the phases, the weight packed to match.
+//! - A transposed conv (k = 2s, stride s) is a stride-1 conv with two taps whose s * cout
+//!   output rows are the output's phases: row (o, r), column q lands at `q s + r - p`.
+//! - The residual unit runs both of its convs chunk by chunk: conv1's output for one
+//!   chunk of columns (and snake2 on it) stays in the thread's cache for the 1x1 conv2,
+//!   which writes `x + conv2(...)` straight into the result; no full-length
+//!   intermediate exists.
+//!
+//! Threads take chunks of output columns (time), so each owns its panel and writes
+//! columns no other thread writes. Signals are row-major `[channels, len]`. Other
+//! devices keep candle's conv path.
+
+use std::marker::PhantomData;
 
 use rayon::prelude::*;
 
-use crate::kernels::cpu_gemm::{matmul_into_strided, Mat, Threads};
-use crate::kernels::simd;
+use super::conv_profile;
+use super::conv_tile::Micro;
+use super::simd;
 
 /// Snake's per-channel parameters as the model folds them: `e^alpha` and
 /// `1 / (e^beta + 1e-9)`.
@@ -45,123 +79,240 @@ impl Conv<'_> {
     pub fn out_len(&self, len: usize) -> usize {
         (len + 2 * self.padding).saturating_sub(self.dilation * (self.k - 1) + 1) / self.stride + 1
     }
-}
 
-/// Applies Snake to each channel row of `x` (rows of `len`) in place.
-pub(crate) fn snake_in_place(x: &mut [f32], len: usize, snake: Snake) {
-    x.par_chunks_mut(len.max(1))
-        .enumerate()
-        .for_each(|(c, row)| simd::snake_row(row, snake.alpha[c], snake.inv_beta[c]));
-}
-
-/// `snake(x)` (or `x`) `[channels, len]` with `left` and `right` zeros around each row.
-fn padded(x: &[f32], len: usize, left: usize, right: usize, snake: Option<Snake>) -> Vec<f32> {
-    let width = left + len + right;
-    let channels = x.len() / len.max(1);
-    let mut out = vec![0f32; channels * width];
-    out.par_chunks_mut(width.max(1)).enumerate().for_each(|(c, row)| {
-        let body = &mut row[left..left + len];
-        body.copy_from_slice(&x[c * len..(c + 1) * len]);
-        if let Some(s) = snake {
-            simd::snake_row(body, s.alpha[c], s.inv_beta[c]);
-        }
-    });
-    out
-}
-
-/// `[rows, len]` filled with `bias[row]` (zeros without a bias).
-fn bias_rows(bias: Option<&[f32]>, rows: usize, len: usize) -> Vec<f32> {
-    let mut out = vec![0f32; rows * len];
-    if let Some(b) = bias {
-        out.par_chunks_mut(len.max(1)).zip(b).for_each(|(row, &b)| row.fill(b));
+    fn bias_at(&self, row: usize) -> f32 {
+        self.bias.map_or(0.0, |b| b[row])
     }
-    out
-}
 
-/// One tap of a convolution: its weight `[cout, cin]` (a view) and where it reads the
-/// input, `x[:, shift + t * stride]` for output column t.
-struct Tap<'a> {
-    weight: Mat<'a>,
-    shift: usize,
-}
+    /// Panel rows per input channel: the stride's polyphase components.
+    fn phases(&self) -> usize {
+        assert!(self.stride == 1 || self.dilation == 1, "conv1d: a strided conv must not be dilated");
+        self.stride
+    }
 
-/// Where the output columns go: `cols` columns of `out` (rows `rs` apart), column t
-/// at `offset + t * cs`.
-#[derive(Clone, Copy)]
-struct Columns {
-    offset: usize,
-    cols: usize,
-    rs: usize,
-    cs: usize,
-}
-
-/// `out += sum over taps of W_tap X_tap`, X_tap the strided, shifted view of `x [cin,
-/// width]`. The output's rows are split between the threads; each goes along time in
-/// blocks of `BLOCK_COLS` columns and first copies the input block all taps read into a
-/// compact buffer: the GEMM reads that operand in place (it packs only the weight),
-/// and straight from a long signal its rows would lie a whole signal apart.
-fn accumulate(out: &mut [f32], dst: Columns, x: &[f32], width: usize, stride: usize, taps: &[Tap]) {
-    let (cout, cin) = (taps[0].weight.rows, taps[0].weight.cols);
-    let reach = taps.iter().map(|t| t.shift).max().unwrap_or(0);
-    let span = (BLOCK_COLS - 1) * stride + reach + 1;
-    let rows_per = cout.div_ceil(rayon::current_num_threads().max(1));
-    out.par_chunks_mut((rows_per * dst.rs).max(1)).enumerate().for_each(|(part, out)| {
-        let rows = out.len() / dst.rs.max(1);
-        let mut block = vec![0f32; cin * span];
-        for t0 in (0..dst.cols).step_by(BLOCK_COLS) {
-            let cols = BLOCK_COLS.min(dst.cols - t0);
-            let used = (cols - 1) * stride + reach + 1;
-            for (c, row) in block.chunks_exact_mut(span).enumerate() {
-                row[..used].copy_from_slice(&x[c * width + t0 * stride..][..used]);
+    /// The weight packed for `m`: panel row (c, r) (phase r of channel c), tap j is the
+    /// conv's tap `j * stride + r` (zero past k).
+    fn packed(&self, m: &Micro) -> Packed {
+        let s = self.phases();
+        let (cin, k) = (self.cin, self.k);
+        let taps = (k.div_ceil(s), if s == 1 { self.dilation } else { 1 });
+        Packed::new(m, self.cout, cin * s, taps, |row, out| {
+            let w = &self.weight[row * cin * k..(row + 1) * cin * k];
+            if s == 1 {
+                return out.copy_from_slice(w);
             }
-            for tap in taps {
-                let w = tap.weight.row_range(part * rows_per, rows);
-                let xb = Mat { data: &block, offset: tap.shift, rows: cin, cols, rs: span, cs: stride };
-                matmul_into_strided(out, dst.offset + t0 * dst.cs, (dst.rs, dst.cs), w, xb, true, Threads::Calling);
+            for (p, out) in out.chunks_exact_mut(taps.0).enumerate() {
+                let (c, r) = (p / s, p % s);
+                for (j, out) in out.iter_mut().enumerate() {
+                    *out = w[c * k..(c + 1) * k].get(j * s + r).copied().unwrap_or(0.0);
+                }
+            }
+        })
+    }
+
+    /// The panel source of input `x [cin, len]`.
+    fn source<'a>(&self, x: &'a [f32], len: usize, snake: Option<Snake<'a>>) -> Source<'a> {
+        Source { x, len, phases: self.phases(), pad: self.padding, snake }
+    }
+}
+
+/// A weight as [`Micro::tile`] reads it: for each block of `mr` output rows, `[rows *
+/// k][mr]` (panel row, tap, row in the block; rows past the end are zero).
+struct Packed {
+    data: Vec<f32>,
+    panel_rows: usize,
+    /// (taps, dilation)
+    taps: (usize, usize),
+}
+
+impl Packed {
+    /// `row(r, k)` writes output row r's weights in the order the panel is read:
+    /// `k[p * taps + j]` for panel row p, tap j.
+    fn new(
+        m: &Micro,
+        out_rows: usize,
+        panel_rows: usize,
+        taps: (usize, usize),
+        row: impl Fn(usize, &mut [f32]) + Sync,
+    ) -> Self {
+        let depth = panel_rows * taps.0;
+        let mut data = vec![0f32; out_rows.div_ceil(m.mr) * depth * m.mr];
+        data.par_chunks_mut((depth * m.mr).max(1)).enumerate().for_each_init(
+            || vec![0f32; depth],
+            |k, (b, a)| {
+                for (i, r) in (b * m.mr..out_rows.min((b + 1) * m.mr)).enumerate() {
+                    row(r, k);
+                    for (a, &w) in a[i..].iter_mut().step_by(m.mr).zip(k.iter()) {
+                        *a = w;
+                    }
+                }
+            },
+        );
+        Self { data, panel_rows, taps }
+    }
+
+    /// Columns of the input past a chunk's last column that its taps read.
+    fn reach(&self) -> usize {
+        (self.taps.0 - 1) * self.taps.1
+    }
+
+    /// `emit(first row, first column, tile)` for each `mr x nr` tile of the product
+    /// over `cols` columns of `panel` (rows `width` apart, `reach` more columns readable).
+    fn tiles(
+        &self,
+        m: &Micro,
+        panel: &[f32],
+        width: usize,
+        cols: usize,
+        acc: &mut [f32],
+        mut emit: impl FnMut(usize, usize, &[f32]),
+    ) {
+        let block = self.panel_rows * self.taps.0 * m.mr;
+        for c0 in (0..cols).step_by(m.nr) {
+            for (b, a) in self.data.chunks_exact(block).enumerate() {
+                m.tile(a, &panel[c0..], width, self.panel_rows, self.taps, acc);
+                emit(b * m.mr, c0, acc);
             }
         }
-    });
+    }
 }
 
-/// Output columns per block: the block of the output and the input it reads stay in
-/// L2 while all taps accumulate into it.
-const BLOCK_COLS: usize = 512;
+/// Where a panel's rows come from: row p is phase `p % phases` of channel `p / phases`
+/// of `x [c, len]`, i.e. its column u of a chunk starting at output column t0 is
+/// sample `(t0 + u) phases + p % phases - pad` (zero outside the signal), Snake applied.
+struct Source<'a> {
+    x: &'a [f32],
+    len: usize,
+    phases: usize,
+    pad: usize,
+    snake: Option<Snake<'a>>,
+}
 
-/// `out [cout, n_out] += conv(xp)` over the already padded input `xp [cin, width]`.
-fn accumulate_taps(out: &mut [f32], n_out: usize, xp: &[f32], width: usize, conv: &Conv) {
-    let taps: Vec<Tap> = (0..conv.k)
-        .map(|j| Tap {
-            weight: Mat {
-                data: conv.weight,
-                offset: j,
-                rows: conv.cout,
-                cols: conv.cin,
-                rs: conv.cin * conv.k,
-                cs: conv.k,
-            },
-            shift: j * conv.dilation,
-        })
-        .collect();
-    accumulate(out, Columns { offset: 0, cols: n_out, rs: n_out, cs: 1 }, xp, width, conv.stride, &taps);
+impl Source<'_> {
+    fn rows(&self) -> usize {
+        self.x.len() / self.len.max(1) * self.phases
+    }
+
+    fn fill(&self, panel: &mut [f32], width: usize, t0: usize) {
+        for (p, row) in panel.chunks_exact_mut(width).enumerate() {
+            let (c, r) = (p / self.phases, p % self.phases);
+            let x = &self.x[c * self.len..(c + 1) * self.len];
+            // Column u reads sample i0 + u phases - pad.
+            let i0 = t0 * self.phases + r;
+            let lo = self.pad.saturating_sub(i0).div_ceil(self.phases).min(width);
+            let hi = (self.len + self.pad).saturating_sub(i0).div_ceil(self.phases).clamp(lo, width);
+            row[..lo].fill(0.0);
+            if hi > lo {
+                let from = &x[i0 + lo * self.phases - self.pad..];
+                if self.phases == 1 {
+                    row[lo..hi].copy_from_slice(&from[..hi - lo]);
+                } else {
+                    for (v, x) in row[lo..hi].iter_mut().zip(from.iter().step_by(self.phases)) {
+                        *v = *x;
+                    }
+                }
+            }
+            row[hi..].fill(0.0);
+            // Snake(0) = 0: the padding may go through it.
+            if let Some(s) = self.snake {
+                simd::snake_row(row, s.alpha[c], s.inv_beta[c]);
+            }
+        }
+    }
+}
+
+/// Output columns per chunk for a panel of `rows` rows: a multiple of `nr`, the panel
+/// about 256 KiB (in L2 with the packed weight's stream).
+fn chunk_cols(m: &Micro, rows: usize) -> usize {
+    m.nr * (65_536 / rows.max(1) / m.nr).clamp(1, 8)
+}
+
+/// An output the threads write at once, each only at positions no other thread
+/// touches (its own columns).
+struct Shared<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _out: PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: `Shared` hands out writes only through `write`, whose callers guarantee
+// that no two threads write the same position.
+unsafe impl Sync for Shared<'_> {}
+
+impl<'a> Shared<'a> {
+    fn new(out: &'a mut [f32]) -> Self {
+        Self { ptr: out.as_mut_ptr(), len: out.len(), _out: PhantomData }
+    }
+
+    /// `out[start..start + n]` for one thread to write.
+    ///
+    /// # Safety
+    /// No other thread reads or writes those positions while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn part(&self, start: usize, n: usize) -> &mut [f32] {
+        assert!(start + n <= self.len, "conv1d: write past the output");
+        std::slice::from_raw_parts_mut(self.ptr.add(start), n)
+    }
+}
+
+/// Runs `src` through `w` chunk by chunk over output columns `0..cols` on the thread
+/// pool; `emit(out, chunk start, tile row, tile column in the chunk, valid columns,
+/// tile)` stores each tile.
+fn convolve(
+    m: &Micro,
+    src: &Source,
+    w: &Packed,
+    cols: usize,
+    emit: impl Fn(usize, usize, usize, usize, &[f32]) + Sync,
+) {
+    if cols == 0 {
+        return;
+    }
+    assert_eq!(src.rows(), w.panel_rows, "conv1d: input rows and weight differ");
+    let chunk = chunk_cols(m, w.panel_rows);
+    let width = chunk + w.reach();
+    (0..cols.div_ceil(chunk)).into_par_iter().for_each_init(
+        || (vec![0f32; w.panel_rows * width], vec![0f32; m.mr * m.nr]),
+        |(panel, acc), ci| {
+            let t0 = ci * chunk;
+            let n = chunk.min(cols - t0);
+            src.fill(panel, width, t0);
+            w.tiles(m, panel, width, n, acc, |row0, c0, tile| emit(t0, row0, c0, m.nr.min(n - c0), tile));
+        },
+    );
 }
 
 /// `conv(snake(x))` (or `conv(x)`) of `x [cin, len]`: `([cout, n_out], n_out)`.
 pub(crate) fn conv1d(x: &[f32], len: usize, conv: &Conv, snake: Option<Snake>) -> (Vec<f32>, usize) {
+    let since = conv_profile::clock();
+    let (out, n_out) = conv1d_on(&Micro::best(), x, len, conv, snake);
+    let geometry = (conv.cin, conv.cout, conv.k, conv.stride, conv.dilation);
+    conv_profile::record(since, "conv", geometry, n_out, conv.cin * conv.cout * conv.k);
+    (out, n_out)
+}
+
+fn conv1d_on(m: &Micro, x: &[f32], len: usize, conv: &Conv, snake: Option<Snake>) -> (Vec<f32>, usize) {
     let n_out = conv.out_len(len);
-    let mut out = bias_rows(conv.bias, conv.cout, n_out);
-    if conv.k == 1 && conv.padding == 0 && conv.stride == 1 && snake.is_none() {
-        accumulate_taps(&mut out, n_out, x, len, conv);
-    } else {
-        let xp = padded(x, len, conv.padding, conv.padding, snake);
-        accumulate_taps(&mut out, n_out, &xp, len + 2 * conv.padding, conv);
-    }
+    let mut out = vec![0f32; conv.cout * n_out];
+    let w = conv.packed(m);
+    let shared = Shared::new(&mut out);
+    convolve(m, &conv.source(x, len, snake), &w, n_out, |t0, row0, c0, cols, tile| {
+        for (i, row) in (row0..conv.cout.min(row0 + m.mr)).enumerate() {
+            let b = conv.bias_at(row);
+            // SAFETY: columns t0 + c0.. of this chunk belong to this thread.
+            let out = unsafe { shared.part(row * n_out + t0 + c0, cols) };
+            for (o, v) in out.iter_mut().zip(&tile[i * m.nr..]) {
+                *o = v + b;
+            }
+        }
+    });
     (out, n_out)
 }
 
 /// Oobleck's residual unit `x + conv2(snake2(conv1(snake1(x))))` of `x [c, len]`,
-/// both convs length-preserving, conv2 1x1. At most three signals of x's size are
-/// alive at once: x, the padded snake1(x) and conv1's output (which snake2 then
-/// overwrites); conv2 accumulates straight into a copy of x.
+/// both convs length-preserving, conv2 1x1. Chunk by chunk: conv1's output for the
+/// chunk's columns goes through snake2 and conv2 while in cache; only x and the
+/// result exist at full length.
 pub(crate) fn residual_unit(
     x: &[f32],
     len: usize,
@@ -170,13 +321,59 @@ pub(crate) fn residual_unit(
     snake2: Snake,
     conv2: &Conv,
 ) -> Vec<f32> {
-    let (mut h, _) = conv1d(x, len, conv1, Some(snake1));
-    snake_in_place(&mut h, len, snake2);
-    let mut out = x.to_vec();
-    if let Some(b) = conv2.bias {
-        out.par_chunks_mut(len.max(1)).zip(b).for_each(|(row, &b)| row.iter_mut().for_each(|v| *v += b));
-    }
-    accumulate_taps(&mut out, len, &h, len, conv2);
+    let since = conv_profile::clock();
+    let out = residual_unit_on(&Micro::best(), x, len, (snake1, conv1), (snake2, conv2));
+    let (c, k) = (conv1.cout, conv1.k);
+    conv_profile::record(since, "residual unit", (c, c, k, 1, conv1.dilation), len, c * c * (k + 1));
+    out
+}
+
+fn residual_unit_on(
+    m: &Micro,
+    x: &[f32],
+    len: usize,
+    (snake1, conv1): (Snake, &Conv),
+    (snake2, conv2): (Snake, &Conv),
+) -> Vec<f32> {
+    let c = conv1.cout;
+    assert!(conv1.out_len(len) == len && conv2.k == 1 && conv1.cin == c && conv2.cin == c && conv2.cout == c);
+    let (w1, w2) = (conv1.packed(m), conv2.packed(m));
+    let src = conv1.source(x, len, Some(snake1));
+    let chunk = chunk_cols(m, c);
+    let width = chunk + w1.reach();
+    let mut out = vec![0f32; c * len];
+    let shared = Shared::new(&mut out);
+    (0..len.div_ceil(chunk)).into_par_iter().for_each_init(
+        || (vec![0f32; c * width], vec![0f32; c * chunk], vec![0f32; m.mr * m.nr]),
+        |(panel, h, acc), ci| {
+            let t0 = ci * chunk;
+            let n = chunk.min(len - t0);
+            src.fill(panel, width, t0);
+            w1.tiles(m, panel, width, n, acc, |row0, c0, tile| {
+                let cols = m.nr.min(n - c0);
+                for (i, row) in (row0..c.min(row0 + m.mr)).enumerate() {
+                    let b = conv1.bias_at(row);
+                    for (h, v) in h[row * chunk + c0..][..cols].iter_mut().zip(&tile[i * m.nr..]) {
+                        *h = v + b;
+                    }
+                }
+            });
+            for (row, h) in h.chunks_exact_mut(chunk).enumerate() {
+                simd::snake_row(&mut h[..n], snake2.alpha[row], snake2.inv_beta[row]);
+            }
+            w2.tiles(m, h, chunk, n, acc, |row0, c0, tile| {
+                let cols = m.nr.min(n - c0);
+                for (i, row) in (row0..c.min(row0 + m.mr)).enumerate() {
+                    let (b, at) = (conv2.bias_at(row), row * len + t0 + c0);
+                    // SAFETY: columns t0 + c0.. of this chunk belong to this thread.
+                    let out = unsafe { shared.part(at, cols) };
+                    for ((o, x), v) in out.iter_mut().zip(&x[at..]).zip(&tile[i * m.nr..]) {
+                        *o = x + (v + b);
+                    }
+                }
+            });
+        },
+    );
     out
 }
 
@@ -187,30 +384,61 @@ pub(crate) fn conv_transpose1d(
     len: usize,
     weight: &[f32],
     bias: &[f32],
+    shape: (usize, usize, usize),
+    snake: Option<Snake>,
+) -> Vec<f32> {
+    let since = conv_profile::clock();
+    let out = conv_transpose1d_on(&Micro::best(), x, len, (weight, bias), shape, snake);
+    let (cin, cout, s) = shape;
+    conv_profile::record(since, "transposed", (cin, cout, 2 * s, s, 1), len * s, cin * cout * 2);
+    out
+}
+
+fn conv_transpose1d_on(
+    m: &Micro,
+    x: &[f32],
+    len: usize,
+    (weight, bias): (&[f32], &[f32]),
     (cin, cout, s): (usize, usize, usize),
     snake: Option<Snake>,
 ) -> Vec<f32> {
     let (k, p, n_out) = (2 * s, s.div_ceil(2), len * s);
-    // One zero column either side: x[q] sits at column q + 1, x[-1] and x[len] are 0.
-    let width = len + 2;
-    let xp = padded(x, len, 1, 1, snake);
-    let mut out = bias_rows(Some(bias), cout, n_out);
     if n_out == 0 {
-        return out;
+        return Vec::new();
     }
-    for r in 0..s {
-        // Output t = q s + r - p for q in first..=last, inside [0, n_out).
-        let first = usize::from(r < p);
-        let last = (n_out - 1 + p - r) / s;
-        if last < first {
-            continue;
+    // Output row (o, r) at input column q is `W_r^T x[q] + W_{r+s}^T x[q-1]` for
+    // output sample `q s + r - p`: the panel holds x one column late (x[-1] = 0), tap
+    // 0 reads x[q-1], tap 1 x[q]; q runs to len, where x[len] = 0.
+    let w = Packed::new(m, s * cout, cin, (2, 1), |row, out| {
+        let (o, r) = (row / s, row % s);
+        for (c, out) in out.chunks_exact_mut(2).enumerate() {
+            let w = &weight[(c * cout + o) * k..][..k];
+            out.copy_from_slice(&[w[r + s], w[r]]);
         }
-        // W_tap^T [cout, cin]: element (o, c) of the weight at c cout k + o k + tap.
-        let w = |tap: usize| Mat { data: weight, offset: tap, rows: cout, cols: cin, rs: k, cs: cout * k };
-        let taps = [Tap { weight: w(r), shift: first + 1 }, Tap { weight: w(r + s), shift: first }];
-        let dst = Columns { offset: first * s + r - p, cols: last - first + 1, rs: n_out, cs: s };
-        accumulate(&mut out, dst, &xp, width, 1, &taps);
-    }
+    });
+    let src = Source { x, len, phases: 1, pad: 1, snake };
+    let mut out = vec![0f32; cout * n_out];
+    let shared = Shared::new(&mut out);
+    convolve(m, &src, &w, len + 1, |t0, row0, c0, cols, tile| {
+        for (i, row) in (row0..(s * cout).min(row0 + m.mr)).enumerate() {
+            let (o, r) = (row / s, row % s);
+            // Input column q lands at q s + r - p: the tile's columns inside [0, n_out).
+            let q0 = t0 + c0;
+            let first = (p.saturating_sub(r)).div_ceil(s).saturating_sub(q0).min(cols);
+            let end = (n_out + p - r).div_ceil(s).saturating_sub(q0).clamp(first, cols);
+            if first == end {
+                continue;
+            }
+            let b = bias[o];
+            let start = (q0 + first) * s + r - p;
+            // SAFETY: input columns t0 + c0.. of this chunk belong to this thread, and
+            // with them the output samples `q s + r - p`.
+            let out = unsafe { shared.part(o * n_out + start, (end - first - 1) * s + 1) };
+            for (dst, y) in out.iter_mut().step_by(s).zip(&tile[i * m.nr + first..i * m.nr + end]) {
+                *dst = y + b;
+            }
+        }
+    });
     out
 }
 
@@ -250,7 +478,19 @@ mod tests {
 
     #[test]
     fn convs_match_candles_im2col_path() {
-        let (cin, cout, len) = (5, 7, 181);
+        // Both lengths with every tile this CPU has: 1000 columns span several chunks.
+        for (m, len) in tiles_and_lengths(&[181, 1000]) {
+            convs_match_candle(&m, len);
+        }
+    }
+
+    /// Every register tile this CPU runs, with each length.
+    fn tiles_and_lengths(lens: &[usize]) -> Vec<(Micro, usize)> {
+        Micro::available().into_iter().flat_map(|m| lens.iter().map(move |&len| (m, len))).collect()
+    }
+
+    fn convs_match_candle(m: &Micro, len: usize) {
+        let (cin, cout) = (5, 7);
         let x = random(cin * len, 1);
         let (alpha, inv_beta) = snake_params(cin, 2);
         let snake = Snake { alpha: &alpha, inv_beta: &inv_beta };
@@ -276,17 +516,27 @@ mod tests {
                     .unwrap()
                     .broadcast_add(&tensor(&b, &[1, cout, 1]))
                     .unwrap();
-                let (got, n_out) = conv1d(&x, len, &conv, fused.then_some(snake));
+                let (got, n_out) = conv1d_on(m, &x, len, &conv, fused.then_some(snake));
                 assert_eq!(n_out, want.dim(2).unwrap());
                 let err = max_diff(&got, &want);
-                assert!(err < 1e-5, "k {k} stride {stride} dilation {dilation} snake {fused}: err {err}");
+                let tile = m.name();
+                assert!(
+                    err < 1e-5,
+                    "{tile} len {len} k {k} stride {stride} dilation {dilation} snake {fused}: err {err}"
+                );
             }
         }
     }
 
     #[test]
     fn residual_unit_matches_its_definition() {
-        let (c, len) = (6, 97);
+        for (m, len) in tiles_and_lengths(&[97, 1000]) {
+            residual_unit_matches(&m, len);
+        }
+    }
+
+    fn residual_unit_matches(m: &Micro, len: usize) {
+        let c = 6;
         let x = random(c * len, 5);
         let (a1, b1) = snake_params(c, 6);
         let (a2, b2) = snake_params(c, 8);
@@ -294,7 +544,7 @@ mod tests {
         let conv1 = Conv { weight: &w1, bias: Some(&bias1), cin: c, cout: c, k: 7, stride: 1, dilation: 3, padding: 9 };
         let conv2 = Conv { weight: &w2, bias: Some(&bias2), cin: c, cout: c, k: 1, stride: 1, dilation: 1, padding: 0 };
         let (s1, s2) = (Snake { alpha: &a1, inv_beta: &b1 }, Snake { alpha: &a2, inv_beta: &b2 });
-        let got = residual_unit(&x, len, s1, &conv1, s2, &conv2);
+        let got = residual_unit_on(m, &x, len, (s1, &conv1), (s2, &conv2));
         let xt = tensor(&x, &[1, c, len]);
         let h = candle_snake(&xt, s1)
             .conv1d(&tensor(&w1, &[c, c, 7]), 9, 1, 3, 1)
@@ -307,25 +557,31 @@ mod tests {
             .broadcast_add(&tensor(&bias2, &[1, c, 1]))
             .unwrap();
         let err = max_diff(&got, &(xt + y).unwrap());
-        assert!(err < 1e-5, "residual unit err {err}");
+        assert!(err < 1e-5, "{} len {len}: residual unit err {err}", m.name());
     }
 
     #[test]
     fn transposed_conv_matches_candles_col2im_path() {
-        let (cin, cout, len) = (6, 4, 53);
+        for (m, len) in tiles_and_lengths(&[53, 400]) {
+            transposed_conv_matches(&m, len);
+        }
+    }
+
+    fn transposed_conv_matches(m: &Micro, len: usize) {
+        let (cin, cout) = (6, 4);
         let x = random(cin * len, 20);
         let (alpha, inv_beta) = snake_params(cin, 21);
         let snake = Snake { alpha: &alpha, inv_beta: &inv_beta };
         for s in [2, 4, 6, 10] {
             let w = random(cin * cout * 2 * s, 22 + s as u64);
             let b = random(cout, 23);
-            let got = conv_transpose1d(&x, len, &w, &b, (cin, cout, s), Some(snake));
+            let got = conv_transpose1d_on(m, &x, len, (&w, &b), (cin, cout, s), Some(snake));
             let xt = candle_snake(&tensor(&x, &[1, cin, len]), snake);
             let full = xt.conv_transpose1d(&tensor(&w, &[cin, cout, 2 * s]), 0, 0, s, 1, 1).unwrap();
             let want =
                 full.narrow(2, s.div_ceil(2), len * s).unwrap().broadcast_add(&tensor(&b, &[1, cout, 1])).unwrap();
             let err = max_diff(&got, &want);
-            assert!(err < 1e-5, "stride {s}: err {err}");
+            assert!(err < 1e-5, "{} len {len} stride {s}: err {err}", m.name());
         }
     }
 }
