@@ -15,6 +15,7 @@ use ostinato_engine::device::Precision;
 use ostinato_engine::export::{ExportFormat, WhichAdapter};
 use ostinato_engine::generate::GenerateSpec;
 use ostinato_engine::load::source::ModelSource;
+use ostinato_engine::model::{AttentionScores, KernelPolicy, SlidingAttention};
 use ostinato_engine::runtime;
 use ostinato_engine::train::fit::Fit;
 use progress::Mode;
@@ -93,6 +94,19 @@ enum Command {
         /// Bench the CPU even where a GPU backend is available.
         #[arg(long)]
         cpu: bool,
+        /// The engine's CPU kernels (fused row ops, head split and merge, the one-node
+        /// MLP, attention's host kernels); off runs the ops Metal and CUDA run. DiT
+        /// training presets only, as the two below.
+        #[arg(long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+        cpu_kernels: bool,
+        /// Sliding-window layers: banded query blocks where they pay off, or the masked
+        /// full square.
+        #[arg(long, default_value = "banded", value_parser = parse_with::<SlidingAttention>)]
+        sliding: SlidingAttention,
+        /// What attention keeps for its backward: nothing past a size (recompute), or
+        /// its scores (keep).
+        #[arg(long, default_value = "recompute", value_parser = parse_with::<AttentionScores>)]
+        attention_scores: AttentionScores,
         #[arg(long)]
         json: bool,
     },
@@ -337,9 +351,28 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             };
             report::export(&run_dir, which, format, &to).map(|_| 0)
         }
-        Command::Bench { preset, gradient_checkpointing, layers, warmup, steps, cpu, json } => {
-            let spec =
-                report::BenchRequest { preset, checkpointing: gradient_checkpointing, layers, warmup, steps, cpu };
+        Command::Bench {
+            preset,
+            gradient_checkpointing,
+            layers,
+            warmup,
+            steps,
+            cpu,
+            cpu_kernels,
+            sliding,
+            attention_scores,
+            json,
+        } => {
+            let kernels = KernelPolicy { cpu_kernels, sliding, scores: attention_scores };
+            let spec = report::BenchRequest {
+                preset,
+                checkpointing: gradient_checkpointing,
+                kernels,
+                layers,
+                warmup,
+                steps,
+                cpu,
+            };
             report::bench(&spec, json).map(|_| 0)
         }
         Command::Inspect { model_dir } => report::inspect(&model_dir).map(|_| 0),

@@ -15,6 +15,7 @@ use ostinato_engine::load::folder::{LYRIC_TOKENS, TEXT_TOKENS};
 use ostinato_engine::load::footprint::{self, Workload};
 use ostinato_engine::load::source::ModelSource;
 use ostinato_engine::lora::LoraConfig;
+use ostinato_engine::model::KernelPolicy;
 use ostinato_engine::train::config::default_runs_dir;
 use ostinato_engine::train::fit::lora_parameters;
 use ostinato_engine::train::history::{list_runs, RunStatus};
@@ -157,10 +158,21 @@ pub fn preprocess(
 pub struct BenchRequest {
     pub preset: AnyPreset,
     pub checkpointing: bool,
+    /// The DiT's kernels (training presets only).
+    pub kernels: KernelPolicy,
     pub layers: Option<usize>,
     pub warmup: usize,
     pub steps: usize,
     pub cpu: bool,
+}
+
+/// Errs where `preset` does not take the kernel flags and they were changed.
+fn ensure_default_kernels(req: &BenchRequest, preset: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        req.kernels == KernelPolicy::cpu(),
+        "--cpu-kernels, --sliding and --attention-scores apply to the DiT training presets, not {preset}"
+    );
+    Ok(())
 }
 
 pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
@@ -172,6 +184,7 @@ pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
         AnyPreset::Dit(p) => p,
         AnyPreset::Vae(p) => {
             anyhow::ensure!(req.layers.is_none(), "--layers applies to the DiT presets, not {}", p.name());
+            ensure_default_kernels(req, p.name())?;
             let report = run_vae(p, req.warmup, req.steps, &selected.device)?;
             match json {
                 true => println!("{}", serde_json::to_string(&report)?),
@@ -187,16 +200,19 @@ pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
     let dtype = Precision::Auto.dtype(&selected.device);
     match preset {
         Preset::FullGenerate30s => {
+            ensure_default_kernels(req, preset.name())?;
             let report = generation::run_generation(&name, &spec)?;
             println!("{}", if json { serde_json::to_string(&report)? } else { serde_json::to_string_pretty(&report)? });
         }
         Preset::FullTrainPreview30s => {
+            ensure_default_kernels(req, preset.name())?;
             let report =
                 generation::run_training_preview(&name, &spec, req.checkpointing, req.steps, Preset::PREVIEW_FRAMES)?;
             println!("{}", if json { serde_json::to_string(&report)? } else { serde_json::to_string_pretty(&report)? });
         }
         _ => {
-            let report = run_spec(&name, &spec, req.checkpointing, req.warmup, req.steps, &selected.device, dtype)?;
+            let (device, kernels) = (&selected.device, req.kernels);
+            let report = run_spec(&name, &spec, req.checkpointing, kernels, req.warmup, req.steps, device, dtype)?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {

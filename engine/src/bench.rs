@@ -6,9 +6,9 @@
 //! in the same process would inherit the first one's peak. Run each configuration in its
 //! own process (`bench/interleave.py` alternates invocations A B A B).
 //!
-//! A step is what a training step does: noise a batch (flow matching), forward +
-//! backward (`grads::compute`, plain or checkpointed), clip the global norm to 1,
-//! AdamW update.
+//! A step is the training run's own (`train::step::Trainer`, [`trainer`]): turbo
+//! timesteps and noise (flow matching), forward + backward (plain or checkpointed),
+//! the non-finite guard, clipping the global norm to 1, the AdamW update.
 
 pub mod generation;
 pub mod vae;
@@ -21,12 +21,15 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::load::footprint::{self, Workload};
-use crate::lora::{LoraAdapter, LoraConfig, LoraMode};
-use crate::model::{DecoderWeights, DitConfig, DitModel, LayerType};
+use crate::lora::{LoraAdapter, LoraConfig};
+use crate::model::timesteps::TimestepSampling;
+use crate::model::{DecoderWeights, DitConfig, DitModel, KernelPolicy, LayerType};
 use crate::train::fit::lora_parameters;
-use crate::train::flow::{Batch, FlowBatch};
-use crate::train::grads;
-use crate::train::optim::{clip_grad_norm, AdamW, AdamWConfig};
+use crate::train::flow::Batch;
+use crate::train::loss_scale::{LossScaler, SkipCounter};
+use crate::train::optim::{AdamW, AdamWConfig};
+use crate::train::schedule::{LrSchedule, LrScheduler};
+use crate::train::step::{StepOutcome, StepSettings, Trainer};
 use crate::{heap, metrics};
 use crate::{Error, Result};
 
@@ -217,6 +220,8 @@ impl BenchSpec {
 pub struct BenchReport {
     pub preset: String,
     pub gradient_checkpointing: bool,
+    /// The model's kernels (`--cpu-kernels`, `--sliding`, `--attention-scores`).
+    pub kernels: KernelPolicy,
     pub device: String,
     pub dtype: String,
     pub frames: usize,
@@ -252,13 +257,15 @@ pub struct BenchReport {
     pub last_loss: f32,
 }
 
-/// Builds the model of `spec` (seeded random weights), adapter, optimizer and batch on
-/// `device`, runs `warmup` untimed then `steps` timed training steps. `name` labels the
-/// report (a preset's name, or one with its layer count changed).
+/// Builds the model of `spec` (seeded random weights, running `kernels`), adapter,
+/// optimizer and batch on `device`, runs `warmup` untimed then `steps` timed training
+/// steps. `name` labels the report (a preset's name, or one with its layer count changed).
+#[allow(clippy::too_many_arguments)]
 pub fn run_spec(
     name: &str,
     spec: &BenchSpec,
     checkpointing: bool,
+    kernels: KernelPolicy,
     warmup: usize,
     steps: usize,
     device: &Device,
@@ -273,38 +280,29 @@ pub fn run_spec(
     let heap_start = heap::live_bytes();
     heap::reset_peak();
     let weights = DecoderWeights::random(cfg, 0xBE_0C4, 0.02, dtype, device)?;
-    let model = DitModel::new(cfg, &weights)?;
+    let model = DitModel::new(cfg, &weights)?.with_kernels(kernels);
     drop(weights);
     let base_parameters = footprint::dit_parameters(cfg) as usize;
-    // B = 0 would train nothing; PEFT's init (B = 0) is fine, gradients reach A next step.
-    let adapter = LoraAdapter::new(spec.lora.clone(), &model, 7)?;
-    let lora_parameters = adapter.num_parameters();
-    let mut optimizer = AdamW::new(adapter.vars(), AdamWConfig::default())?;
+    let mut trainer = trainer(spec, model, checkpointing)?;
+    let lora_parameters = trainer.adapter.num_parameters();
     let batch = random_batch(spec, device)?;
     let baseline = metrics::process_rss_bytes().unwrap_or(0);
     let setup_peak = heap::peak_bytes();
     let heap_baseline = heap::live_bytes();
     heap::reset_peak();
 
-    // 2. Steps: noise -> forward/backward -> clip -> AdamW.
-    const TURBO_T: [f32; 8] = [1.0, 0.954_545_5, 0.9, 0.833_333_3, 0.75, 0.642_857_1, 0.5, 0.3];
-    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    // 2. Training steps on the batch.
     let mut times = Vec::with_capacity(steps);
     let (mut first_loss, mut last_loss) = (f32::NAN, f32::NAN);
     for i in 0..warmup + steps {
-        let t: Vec<f32> = (0..spec.batch).map(|b| TURBO_T[(i + b) % TURBO_T.len()]).collect();
         let start = Instant::now();
-        let flow = FlowBatch::new(&batch, &t, &mut rng)?;
-        let mode = LoraMode::Train { dropout_seed: i as u64 };
-        let mut g = grads::compute(&model, &adapter, &flow, mode, checkpointing, 1.0)?;
-        clip_grad_norm(&mut g.grads, 1.0)?;
-        optimizer.step(&g.grads, 1e-4)?;
+        let loss = train_step(&mut trainer, &batch)? as f32;
         device.synchronize()?;
         let elapsed = start.elapsed().as_secs_f64();
         if i == 0 {
-            first_loss = g.loss;
+            first_loss = loss;
         }
-        last_loss = g.loss;
+        last_loss = loss;
         if i >= warmup {
             times.push(elapsed);
         }
@@ -318,6 +316,7 @@ pub fn run_spec(
     Ok(BenchReport {
         preset: name.to_string(),
         gradient_checkpointing: checkpointing,
+        kernels,
         device: device_name(device).to_string(),
         dtype: format!("{dtype:?}").to_lowercase(),
         frames: spec.frames,
@@ -334,7 +333,7 @@ pub fn run_spec(
         activation_bytes: peak.saturating_sub(baseline),
         activation_heap_bytes,
         peak_heap_bytes,
-        predicted_peak_bytes: predicted_peak(spec, checkpointing, device, dtype),
+        predicted_peak_bytes: predicted_peak(spec, checkpointing, kernels.host(device, dtype), dtype),
         base_parameters,
         lora_parameters,
         first_loss,
@@ -342,15 +341,49 @@ pub fn run_spec(
     })
 }
 
-/// The footprint estimate's peak for `spec`.
-pub fn predicted_peak(spec: &BenchSpec, checkpointing: bool, device: &Device, dtype: DType) -> u64 {
+/// The training run's step on the bench's `model` (`train::step::Trainer`): LoRA
+/// `spec.lora` from a fixed seed, AdamW at a constant 1e-4, gradients clipped to norm 1,
+/// ACE-Step's turbo timesteps, no loss scaling.
+pub(crate) fn trainer(spec: &BenchSpec, model: DitModel, checkpointing: bool) -> Result<Trainer> {
+    // B = 0 would train nothing; PEFT's init (B = 0) is fine, gradients reach A next step.
+    let adapter = LoraAdapter::new(spec.lora.clone(), &model, 7)?;
+    Ok(Trainer {
+        optimizer: AdamW::new(adapter.vars(), AdamWConfig::default())?,
+        lr: LrScheduler::new(LrSchedule::Constant, 1e-4, 1),
+        scaler: LossScaler::disabled(),
+        skips: SkipCounter::new(1),
+        settings: StepSettings {
+            checkpointing,
+            max_grad_norm: 1.0,
+            timesteps: TimestepSampling::Turbo { shift: 3.0 },
+            seed: 11,
+            cfg_dropout: None,
+        },
+        attempts: 0,
+        adapter,
+        model,
+    })
+}
+
+/// One step of `trainer` on `batch`: its loss, or an error where the step was skipped.
+pub(crate) fn train_step(trainer: &mut Trainer, batch: &Batch) -> Result<f64> {
+    match trainer.step(std::slice::from_ref(batch))? {
+        StepOutcome::Applied { loss, .. } => Ok(loss),
+        StepOutcome::Skipped { reason, .. } => {
+            Err(candle_core::Error::Msg(format!("bench step {} skipped: {reason}", trainer.attempts)).into())
+        }
+    }
+}
+
+/// The footprint estimate's peak for `spec`, with or without the CPU kernels.
+pub fn predicted_peak(spec: &BenchSpec, checkpointing: bool, cpu_kernels: bool, dtype: DType) -> u64 {
     let workload = Workload {
         frames: spec.frames,
         batch: spec.batch,
         encoder_len: spec.encoder_len,
         lora_parameters: lora_parameters(&spec.config, &spec.lora),
         dtype_bytes: dtype.size_in_bytes() as u64,
-        cpu_kernels: device.is_cpu() && dtype == DType::F32,
+        cpu_kernels,
     };
     footprint::estimate(&spec.config, &workload).total(checkpointing)
 }
@@ -403,6 +436,7 @@ impl BenchReport {
         format!(
             "preset                  {}\n\
              gradient checkpointing  {}\n\
+             kernels                 {}\n\
              device / dtype          {} / {}\n\
              shape                   {} layers, T = {} frames ({} patches), batch {}\n\
              parameters              {} base, {} LoRA\n\
@@ -415,6 +449,7 @@ impl BenchReport {
              loss first / last       {:.5} / {:.5}\n",
             self.preset,
             if self.gradient_checkpointing { "on" } else { "off" },
+            self.kernels,
             self.device,
             self.dtype,
             self.layers,

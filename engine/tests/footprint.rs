@@ -6,6 +6,7 @@
 use candle_core::{DType, Device};
 use ostinato_engine::bench::{run_spec, Preset};
 use ostinato_engine::heap::Counting;
+use ostinato_engine::model::KernelPolicy;
 
 #[global_allocator]
 static ALLOC: Counting<std::alloc::System> = Counting::new(std::alloc::System);
@@ -15,7 +16,8 @@ fn predicted_peak_is_within_15_percent_of_the_measured_heap_peak() {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     for preset in [Preset::Small30s, Preset::Small240s] {
         for checkpointing in [true, false] {
-            let r = run_spec(preset.name(), &preset.spec(), checkpointing, 1, 1, &Device::Cpu, DType::F32).unwrap();
+            let (spec, cpu) = (preset.spec(), KernelPolicy::cpu());
+            let r = run_spec(preset.name(), &spec, checkpointing, cpu, 1, 1, &Device::Cpu, DType::F32).unwrap();
             let measured = r.peak_heap_bytes.expect("the heap is counted");
             let ratio = r.predicted_peak_bytes as f64 / measured as f64;
             println!(

@@ -18,7 +18,7 @@ use ostinato_engine::data::preprocessed::{read_preprocessed_dir, read_sample, wr
 use ostinato_engine::data::TrainingSample;
 use ostinato_engine::load::folder::{ModelFolder, Variant, LYRIC_TOKENS, TEXT_TOKENS};
 use ostinato_engine::load::source::ModelSource;
-use ostinato_engine::model::DecoderWeights;
+use ostinato_engine::model::{DecoderWeights, KernelPolicy};
 use ostinato_engine::tensor_io::torch_pt::write_pt;
 use ostinato_engine::tensor_io::TensorFile;
 use ostinato_engine::Error;
@@ -104,10 +104,22 @@ fn tokenizer_matches_transformers() {
 
 #[test]
 fn qwen3_matches_transformers() {
+    qwen3_matches(KernelPolicy::cpu());
+}
+
+/// The Mac (Metal) and CUDA path on the CPU: the kernel policy those devices get, where
+/// any op without a Metal and a CUDA forward errs (`model::policy`). Likewise for the
+/// condition encoder and the VAE encoder below.
+#[test]
+fn qwen3_under_the_gpu_policy_matches_transformers() {
+    qwen3_matches(KernelPolicy::gpu());
+}
+
+fn qwen3_matches(kernels: KernelPolicy) {
     let e = expected();
     let folder = ModelFolder::open(&model_dir(), None).unwrap();
     let f = TensorFile::open(&folder.text_dir().join("model.safetensors"), &Device::Cpu).unwrap();
-    let qwen = Qwen3Encoder::load(&folder.text, &f).unwrap();
+    let qwen = Qwen3Encoder::load(&folder.text, &f).unwrap().with_kernels(kernels);
     let ids: Vec<u32> = ints(&e["text_input_ids"]).iter().map(|&i| i as u32).collect();
     let out = qwen.forward(&ids).unwrap();
     let err = max_diff(&out, &e["text_hidden_states"]);
@@ -117,12 +129,21 @@ fn qwen3_matches_transformers() {
 
 #[test]
 fn condition_encoder_matches_diffusers() {
+    condition_encoder_matches(KernelPolicy::cpu());
+}
+
+#[test]
+fn condition_encoder_under_the_gpu_policy_matches_diffusers() {
+    condition_encoder_matches(KernelPolicy::gpu());
+}
+
+fn condition_encoder_matches(kernels: KernelPolicy) {
     let e = expected();
     let folder = ModelFolder::open(&model_dir(), None).unwrap();
     let qf = TensorFile::open(&folder.text_dir().join("model.safetensors"), &Device::Cpu).unwrap();
-    let qwen = Qwen3Encoder::load(&folder.text, &qf).unwrap();
+    let qwen = Qwen3Encoder::load(&folder.text, &qf).unwrap().with_kernels(kernels);
     let df = TensorFile::open(&folder.dit_weights(), &Device::Cpu).unwrap();
-    let enc = ConditionEncoder::load(&folder.encoder, &df, "encoder").unwrap();
+    let enc = ConditionEncoder::load(&folder.encoder, &df, "encoder").unwrap().with_kernels(kernels);
     let mask = |k: &str| -> Vec<bool> { ints(&e[k]).iter().map(|&m| m != 0).collect() };
     let lyric_ids: Vec<u32> = ints(&e["lyric_input_ids"]).iter().map(|&i| i as u32).collect();
     let lyrics = qwen.embed(&lyric_ids).unwrap();
@@ -150,9 +171,18 @@ fn condition_encoder_matches_diffusers() {
 
 #[test]
 fn vae_encoder_matches_diffusers_whole_and_chunked() {
+    vae_encoder_matches(KernelPolicy::cpu());
+}
+
+#[test]
+fn vae_encoder_under_the_gpu_policy_matches_diffusers_whole_and_chunked() {
+    vae_encoder_matches(KernelPolicy::gpu());
+}
+
+fn vae_encoder_matches(kernels: KernelPolicy) {
     let e = expected();
     let folder = ModelFolder::open(&model_dir(), None).unwrap();
-    let vae = folder.latent_encoder(&Device::Cpu).unwrap();
+    let vae = folder.latent_encoder(&Device::Cpu).unwrap().with_kernels(kernels);
     assert_eq!((vae.sample_rate(), vae.frames_per_second(), vae.latent_channels()), (48_000, 25.0, 8));
     let audio = clip();
     let n = audio.left.len();

@@ -14,18 +14,16 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
-use super::{median, random_batch, BenchSpec};
+use super::{median, random_batch, train_step, trainer, BenchSpec};
 use crate::codec::decode::VaeDecoder;
 use crate::codec::vae::{VaeConfig, VAE_WEIGHTS};
 use crate::codec::LatentDecoder;
 use crate::generate::sampler::{noise, sample, timesteps, Conditions};
 use crate::generate::song::{DEFAULT_SHIFT, TURBO_STEPS};
-use crate::lora::{LoraAdapter, LoraMode};
+use crate::lora::LoraMode;
 use crate::model::{DecoderWeights, DitModel, LinearAdapter};
 use crate::tensor_io::save_tensors;
-use crate::train::flow::FlowBatch;
-use crate::train::grads;
-use crate::train::optim::{clip_grad_norm, AdamW, AdamWConfig};
+use crate::train::step::Trainer;
 use crate::{heap, metrics, Result};
 
 /// ACE-Step 1.5's VAE (`vae/config.json`): hop 1920 at 48 kHz, decoder width 128.
@@ -253,22 +251,16 @@ pub fn run_training_preview(
     let weights = DecoderWeights::random(cfg, 0xBE_0C4, 0.02, DType::F32, &device)?;
     let model = DitModel::new(cfg, &weights)?;
     drop(weights);
-    let adapter = LoraAdapter::new(spec.lora.clone(), &model, 7)?;
-    let mut optimizer = AdamW::new(adapter.vars(), AdamWConfig::default())?;
+    let mut trainer = trainer(spec, model, checkpointing)?;
     let batch = random_batch(spec, &device)?;
-    let mut rng = ChaCha8Rng::seed_from_u64(11);
     let heap_base = heap::live_bytes();
     heap::reset_peak();
-    let mut train_step = |i: usize| -> Result<f64> {
+    let timed_step = |trainer: &mut Trainer| -> Result<f64> {
         let start = Instant::now();
-        let flow = FlowBatch::new(&batch, &[0.75], &mut rng)?;
-        let mut g =
-            grads::compute(&model, &adapter, &flow, LoraMode::Train { dropout_seed: i as u64 }, checkpointing, 1.0)?;
-        clip_grad_norm(&mut g.grads, 1.0)?;
-        optimizer.step(&g.grads, 1e-4)?;
+        train_step(trainer, &batch)?;
         Ok(start.elapsed().as_secs_f64())
     };
-    let times = (0..steps.max(1)).map(&mut train_step).collect::<Result<Vec<_>>>()?;
+    let times = (0..steps.max(1)).map(|_| timed_step(&mut trainer)).collect::<Result<Vec<_>>>()?;
     let training_peak = metrics::peak_rss_bytes().unwrap_or(0);
     let training_heap = heap_base.zip(heap::peak_bytes()).map(|(b, p)| p.saturating_sub(b));
 
@@ -277,9 +269,9 @@ pub fn run_training_preview(
     write_random_vae(vae_dir.path(), 9)?;
     let decoder = VaeDecoder::from_dir(vae_dir.path(), &device)?;
     let decoder_loaded = metrics::process_rss_bytes().unwrap_or(0);
-    let lora = adapter.ctx(LoraMode::Eval, false);
-    let song = make_song(&model, Some(&lora), &decoder, spec, preview_frames)?;
-    train_step(steps.max(1))?;
+    let lora = trainer.adapter.ctx(LoraMode::Eval, false);
+    let song = make_song(&trainer.model, Some(&lora), &decoder, spec, preview_frames)?;
+    timed_step(&mut trainer)?;
     let peak = metrics::peak_rss_bytes().unwrap_or(0);
     Ok(PreviewMemoryReport {
         preset: name.to_string(),

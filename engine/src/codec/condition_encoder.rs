@@ -14,6 +14,7 @@ use super::transformer::{additive_mask, linear, Layer, LayerDims, Rope};
 use crate::model::config::{DitConfig, LayerType};
 use crate::model::ops::rms_norm;
 use crate::model::weights::{diffusers_name, uses_diffusers_names};
+use crate::model::KernelPolicy;
 use crate::tensor_io::TensorFile;
 use crate::{Error, Result};
 
@@ -103,7 +104,13 @@ impl Stack {
 
     /// `x [L, in]`, `valid [L]` -> `[L, H]`. Full layers mask padded keys; sliding
     /// layers also the band |i - j| <= window.
-    fn forward(&self, x: &Tensor, valid: Option<&[bool]>, cfg: &ConditionEncoderConfig) -> Result<Tensor> {
+    fn forward(
+        &self,
+        k: KernelPolicy,
+        x: &Tensor,
+        valid: Option<&[bool]>,
+        cfg: &ConditionEncoderConfig,
+    ) -> Result<Tensor> {
         let dev = x.device();
         let l = x.dim(0)?;
         let rope = Rope::new(cfg.dims.head_dim, cfg.rope_theta, l, dev)?;
@@ -118,9 +125,9 @@ impl Stack {
                 LayerType::SlidingAttention => sliding.as_ref(),
                 LayerType::FullAttention => full.as_ref(),
             };
-            h = layer.forward(&h, &rope, mask)?;
+            h = layer.forward(k, &h, &rope, mask)?;
         }
-        Ok(rms_norm(&h, &self.norm, cfg.dims.eps)?)
+        Ok(rms_norm(k, &h, &self.norm, cfg.dims.eps)?)
     }
 }
 
@@ -130,6 +137,7 @@ pub struct ConditionEncoder {
     text_projector: Tensor,
     lyric: Stack,
     timbre: Stack,
+    kernels: KernelPolicy,
 }
 
 /// The packed condition: `states [L, H]`, `mask [L]` (true = valid row).
@@ -160,7 +168,14 @@ impl ConditionEncoder {
             text_projector: f.get(&p("text_projector.weight"), &[cfg.dims.hidden, cfg.text_hidden_dim])?,
             lyric: Stack::load(f, &p("lyric_encoder"), cfg.text_hidden_dim, cfg.lyric_layers, cfg)?,
             timbre: Stack::load(f, &p("timbre_encoder"), cfg.timbre_hidden_dim, cfg.timbre_layers, cfg)?,
+            kernels: KernelPolicy::for_device(f.device()),
         })
+    }
+
+    /// The encoder running `kernels` instead of its device's.
+    pub fn with_kernels(mut self, kernels: KernelPolicy) -> Self {
+        self.kernels = kernels;
+        self
     }
 
     pub fn config(&self) -> &ConditionEncoderConfig {
@@ -170,7 +185,7 @@ impl ConditionEncoder {
     /// The timbre embedding `[1, H]` of a reference `[R, timbre_dim]`: the first row of
     /// the encoded sequence.
     pub fn timbre(&self, reference: &Tensor) -> Result<Tensor> {
-        Ok(self.timbre.forward(reference, None, &self.cfg)?.narrow(0, 0, 1)?)
+        Ok(self.timbre.forward(self.kernels, reference, None, &self.cfg)?.narrow(0, 0, 1)?)
     }
 
     /// `text [Lt, text_dim]` (Qwen3 last hidden state), `lyrics [Ll, text_dim]` (token
@@ -186,7 +201,7 @@ impl ConditionEncoder {
         timbre_reference: &Tensor,
     ) -> Result<Packed> {
         let text = linear(text, &self.text_projector, None)?;
-        let lyrics = self.lyric.forward(lyrics, Some(lyric_mask), &self.cfg)?;
+        let lyrics = self.lyric.forward(self.kernels, lyrics, Some(lyric_mask), &self.cfg)?;
         let timbre = self.timbre(timbre_reference)?;
         let first = pack(&lyrics, lyric_mask, &timbre, &[true])?;
         pack(&first.states, &first.mask, &text, text_mask)

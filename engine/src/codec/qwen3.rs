@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use super::transformer::{additive_mask, Layer, LayerDims, Rope};
 use crate::model::ops::rms_norm;
+use crate::model::KernelPolicy;
 use crate::tensor_io::TensorFile;
 use crate::{Error, Result};
 
@@ -72,6 +73,7 @@ pub struct Qwen3Encoder {
     layers: Vec<Layer>,
     norm: Tensor,
     device: Device,
+    kernels: KernelPolicy,
 }
 
 impl Qwen3Encoder {
@@ -91,7 +93,14 @@ impl Qwen3Encoder {
             layers,
             norm: f.get(&format!("{prefix}norm.weight"), &[h])?,
             device: f.device().clone(),
+            kernels: KernelPolicy::for_device(f.device()),
         })
+    }
+
+    /// The encoder running `kernels` instead of its device's.
+    pub fn with_kernels(mut self, kernels: KernelPolicy) -> Self {
+        self.kernels = kernels;
+        self
     }
 
     pub fn config(&self) -> &Qwen3Config {
@@ -119,8 +128,8 @@ impl Qwen3Encoder {
         let mask = additive_mask(l, true, None, None, &self.device)?;
         let mut x = self.embed(ids)?;
         for layer in &self.layers {
-            x = layer.forward(&x, &rope, mask.as_ref())?;
+            x = layer.forward(self.kernels, &x, &rope, mask.as_ref())?;
         }
-        Ok(rms_norm(&x, &self.norm, dims.eps)?)
+        Ok(rms_norm(self.kernels, &x, &self.norm, dims.eps)?)
     }
 }

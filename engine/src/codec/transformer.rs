@@ -6,6 +6,7 @@
 use candle_core::{Device, Tensor, D};
 
 use crate::model::ops::{rms_norm, softmax_last_dim};
+use crate::model::KernelPolicy;
 use crate::tensor_io::TensorFile;
 use crate::Result;
 
@@ -122,23 +123,23 @@ impl Layer {
     }
 
     /// `x [L, H]` -> `[L, H]`; `mask [L, L]` additive.
-    pub fn forward(&self, x: &Tensor, rope: &Rope, mask: Option<&Tensor>) -> Result<Tensor> {
-        let h = rms_norm(x, &self.input_norm, self.dims.eps)?;
-        let x = (x + self.attention(&h, rope, mask)?)?;
-        let h = rms_norm(&x, &self.post_attention_norm, self.dims.eps)?;
+    pub fn forward(&self, k: KernelPolicy, x: &Tensor, rope: &Rope, mask: Option<&Tensor>) -> Result<Tensor> {
+        let h = rms_norm(k, x, &self.input_norm, self.dims.eps)?;
+        let x = (x + self.attention(k, &h, rope, mask)?)?;
+        let h = rms_norm(k, &x, &self.post_attention_norm, self.dims.eps)?;
         let mlp = (linear(&h, &self.gate, None)?.silu()? * linear(&h, &self.up, None)?)?;
         Ok((x + linear(&mlp, &self.down, None)?)?)
     }
 
-    fn attention(&self, x: &Tensor, rope: &Rope, mask: Option<&Tensor>) -> Result<Tensor> {
+    fn attention(&self, kernels: KernelPolicy, x: &Tensor, rope: &Rope, mask: Option<&Tensor>) -> Result<Tensor> {
         let LayerDims { heads, kv_heads, head_dim: hd, eps, .. } = self.dims;
         let l = x.dim(0)?;
         let rep = heads / kv_heads;
         // 1. Project, split heads, RMSNorm q/k over head_dim, RoPE: (heads, L, D).
         let split =
             |w: &Tensor, n: usize| -> Result<Tensor> { Ok(linear(x, w, None)?.reshape((l, n, hd))?.transpose(0, 1)?) };
-        let q = rope.apply(&rms_norm(&split(&self.q, heads)?, &self.q_norm, eps)?)?;
-        let k = rope.apply(&rms_norm(&split(&self.k, kv_heads)?, &self.k_norm, eps)?)?;
+        let q = rope.apply(&rms_norm(kernels, &split(&self.q, heads)?, &self.q_norm, eps)?)?;
+        let k = rope.apply(&rms_norm(kernels, &split(&self.k, kv_heads)?, &self.k_norm, eps)?)?;
         let v = split(&self.v, kv_heads)?.contiguous()?;
         // 2. GQA: the `rep` query heads of one KV head stacked on rows, (KV, rep * L, D).
         let q = q.contiguous()?.reshape((kv_heads, rep * l, hd))?;
@@ -148,7 +149,7 @@ impl Layer {
             Some(m) => scores.reshape((kv_heads, rep, l, l))?.broadcast_add(m)?.reshape((kv_heads, rep * l, l))?,
             None => scores,
         };
-        let out = softmax_last_dim(&scores)?.matmul(&v)?; // (KV, rep * L, D)
+        let out = softmax_last_dim(kernels, &scores)?.matmul(&v)?; // (KV, rep * L, D)
         let out = out.reshape((heads, l, hd))?.transpose(0, 1)?.reshape((l, heads * hd))?;
         linear(&out, &self.o, None)
     }

@@ -12,10 +12,10 @@
 //! Convolutions are weight-normalised in the checkpoint (`weight_g`, `weight_v`); the
 //! weight g * v / |v| is folded once at load.
 //!
-//! On the CPU (f32) the convolutions, with the Snake before each fused in, run on the
-//! direct kernels of [`crate::kernels::conv1d`] (no im2col copies); on Metal and CUDA
-//! they stay candle's `conv1d` / `conv_transpose1d` (im2col / col2im) after a separate
-//! Snake.
+//! Where the kernel policy runs the CPU kernels (f32 on the CPU) the convolutions, with
+//! the Snake before each fused in, run on the direct kernels of
+//! [`crate::kernels::conv1d`] (no im2col copies); on Metal and CUDA they stay candle's
+//! `conv1d` / `conv_transpose1d` (im2col / col2im) after a separate Snake.
 //!
 //! Long songs go through either half in chunks of latent frames with enough overlap to
 //! cover its receptive field, so a chunked pass equals the whole-song pass up to float
@@ -33,6 +33,7 @@ use crate::codec::encode::LatentEncoder;
 use crate::codec::StereoAudio;
 use crate::kernels::conv1d as kernel;
 use crate::kernels::cpu_gemm::host_f32;
+use crate::model::KernelPolicy;
 use crate::tensor_io::TensorFile;
 use crate::{Error, Result};
 
@@ -197,11 +198,6 @@ fn folded_weight(f: &dyn VaeTensors, name: &str, shape: [usize; 3]) -> Result<Te
     Ok(v.broadcast_mul(&g.broadcast_div(&norm)?)?)
 }
 
-/// Whether `x` goes through the direct CPU kernels: f32 on the host.
-fn on_host(x: &Tensor) -> bool {
-    x.device().is_cpu() && x.dtype() == DType::F32
-}
-
 /// Calls `f` with the values of contiguous f32 CPU tensors.
 fn with_values<R, const N: usize>(ts: [&Tensor; N], f: impl FnOnce([&[f32]; N]) -> R) -> Result<R> {
     let guards = ts.map(|t| t.storage_and_layout());
@@ -277,8 +273,8 @@ impl Conv {
     }
 
     /// `conv(snake(x))`, or `conv(x)` without a Snake: `[1, in, n] -> [1, out, n']`.
-    fn forward(&self, x: &Tensor, snake: Option<&Snake>) -> Result<Tensor> {
-        if on_host(x) {
+    fn forward(&self, k: KernelPolicy, x: &Tensor, snake: Option<&Snake>) -> Result<Tensor> {
+        if k.on_host(x) {
             let x = x.contiguous()?;
             let n = x.dim(2)?;
             let (y, n_out) = match snake {
@@ -316,10 +312,10 @@ impl ConvTranspose {
 
     /// `snake(x) [1, in, n] -> [1, out, n * s]` (even s). Padding p crops p samples off
     /// each end of the unpadded output (candle: one matmul, col2im, then the crop).
-    fn forward(&self, x: &Tensor, snake: &Snake) -> Result<Tensor> {
+    fn forward(&self, k: KernelPolicy, x: &Tensor, snake: &Snake) -> Result<Tensor> {
         let (s, n) = (self.stride, x.dim(2)?);
         let (cin, cout, _) = self.w.dims3()?;
-        if on_host(x) {
+        if k.on_host(x) {
             let x = x.contiguous()?;
             let y = with_values([&x, &self.w, &self.b, &snake.alpha, &snake.inv_beta], |[x, w, b, alpha, inv_beta]| {
                 kernel::conv_transpose1d(x, n, w, b, (cin, cout, s), Some(kernel::Snake { alpha, inv_beta }))
@@ -370,8 +366,8 @@ impl ResidualUnit {
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if on_host(x) {
+    fn forward(&self, k: KernelPolicy, x: &Tensor) -> Result<Tensor> {
+        if k.on_host(x) {
             let x = x.contiguous()?;
             let (c, n) = (x.dim(1)?, x.dim(2)?);
             let (s1, s2) = (&self.snake1, &self.snake2);
@@ -386,8 +382,8 @@ impl ResidualUnit {
             )?;
             return host_tensor(y, c, n);
         }
-        let y = self.conv1.forward(x, Some(&self.snake1))?;
-        let y = self.conv2.forward(&y, Some(&self.snake2))?;
+        let y = self.conv1.forward(k, x, Some(&self.snake1))?;
+        let y = self.conv2.forward(k, &y, Some(&self.snake2))?;
         Ok((x + y)?) // same length: the padding keeps it
     }
 }
@@ -399,12 +395,12 @@ struct Block {
 }
 
 impl Block {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward(&self, k: KernelPolicy, x: &Tensor) -> Result<Tensor> {
         let mut x = x.clone();
         for u in &self.units {
-            x = u.forward(&x)?;
+            x = u.forward(k, &x)?;
         }
-        self.conv.forward(&x, Some(&self.snake))
+        self.conv.forward(k, &x, Some(&self.snake))
     }
 }
 
@@ -414,6 +410,7 @@ pub struct OobleckEncoder {
     blocks: Vec<Block>,
     snake: Snake,
     conv2: Conv,
+    kernels: KernelPolicy,
 }
 
 /// The posterior's parameters for T frames: `mean`, `scale` `[T, C]`.
@@ -470,9 +467,11 @@ impl OobleckEncoder {
             })
             .collect::<Result<Vec<_>>>()?;
         let d_model = h * mult[mult.len() - 1];
+        let conv1 = Conv::load(f, "encoder.conv1", (cfg.audio_channels, h, 7), Geometry::same(7, 1), true)?;
         Ok(Self {
             cfg: cfg.clone(),
-            conv1: Conv::load(f, "encoder.conv1", (cfg.audio_channels, h, 7), Geometry::same(7, 1), true)?,
+            kernels: KernelPolicy::for_device(conv1.w.device()),
+            conv1,
             blocks,
             snake: Snake::load(f, "encoder.snake1", d_model)?,
             conv2: Conv::load(f, "encoder.conv2", (d_model, h, 3), Geometry::same(3, 1), true)?,
@@ -485,11 +484,12 @@ impl OobleckEncoder {
 
     /// `audio [2, N]` -> `[2C, N / hop]` (mean rows, then scale rows).
     fn forward(&self, audio: &Tensor) -> Result<Tensor> {
-        let mut x = self.conv1.forward(&audio.unsqueeze(0)?, None)?;
+        let k = self.kernels;
+        let mut x = self.conv1.forward(k, &audio.unsqueeze(0)?, None)?;
         for b in &self.blocks {
-            x = b.forward(&x)?;
+            x = b.forward(k, &x)?;
         }
-        Ok(self.conv2.forward(&x, Some(&self.snake))?.squeeze(0)?)
+        Ok(self.conv2.forward(k, &x, Some(&self.snake))?.squeeze(0)?)
     }
 
     /// The posterior of `audio [2, N]`, encoded in chunks of at most `chunk_frames`
@@ -553,10 +553,10 @@ struct UpBlock {
 }
 
 impl UpBlock {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut x = self.conv_t.forward(x, &self.snake)?;
+    fn forward(&self, k: KernelPolicy, x: &Tensor) -> Result<Tensor> {
+        let mut x = self.conv_t.forward(k, x, &self.snake)?;
         for u in &self.units {
-            x = u.forward(&x)?;
+            x = u.forward(k, &x)?;
         }
         Ok(x)
     }
@@ -568,6 +568,7 @@ pub struct OobleckDecoder {
     blocks: Vec<UpBlock>,
     snake: Snake,
     conv2: Conv,
+    kernels: KernelPolicy,
 }
 
 /// Latent frames encoded or decoded in one tile (10 s at 25 Hz), plus the receptive
@@ -606,9 +607,12 @@ impl OobleckDecoder {
                 reason: format!("ratio {odd} is odd: the decoder's upsampling needs even ratios"),
             });
         }
+        let conv1 =
+            Conv::load(f, "decoder.conv1", (cfg.latent_channels(), h * mult[n], 7), Geometry::same(7, 1), true)?;
         Ok(Self {
             cfg: cfg.clone(),
-            conv1: Conv::load(f, "decoder.conv1", (cfg.latent_channels(), h * mult[n], 7), Geometry::same(7, 1), true)?,
+            kernels: KernelPolicy::for_device(conv1.w.device()),
+            conv1,
             blocks,
             snake: Snake::load(f, "decoder.snake1", h)?,
             conv2: Conv::load(f, "decoder.conv2", (h, cfg.audio_channels, 7), Geometry::same(7, 1), false)?,
@@ -621,11 +625,12 @@ impl OobleckDecoder {
 
     /// `z [1, C, T] -> [1, 2, T * hop]`
     fn forward(&self, z: &Tensor) -> Result<Tensor> {
-        let mut x = self.conv1.forward(z, None)?;
+        let k = self.kernels;
+        let mut x = self.conv1.forward(k, z, None)?;
         for b in &self.blocks {
-            x = b.forward(&x)?;
+            x = b.forward(k, &x)?;
         }
-        self.conv2.forward(&x, Some(&self.snake))
+        self.conv2.forward(k, &x, Some(&self.snake))
     }
 
     /// `latents [T, C]` -> audio `[2, T * hop]` (f32, unclipped), decoded in chunks of at
@@ -690,6 +695,12 @@ impl VaeLatentEncoder {
 
     pub fn with_choice(mut self, choice: LatentChoice) -> Self {
         self.choice = choice;
+        self
+    }
+
+    /// The encoder running `kernels` instead of its device's.
+    pub fn with_kernels(mut self, kernels: KernelPolicy) -> Self {
+        self.encoder.kernels = kernels;
         self
     }
 

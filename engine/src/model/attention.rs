@@ -19,6 +19,7 @@
 use candle_core::{CpuStorage, CudaStorage, DType, Device, Layout, MetalStorage, Shape, Tensor};
 
 use super::ops;
+use super::policy::{AttentionScores, KernelPolicy, SlidingAttention};
 use crate::kernels::attention_host::{self, BandBlock};
 use crate::kernels::handover::{on_cpu, on_cuda, on_metal, Handover};
 use crate::Result;
@@ -60,14 +61,14 @@ pub fn band_mask(
     Ok(Some(Tensor::from_vec(values, (q_len, 1, k_len), device)?))
 }
 
-/// Whether attention's CPU kernels (`kernels::attention_host`) run the op: f32 on the CPU, the fused ops not switched off.
-fn host_kernels_apply(q: &Tensor, grad: Option<&Tensor>) -> bool {
-    ops::fused_cpu_f32(q) && grad.is_none_or(|g| g.dtype() == q.dtype())
+/// Whether attention's CPU kernels (`kernels::attention_host`) run the op.
+fn host_kernels_apply(kernels: KernelPolicy, q: &Tensor, grad: Option<&Tensor>) -> bool {
+    kernels.on_host(q) && grad.is_none_or(|g| g.dtype() == q.dtype())
 }
 
 /// The sliding-window attention plan for `positions` query and key positions: the
-/// whole-square mask at short lengths, blocks at long ones. Built once per forward, for
-/// tensors of `dtype` on `device`.
+/// whole-square mask at short lengths, blocks at long ones (unless `kernels` asks for
+/// the square). Built once per forward, for tensors of `dtype` on `device`.
 #[derive(Clone)]
 pub enum SlidingPlan {
     /// Every pair is inside the band: plain attention.
@@ -78,13 +79,11 @@ pub enum SlidingPlan {
 }
 
 impl SlidingPlan {
-    pub fn new(positions: usize, window: usize, dtype: DType, device: &Device) -> Result<Self> {
+    pub fn new(kernels: KernelPolicy, positions: usize, window: usize, dtype: DType, device: &Device) -> Result<Self> {
         if positions <= window + 1 {
             return Ok(Self::Unmasked);
         }
-        if !use_banded(positions, window, ops::fused_cpu(device, dtype))
-            || ops::bench_switch("OSTINATO_SQUARE_ATTENTION")
-        {
+        if !use_banded(positions, window, kernels.host(device, dtype)) || kernels.sliding == SlidingAttention::Square {
             let mask = band_mask(0, positions, 0, positions, window, device)?;
             return Ok(mask.map_or(Self::Unmasked, Self::Masked));
         }
@@ -117,7 +116,14 @@ impl SlidingPlan {
 
 /// softmax(q k^T + mask) v for one row range. `q (B, KV, n * rep, D)` already scaled by
 /// 1/sqrt(D), `k, v (B, KV, s, D)`, `mask (n, 1, s)`; returns `(B, KV, n * rep, D)`.
-fn attend(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor>) -> Result<Tensor> {
+fn attend(
+    kernels: KernelPolicy,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    rep: usize,
+    mask: Option<&Tensor>,
+) -> Result<Tensor> {
     let (b, kv, rows, _) = q.dims4()?;
     let s = k.dim(2)?;
     // Mask and softmax in f32 whatever the compute dtype, as the reference does.
@@ -129,7 +135,7 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor>)
         }
         None => scores,
     };
-    let probs = ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
+    let probs = ops::softmax_last_dim(kernels, &scores)?.to_dtype(v.dtype())?;
     Ok(ops::matmul(&probs, v)?)
 }
 
@@ -138,6 +144,7 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, mask: Option<&Tensor>)
 /// through [`Recompute`], which keeps no scores for the backward; there `kept` carries
 /// its output from checkpointing's first forward to the layer's recompute.
 pub fn full(
+    kernels: KernelPolicy,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -147,9 +154,9 @@ pub fn full(
 ) -> Result<Tensor> {
     let (b, kv, rows, _) = q.dims4()?;
     let s = k.dim(2)?;
-    let host = host_kernels_apply(q, None);
-    if mask.is_none() && (host || b * kv * rows * s > RECOMPUTE_ELEMENTS) && !ops::bench_switch("OSTINATO_KEEP_SCORES")
-    {
+    let host = host_kernels_apply(kernels, q, None);
+    let recomputes = kernels.scores == AttentionScores::Recompute;
+    if mask.is_none() && (host || b * kv * rows * s > RECOMPUTE_ELEMENTS) && recomputes {
         let p = rows / rep;
         let block = match host {
             true => HOST_HEAD_BLOCK_ELEMENTS / (rep * s),
@@ -161,9 +168,9 @@ pub fn full(
             .step_by(block)
             .map(|q_start| BandBlock { q_start, q_len: block.min(p - q_start), k_start: 0, k_len: s, mask: None })
             .collect::<Vec<_>>();
-        return recompute(q, k, v, rep, &blocks, kept);
+        return recompute(kernels, q, k, v, rep, &blocks, kept);
     }
-    attend(q, k, v, rep, mask)
+    attend(kernels, q, k, v, rep, mask)
 }
 
 /// A layer's full self-attention output, kept by gradient checkpointing's first
@@ -217,6 +224,7 @@ const HOST_HEAD_BLOCK_ELEMENTS: usize = 1 << 20;
 /// With `kept`, a forward without a graph keeps its output there and a tracked one
 /// takes it from there.
 fn recompute(
+    kernels: KernelPolicy,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -227,12 +235,15 @@ fn recompute(
     let tracked = q.track_op() || k.track_op() || v.track_op();
     let attended = match kept.filter(|_| tracked).and_then(KeptOutput::take) {
         Some(attended) => attended,
-        None => match host_kernels_apply(q, None) {
+        None => match host_kernels_apply(kernels, q, None) {
             true => {
                 let (out, lse) = attention_host::forward(q, k, v, rep, blocks)?;
                 Attended { out, lse: Some(lse) }
             }
-            false => Attended { out: blocked_forward(&q.detach(), &k.detach(), &v.detach(), rep, blocks)?, lse: None },
+            false => {
+                let out = blocked_forward(kernels, &q.detach(), &k.detach(), &v.detach(), rep, blocks)?;
+                Attended { out, lse: None }
+            }
         },
     };
     if !tracked {
@@ -243,6 +254,7 @@ fn recompute(
         return Ok(out);
     }
     let op = Recompute {
+        kernels,
         out: Handover::new(attended.out, "recompute-attention"),
         lse: attended.lse,
         rep,
@@ -253,20 +265,28 @@ fn recompute(
 
 /// Attention block by block, concatenated; with tracked inputs the graph keeps every
 /// block's scores (the reference the recompute path is tested against).
-fn blocked_forward(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, blocks: &[BandBlock]) -> Result<Tensor> {
+fn blocked_forward(
+    kernels: KernelPolicy,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    rep: usize,
+    blocks: &[BandBlock],
+) -> Result<Tensor> {
     let outs = blocks
         .iter()
         .map(|blk| {
             let q = q.narrow(2, blk.q_start * rep, blk.q_len * rep)?;
             let k = k.narrow(2, blk.k_start, blk.k_len)?;
             let v = v.narrow(2, blk.k_start, blk.k_len)?;
-            attend(&q, &k, &v, rep, blk.mask.as_ref())
+            attend(kernels, &q, &k, &v, rep, blk.mask.as_ref())
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Tensor::cat(&outs, 2)?)
 }
 
 struct Recompute {
+    kernels: KernelPolicy,
     /// The forward's result, computed without a graph.
     out: Handover,
     /// The CPU kernels' log-sum-exps, for their backward.
@@ -326,10 +346,10 @@ impl candle_core::CustomOp3 for Recompute {
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (q, k, v) = (q.detach(), k.detach(), v.detach());
         let (dq, dk, dv) = match &self.lse {
-            Some(lse) if host_kernels_apply(&q, Some(grad)) => {
+            Some(lse) if host_kernels_apply(self.kernels, &q, Some(grad)) => {
                 attention_host::backward(&q, &k, &v, out, lse, grad, self.rep, &self.blocks)?
             }
-            _ => composed_backward(&q, &k, &v, grad, self.rep, &self.blocks)?,
+            _ => composed_backward(self.kernels, &q, &k, &v, grad, self.rep, &self.blocks)?,
         };
         Ok((Some(dq), Some(dk), Some(dv)))
     }
@@ -339,6 +359,7 @@ impl candle_core::CustomOp3 for Recompute {
 /// p = softmax(q k^T + mask) recomputed; dv += p^T g; dp = g v^T;
 /// ds = p (dp - rowsum(dp p)); dq = ds k; dk += ds^T q.
 fn composed_backward(
+    kernels: KernelPolicy,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -365,10 +386,10 @@ fn composed_backward(
                 .reshape((b, kv, rn, blk.k_len))?,
             None => scores,
         };
-        let probs = ops::softmax_last_dim(&scores)?;
+        let probs = ops::softmax_last_dim(kernels, &scores)?;
         drop(scores);
         let dp = gb.to_dtype(DType::F32)?.matmul(&vb.t()?.to_dtype(DType::F32)?)?;
-        let ds = ops::softmax_backward(&probs, &dp)?.to_dtype(q.dtype())?;
+        let ds = ops::softmax_backward(kernels, &probs, &dp)?.to_dtype(q.dtype())?;
         drop(dp);
         let probs = probs.to_dtype(v.dtype())?;
         dq.push(ds.matmul(&kb)?);
@@ -387,15 +408,22 @@ fn composed_backward(
 
 /// Sliding-window attention by the plan's blocks; same result as [`full`] with the
 /// band mask.
-pub fn sliding(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, plan: &SlidingPlan) -> Result<Tensor> {
+pub fn sliding(
+    kernels: KernelPolicy,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    rep: usize,
+    plan: &SlidingPlan,
+) -> Result<Tensor> {
     match plan {
-        SlidingPlan::Unmasked => attend(q, k, v, rep, None),
-        SlidingPlan::Masked(mask) => attend(q, k, v, rep, Some(mask)),
-        // Plain differentiable blocks: the graph keeps every block's scores (A/B runs).
-        SlidingPlan::Banded(blocks) if ops::bench_switch("OSTINATO_KEEP_SCORES") => {
-            blocked_forward(q, k, v, rep, blocks)
+        SlidingPlan::Unmasked => attend(kernels, q, k, v, rep, None),
+        SlidingPlan::Masked(mask) => attend(kernels, q, k, v, rep, Some(mask)),
+        // Plain differentiable blocks: the graph keeps every block's scores.
+        SlidingPlan::Banded(blocks) if kernels.scores == AttentionScores::Keep => {
+            blocked_forward(kernels, q, k, v, rep, blocks)
         }
-        SlidingPlan::Banded(blocks) => recompute(q, k, v, rep, blocks, None),
+        SlidingPlan::Banded(blocks) => recompute(kernels, q, k, v, rep, blocks, None),
     }
 }
 
@@ -403,6 +431,8 @@ pub fn sliding(q: &Tensor, k: &Tensor, v: &Tensor, rep: usize, plan: &SlidingPla
 mod tests {
     use super::*;
     use candle_core::Var;
+
+    const CPU: KernelPolicy = KernelPolicy::cpu();
 
     fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
         (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
@@ -427,10 +457,10 @@ mod tests {
         });
         for (what, blocks) in [("banded", banded), ("full", full.collect())] {
             let (out, lse) = attention_host::forward(&q, &k, &v, rep, &blocks)?;
-            let composed = blocked_forward(&q, &k, &v, rep, &blocks)?;
+            let composed = blocked_forward(CPU, &q, &k, &v, rep, &blocks)?;
             let out_err = max_abs(&out, &composed);
             let host = attention_host::backward(&q, &k, &v, &out, &lse, &g, rep, &blocks)?;
-            let composed = composed_backward(&q, &k, &v, &g, rep, &blocks)?;
+            let composed = composed_backward(CPU, &q, &k, &v, &g, rep, &blocks)?;
             let grad_err =
                 max_abs(&host.0, &composed.0).max(max_abs(&host.1, &composed.1)).max(max_abs(&host.2, &composed.2));
             println!("{what} blocks: host vs candle ops, output {out_err:e}, gradients {grad_err:e} (max abs)");
@@ -451,20 +481,20 @@ mod tests {
             let v = Var::randn(0f32, 1.0, (b, kv, p, d), &dev)?;
             let g = Tensor::randn(0f32, 1.0, (b, kv, p * rep, d), &dev)?;
             let mask = band_mask(0, p, 0, p, window, &dev)?;
-            let square = full(&q, &k, &v, rep, mask.as_ref(), None)?;
+            let square = full(CPU, &q, &k, &v, rep, mask.as_ref(), None)?;
             let plan = SlidingPlan::banded(p, window, block, &dev)?;
-            let banded = sliding(&q, &k, &v, rep, &plan)?;
+            let banded = sliding(CPU, &q, &k, &v, rep, &plan)?;
             let err = max_abs(&square, &banded);
             assert!(err <= 1e-5, "P {p} W {window} block {block}: output differs by {err:e}");
             check_grads(&square, &banded, &g, [&q, &k, &v], &format!("banded P {p} W {window} block {block}"))?;
 
             // Unmasked: query blocks through the recompute op against plain attention.
-            let plain = full(&q, &k, &v, rep, None, None)?;
+            let plain = full(CPU, &q, &k, &v, rep, None, None)?;
             let blocks: Vec<BandBlock> = (0..p)
                 .step_by(block)
                 .map(|q_start| BandBlock { q_start, q_len: block.min(p - q_start), k_start: 0, k_len: p, mask: None })
                 .collect();
-            let blocked = recompute(&q, &k, &v, rep, &blocks, None)?;
+            let blocked = recompute(CPU, &q, &k, &v, rep, &blocks, None)?;
             assert!(max_abs(&plain, &blocked) <= 1e-5, "P {p} block {block}: blocked full attention");
             check_grads(&plain, &blocked, &g, [&q, &k, &v], &format!("blocked P {p} block {block}"))?;
         }
@@ -486,13 +516,13 @@ mod tests {
             .map(|q_start| BandBlock { q_start, q_len: 16.min(p - q_start), k_start: 0, k_len: p, mask: None })
             .collect();
         let kept = KeptOutput::default();
-        let first = recompute(&q.detach(), &k.detach(), &v.detach(), rep, &blocks, Some(&kept))?;
+        let first = recompute(CPU, &q.detach(), &k.detach(), &v.detach(), rep, &blocks, Some(&kept))?;
         let held = kept.take();
         assert!(held.is_some(), "the pass without a graph keeps its output");
         kept.0.set(held);
-        let reused = recompute(&q, &k, &v, rep, &blocks, Some(&kept))?;
+        let reused = recompute(CPU, &q, &k, &v, rep, &blocks, Some(&kept))?;
         assert!(kept.take().is_none(), "the tracked pass takes it");
-        let computed = recompute(&q, &k, &v, rep, &blocks, None)?;
+        let computed = recompute(CPU, &q, &k, &v, rep, &blocks, None)?;
         assert_eq!(max_abs(&reused, &first), 0.0);
         assert_eq!(max_abs(&reused, &computed), 0.0);
         let (gr, gc) = (ops::mul(&reused, &g)?.sum_all()?.backward()?, ops::mul(&computed, &g)?.sum_all()?.backward()?);
@@ -520,7 +550,7 @@ mod tests {
     #[test]
     fn plan_picks_square_at_short_lengths() -> Result<()> {
         let dev = Device::Cpu;
-        let plan = |p: usize, dtype: DType| SlidingPlan::new(p, 128, dtype, &dev);
+        let plan = |p: usize, dtype: DType| SlidingPlan::new(CPU, p, 128, dtype, &dev);
         assert!(matches!(plan(100, DType::F32)?, SlidingPlan::Unmasked));
         assert!(matches!(plan(250, DType::F32)?, SlidingPlan::Masked(_)));
         // The CPU kernels take the band once it skips keys; candle ops only later.
@@ -534,6 +564,12 @@ mod tests {
             }
             _ => panic!("3000 positions with window 128 should be banded"),
         }
+        // Without CPU kernels f32 plans as bf16 does; the square policy never bands.
+        let gpu = KernelPolicy::gpu();
+        assert!(matches!(SlidingPlan::new(gpu, 375, 128, DType::F32, &dev)?, SlidingPlan::Masked(_)));
+        assert!(matches!(SlidingPlan::new(gpu, 3000, 128, DType::F32, &dev)?, SlidingPlan::Banded(_)));
+        let square = KernelPolicy { sliding: SlidingAttention::Square, ..CPU };
+        assert!(matches!(SlidingPlan::new(square, 3000, 128, DType::F32, &dev)?, SlidingPlan::Masked(_)));
         let m = band_mask(10, 4, 0, 30, 5, &dev)?.unwrap().to_dtype(DType::F32)?;
         let row0 = m.get(0)?.squeeze(0)?.to_vec1::<f32>()?;
         assert_eq!(row0[5], 0.0);

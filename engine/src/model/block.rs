@@ -7,6 +7,7 @@ use super::attention::{self, KeptOutput, SlidingPlan};
 use super::heads;
 use super::mlp;
 use super::ops;
+use super::policy::KernelPolicy;
 use super::roots;
 use super::weights::DecoderWeights;
 use super::{DitConfig, LinearAdapter};
@@ -112,8 +113,10 @@ impl Attention {
     /// `x [B, P, H]` attends to `kv_input [B, S, H]` (itself for self-attention), with
     /// RoPE and the sliding-window plan for self-attention; `kept` is full attention's
     /// (see `attention::KeptOutput`).
+    #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
+        kernels: KernelPolicy,
         x: &Tensor,
         kv_input: &Tensor,
         rope: Option<&Rope>,
@@ -133,19 +136,21 @@ impl Attention {
         let kv_geo = heads::Geometry { positions: s, rep: 1, ..q_geo };
         let rope = rope.map(|r| (&r.cos, &r.sin));
         let scale = (hd as f64).powf(-0.5);
-        let q = heads::split(&self.q_proj.forward(x, lora)?, q_geo, Some((&self.q_norm, self.eps)), rope, scale)?;
-        let k = heads::split(&self.k_proj.forward(kv_input, lora)?, kv_geo, Some((&self.k_norm, self.eps)), rope, 1.0)?;
-        let v = heads::split(&self.v_proj.forward(kv_input, lora)?, kv_geo, None, None, 1.0)?;
+        let q_norm = Some((&self.q_norm, self.eps));
+        let q = heads::split(kernels, &self.q_proj.forward(x, lora)?, q_geo, q_norm, rope, scale)?;
+        let k_norm = Some((&self.k_norm, self.eps));
+        let k = heads::split(kernels, &self.k_proj.forward(kv_input, lora)?, kv_geo, k_norm, rope, 1.0)?;
+        let v = heads::split(kernels, &self.v_proj.forward(kv_input, lora)?, kv_geo, None, None, 1.0)?;
 
         // 2. softmax(q k^T [+ band]) v, banded on long sliding-window layers:
         //    (B, KV, P * rep, D).
         let out = match sliding {
-            Some(plan) => attention::sliding(&q, &k, &v, rep, plan)?,
-            None => attention::full(&q, &k, &v, rep, None, kept)?,
+            Some(plan) => attention::sliding(kernels, &q, &k, &v, rep, plan)?,
+            None => attention::full(kernels, &q, &k, &v, rep, None, kept)?,
         };
 
         // 3. Merge heads, output projection.
-        self.o_proj.forward(&heads::merge(&out, q_geo)?, lora)
+        self.o_proj.forward(&heads::merge(kernels, &out, q_geo)?, lora)
     }
 
     fn linears(&self) -> [&Linear; 4] {
@@ -160,19 +165,21 @@ struct Mlp {
 }
 
 impl Mlp {
-    fn forward(&self, x: &Tensor, lora: Option<&dyn LinearAdapter>) -> Result<Tensor> {
+    fn forward(&self, kernels: KernelPolicy, x: &Tensor, lora: Option<&dyn LinearAdapter>) -> Result<Tensor> {
         if let Some(weights) = self.fusable(lora) {
-            return Ok(mlp::swiglu_mlp(x, weights[0], weights[1], weights[2])?);
+            return Ok(mlp::swiglu_mlp(kernels, x, weights[0], weights[1], weights[2])?);
         }
         let gate = self.gate_proj.forward(x, lora)?;
         let up = self.up_proj.forward(x, lora)?;
-        self.down_proj.forward(&ops::swiglu(&gate, &up)?, lora)
+        self.down_proj.forward(&ops::swiglu(kernels, &gate, &up)?, lora)
     }
 
     /// The backward root of `x + self(h) * gate` from `grad_out` (see
     /// `mlp::gated_residual_root`), where the MLP runs as one node.
+    #[allow(clippy::too_many_arguments)]
     fn gated_residual_root(
         &self,
+        kernels: KernelPolicy,
         x: &Tensor,
         h: &Tensor,
         gate: &Tensor,
@@ -180,7 +187,7 @@ impl Mlp {
         lora: Option<&dyn LinearAdapter>,
     ) -> Result<Option<Tensor>> {
         match self.fusable(lora) {
-            Some(weights) => Ok(mlp::gated_residual_root(x, h, gate, weights, grad_out)?),
+            Some(weights) => Ok(mlp::gated_residual_root(kernels, x, h, gate, weights, grad_out)?),
             None => Ok(None),
         }
     }
@@ -211,6 +218,8 @@ pub struct LayerContext {
     pub rope: Rope,
     /// How sliding-window layers attend (masked square or banded blocks).
     pub sliding: SlidingPlan,
+    /// The model's kernel policy.
+    pub kernels: KernelPolicy,
 }
 
 pub struct DitLayer {
@@ -261,8 +270,8 @@ impl DitLayer {
         kept: Option<&KeptOutput>,
     ) -> Result<Tensor> {
         let mid = self.until_mlp(x, ctx, lora, kept)?;
-        let ff = self.mlp.forward(&mid.normed, lora)?;
-        Ok(ops::gated_add(&mid.x, &ff, &mid.gate)?)
+        let ff = self.mlp.forward(ctx.kernels, &mid.normed, lora)?;
+        Ok(ops::gated_add(ctx.kernels, &mid.x, &ff, &mid.gate)?)
     }
 
     /// Gradient checkpointing's recompute: the layer from `x` as a backward root that
@@ -278,12 +287,13 @@ impl DitLayer {
         grad_out: &Tensor,
         kept: &KeptOutput,
     ) -> Result<Tensor> {
+        let k = ctx.kernels;
         let mid = self.until_mlp(x, ctx, lora, Some(kept))?;
-        if let Some(root) = self.mlp.gated_residual_root(&mid.x, &mid.normed, &mid.gate, grad_out, lora)? {
+        if let Some(root) = self.mlp.gated_residual_root(k, &mid.x, &mid.normed, &mid.gate, grad_out, lora)? {
             return Ok(root);
         }
-        let ff = self.mlp.forward(&mid.normed, lora)?;
-        Ok(roots::seeded(&ops::gated_add(&mid.x, &ff, &mid.gate)?, grad_out)?)
+        let ff = self.mlp.forward(k, &mid.normed, lora)?;
+        Ok(roots::seeded(&ops::gated_add(k, &mid.x, &ff, &mid.gate)?, grad_out)?)
     }
 
     /// Everything before the MLP: AdaLN, both attentions with their residuals, the MLP's
@@ -302,18 +312,19 @@ impl DitLayer {
         let (c_shift, c_scale, c_gate) = (chunk(3)?, (chunk(4)? + 1.0)?, chunk(5)?);
 
         // 2. Modulated self-attention, gated residual.
-        let h = ops::modulated_rms_norm(x, &self.self_attn_norm, &scale, &shift, self.eps)?;
+        let k = ctx.kernels;
+        let h = ops::modulated_rms_norm(k, x, &self.self_attn_norm, &scale, &shift, self.eps)?;
         let plan = if self.sliding { Some(&ctx.sliding) } else { None };
-        let attn = self.self_attn.forward(&h, &h, Some(&ctx.rope), plan, lora, kept)?;
-        let x = ops::gated_add(x, &attn, &gate)?;
+        let attn = self.self_attn.forward(k, &h, &h, Some(&ctx.rope), plan, lora, kept)?;
+        let x = ops::gated_add(k, x, &attn, &gate)?;
 
         // 3. Cross-attention to the condition, plain residual.
-        let h = ops::rms_norm(&x, &self.cross_attn_norm, self.eps)?;
-        let cross = self.cross_attn.forward(&h, &ctx.encoder_states, None, None, lora, None)?;
+        let h = ops::rms_norm(k, &x, &self.cross_attn_norm, self.eps)?;
+        let cross = self.cross_attn.forward(k, &h, &ctx.encoder_states, None, None, lora, None)?;
         let x = ops::add(&x, &cross)?;
 
         // 4. The MLP's modulated norm; the MLP and its gated residual follow.
-        let normed = ops::modulated_rms_norm(&x, &self.mlp_norm, &c_scale, &c_shift, self.eps)?;
+        let normed = ops::modulated_rms_norm(k, &x, &self.mlp_norm, &c_scale, &c_shift, self.eps)?;
         Ok(BeforeMlp { x, normed, gate: c_gate })
     }
 

@@ -10,7 +10,8 @@
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
-use super::ops::{self, fused_cpu_f32, output, par_rows, rows};
+use super::ops::{self, output, par_rows, rows};
+use super::policy::KernelPolicy;
 use crate::kernels::simd;
 
 /// The shape of one attention input: `positions` rows per batch item of `kv_heads * rep`
@@ -57,6 +58,7 @@ impl Geometry {
 /// `x [B, P, heads * D]` to `(B, KV, P * rep, D)`: per head `rms_norm(., norm)` if given,
 /// then RoPE with tables `[P, 1, D]` if given, times `scale`.
 pub fn split(
+    k: KernelPolicy,
     x: &Tensor,
     geo: Geometry,
     norm: Option<(&Tensor, f64)>,
@@ -65,8 +67,9 @@ pub fn split(
 ) -> Result<Tensor> {
     let constants_f32 = norm.iter().all(|(w, _)| w.dtype() == DType::F32 && !w.track_op())
         && rope.iter().all(|(c, s)| c.dtype() == DType::F32 && s.dtype() == DType::F32);
-    if fused_cpu_f32(x) && constants_f32 {
+    if k.on_host(x) && constants_f32 {
         let op = Split {
+            k,
             geo,
             norm: norm.map(|(w, eps)| Ok::<_, candle_core::Error>((ops::cpu_values(w)?, eps as f32))).transpose()?,
             rope: rope
@@ -76,10 +79,11 @@ pub fn split(
         };
         return x.contiguous()?.apply_op1(op);
     }
-    split_composed(x, geo, norm, rope, scale)
+    split_composed(k, x, geo, norm, rope, scale)
 }
 
 fn split_composed(
+    k: KernelPolicy,
     x: &Tensor,
     geo: Geometry,
     norm: Option<(&Tensor, f64)>,
@@ -89,7 +93,7 @@ fn split_composed(
     let Geometry { batch: b, positions: p, kv_heads: kv, rep, head_dim: d } = geo;
     let mut t = x.reshape((b, p, kv * rep, d))?;
     if let Some((w, eps)) = norm {
-        t = ops::rms_norm(&t, w, eps)?;
+        t = ops::rms_norm(k, &t, w, eps)?;
     }
     t = match rope {
         Some((cos, sin)) => ops::rope(&t, cos, sin, scale)?,
@@ -100,9 +104,9 @@ fn split_composed(
 }
 
 /// `(B, KV, P * rep, D)` back to `[B, P, heads * D]`.
-pub fn merge(x: &Tensor, geo: Geometry) -> Result<Tensor> {
-    if fused_cpu_f32(x) {
-        return x.contiguous()?.apply_op1(Merge { geo });
+pub fn merge(k: KernelPolicy, x: &Tensor, geo: Geometry) -> Result<Tensor> {
+    if k.on_host(x) {
+        return x.contiguous()?.apply_op1(Merge { geo, k });
     }
     let Geometry { batch: b, positions: p, kv_heads: kv, rep, head_dim: d } = geo;
     x.reshape((b, kv, p, rep * d))?.transpose(1, 2)?.reshape((b, p, kv * rep * d))
@@ -118,6 +122,7 @@ fn check(what: &str, l: &Layout, expected: &Shape) -> Result<()> {
 /// The forward of [`split`]; the per-head constants copied out once per call.
 #[derive(Clone)]
 struct Split {
+    k: KernelPolicy,
     geo: Geometry,
     norm: Option<(Vec<f32>, f32)>,
     rope: Option<(Vec<f32>, Vec<f32>)>,
@@ -130,6 +135,7 @@ impl CustomOp1 for Split {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.k.cpu_only(self.name())?;
         check("split-heads", l, &self.geo.flat_shape())?;
         let (x, _) = rows(s, l)?;
         let d = self.geo.head_dim;
@@ -173,7 +179,8 @@ impl CustomOp2 for SplitBwd {
     }
 
     fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout, gs: &CpuStorage, gl: &Layout) -> Result<(CpuStorage, Shape)> {
-        let Split { geo, norm, rope, scale } = &self.0;
+        let Split { k, geo, norm, rope, scale } = &self.0;
+        k.cpu_only(self.name())?;
         check("split-heads-bwd", gl, &geo.grouped_shape())?;
         let (x, _) = rows(xs, xl)?;
         let (g, _) = rows(gs, gl)?;
@@ -206,6 +213,7 @@ impl CustomOp2 for SplitBwd {
 /// norm, RoPE or scale.
 struct Merge {
     geo: Geometry,
+    k: KernelPolicy,
 }
 
 impl CustomOp1 for Merge {
@@ -214,6 +222,7 @@ impl CustomOp1 for Merge {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.k.cpu_only(self.name())?;
         check("merge-heads", l, &self.geo.grouped_shape())?;
         let (x, _) = rows(s, l)?;
         let d = self.geo.head_dim;
@@ -226,7 +235,7 @@ impl CustomOp1 for Merge {
     }
 
     fn bwd(&self, _x: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let split = Split { geo: self.geo, norm: None, rope: None, scale: 1.0 };
+        let split = Split { k: self.k, geo: self.geo, norm: None, rope: None, scale: 1.0 };
         Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&split)?))
     }
 }
@@ -236,6 +245,8 @@ mod tests {
     use super::*;
     use crate::model::ops::rel_err;
     use candle_core::{Device, Var};
+
+    const CPU: KernelPolicy = KernelPolicy::cpu();
 
     #[test]
     fn split_and_merge_match_the_composed_forms() -> Result<()> {
@@ -255,8 +266,8 @@ mod tests {
             ("layout only", None, None, 1.0),
         ];
         for (name, norm, rope, scale) in cases {
-            let fused = split(x.as_tensor(), geo, norm, rope, scale)?;
-            let composed = split_composed(x.as_tensor(), geo, norm, rope, scale)?;
+            let fused = split(CPU, x.as_tensor(), geo, norm, rope, scale)?;
+            let composed = split_composed(CPU, x.as_tensor(), geo, norm, rope, scale)?;
             let out_err = rel_err(&fused, &composed);
             let gf = (&fused * &g)?.sum_all()?.backward()?;
             let gc = (&composed * &g)?.sum_all()?.backward()?;
@@ -267,12 +278,32 @@ mod tests {
 
         let y = Var::randn(0f32, 1., (2, 3, 10, 8), &dev)?;
         let gm = Tensor::randn(0f32, 1., (2, 5, 48), &dev)?;
-        let fused = merge(y.as_tensor(), geo)?;
+        let fused = merge(CPU, y.as_tensor(), geo)?;
         let composed = y.as_tensor().reshape((2, 3, 5, 16))?.transpose(1, 2)?.reshape((2, 5, 48))?;
         assert_eq!(rel_err(&fused, &composed), 0.0, "merge is a permutation");
         let gf = (&fused * &gm)?.sum_all()?.backward()?;
         let gc = (&composed * &gm)?.sum_all()?.backward()?;
         assert_eq!(rel_err(gf.get(&y).unwrap(), gc.get(&y).unwrap()), 0.0);
+        Ok(())
+    }
+
+    /// Built under the GPU policy, the layout ops err in their forwards, naming themselves.
+    #[test]
+    fn layout_ops_err_under_the_gpu_policy() -> Result<()> {
+        let k = KernelPolicy::gpu();
+        let geo = Geometry { batch: 1, positions: 2, kv_heads: 1, rep: 2, head_dim: 4 };
+        let flat = Tensor::zeros((1, 2, 8), candle_core::DType::F32, &Device::Cpu)?;
+        let grouped = Tensor::zeros((1, 1, 4, 4), candle_core::DType::F32, &Device::Cpu)?;
+        let split = Split { k, geo, norm: None, rope: None, scale: 1.0 };
+        let runs = [
+            ("split-heads", flat.apply_op1_no_bwd(&split)),
+            ("split-heads-bwd", flat.apply_op2_no_bwd(&grouped, &SplitBwd(split.clone()))),
+            ("merge-heads", grouped.apply_op1_no_bwd(&Merge { geo, k })),
+        ];
+        for (name, run) in runs {
+            let err = run.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains(name) && err.contains("no Metal or CUDA forward"), "{name}: {err:?}");
+        }
         Ok(())
     }
 }

@@ -243,15 +243,20 @@ fn rank_r_product(a: Mat, b: Mat, in_halves: bool) -> Vec<f32> {
 /// song's (375 rows, ~6M) stay on one, a 4-minute song's (3000 rows, ~49M) split.
 const SPLIT_FLOPS: usize = 16 << 20;
 
-/// [`thin_product`] on tensors, without a graph.
+/// A 2-D product `a b` without a graph: [`thin_product`] on the CPU, candle's matmul
+/// on Metal and CUDA (as the forward's rank-r products).
 fn thin_matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    if !a.device().is_cpu() {
-        return a.matmul(b);
-    }
     a.apply_op2_no_bwd(b, &ThinMatmul)
 }
 
 struct ThinMatmul;
+
+impl ThinMatmul {
+    fn fwd<S: BackendStorage>(&self, thin: Thin<S>, a: &S, al: &Layout, b: &S, bl: &Layout) -> Result<(S, Shape)> {
+        let ((m, k), (_, n)) = (al.shape().dims2()?, bl.shape().dims2()?);
+        Ok((thin(a, b, (1, m, n, k), al, bl)?, Shape::from((m, n))))
+    }
+}
 
 impl candle_core::CustomOp2 for ThinMatmul {
     fn name(&self) -> &'static str {
@@ -259,8 +264,15 @@ impl candle_core::CustomOp2 for ThinMatmul {
     }
 
     fn cpu_fwd(&self, a: &CpuStorage, al: &Layout, b: &CpuStorage, bl: &Layout) -> Result<(CpuStorage, Shape)> {
-        let ((m, k), (_, n)) = (al.shape().dims2()?, bl.shape().dims2()?);
-        Ok((thin_product(a, b, (1, m, n, k), al, bl)?, Shape::from((m, n))))
+        self.fwd(thin_product, a, al, b, bl)
+    }
+
+    fn cuda_fwd(&self, a: &CudaStorage, al: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.fwd(|a, b, bmnk, al, bl| a.matmul(b, bmnk, al, bl), a, al, b, bl)
+    }
+
+    fn metal_fwd(&self, a: &MetalStorage, al: &Layout, b: &MetalStorage, bl: &Layout) -> Result<(MetalStorage, Shape)> {
+        self.fwd(|a, b, bmnk, al, bl| a.matmul(b, bmnk, al, bl), a, al, b, bl)
     }
 }
 

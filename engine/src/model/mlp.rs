@@ -18,6 +18,7 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Error, Layout, Result, Shape, Tensor};
 
 use super::ops;
+use super::policy::KernelPolicy;
 use crate::kernels::cpu_gemm::{host_f32, matmul_into, Mat, Threads};
 use crate::kernels::handover::{on_cpu, Handover};
 
@@ -25,15 +26,15 @@ use crate::kernels::handover::{on_cpu, Handover};
 /// each at ACE-Step's 6144 (1.5 MiB at the bench's 1536).
 const BACKWARD_ROWS: usize = 256;
 
-pub fn swiglu_mlp(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Tensor> {
+pub fn swiglu_mlp(k: KernelPolicy, x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Tensor> {
     let composed = |x: &Tensor| -> Result<Tensor> {
-        let h = ops::swiglu(&ops::linear(x, gate, None)?, &ops::linear(x, up, None)?)?;
+        let h = ops::swiglu(k, &ops::linear(x, gate, None)?, &ops::linear(x, up, None)?)?;
         ops::linear(&h, down, None)
     };
-    if !fusable(x, [gate, up, down]) {
+    if !fusable(k, x, [gate, up, down]) {
         return composed(x);
     }
-    let kept = Kept::forward(x, [gate, up, down])?;
+    let kept = Kept::forward(k, x, [gate, up, down])?;
     let out = ops::linear(&kept.swiglu()?, down, None)?;
     if !x.track_op() {
         return Ok(out);
@@ -48,23 +49,24 @@ pub fn swiglu_mlp(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Resu
 /// backward needs its input but not its output. `None` where the MLP runs composed or
 /// the gate is tracked (its gradient would need that output).
 pub fn gated_residual_root(
+    k: KernelPolicy,
     x: &Tensor,
     h: &Tensor,
     gate: &Tensor,
     weights: [&Tensor; 3],
     grad_out: &Tensor,
 ) -> Result<Option<Tensor>> {
-    if !fusable(h, weights) || gate.track_op() || gate.dtype() != DType::F32 {
+    if !fusable(k, h, weights) || gate.track_op() || gate.dtype() != DType::F32 {
         return Ok(None);
     }
-    let kept = Kept::forward(h, weights)?;
+    let kept = Kept::forward(k, h, weights)?;
     let root = ResidualRoot { kept, gate: gate.clone(), grad_out: grad_out.clone() };
     Ok(Some(x.apply_op2(h, root)?))
 }
 
-/// Whether the MLP over `x` runs as one node: f32 on the CPU, weights frozen.
-fn fusable(x: &Tensor, weights: [&Tensor; 3]) -> bool {
-    ops::fused_cpu_f32(x) && weights.iter().all(|w| w.dtype() == DType::F32 && !w.track_op())
+/// Whether the MLP over `x` runs as one node: on the CPU kernels, weights frozen.
+fn fusable(k: KernelPolicy, x: &Tensor, weights: [&Tensor; 3]) -> bool {
+    k.on_host(x) && weights.iter().all(|w| w.dtype() == DType::F32 && !w.track_op())
 }
 
 /// What the MLP's backward needs: `gate(x)` and `up(x)`, taken by the backward (which
@@ -72,15 +74,16 @@ fn fusable(x: &Tensor, weights: [&Tensor; 3]) -> bool {
 struct Kept {
     gate_up: Mutex<Option<(Tensor, Tensor)>>,
     weights: [Tensor; 3],
+    k: KernelPolicy,
 }
 
 impl Kept {
     /// `gate(x)` and `up(x)`, without a graph.
-    fn forward(x: &Tensor, weights: [&Tensor; 3]) -> Result<Self> {
+    fn forward(k: KernelPolicy, x: &Tensor, weights: [&Tensor; 3]) -> Result<Self> {
         let xd = x.detach();
         let g = ops::linear(&xd, weights[0], None)?;
         let u = ops::linear(&xd, weights[1], None)?;
-        Ok(Self { gate_up: Mutex::new(Some((g, u))), weights: weights.map(Tensor::clone) })
+        Ok(Self { gate_up: Mutex::new(Some((g, u))), weights: weights.map(Tensor::clone), k })
     }
 
     /// The down projection's input `silu(gate(x)) * up(x)` (the forward's, before the
@@ -88,7 +91,7 @@ impl Kept {
     fn swiglu(&self) -> Result<Tensor> {
         let kept = self.gate_up.lock().expect("mlp lock");
         let (g, u) = kept.as_ref().ok_or_else(|| Error::Msg("swiglu-mlp: its backward already ran".into()))?;
-        ops::swiglu(g, u)
+        ops::swiglu(self.k, g, u)
     }
 
     /// The gradient for the MLP's input `x` from its output's gradient `grad`.
@@ -111,8 +114,8 @@ impl Kept {
             let n = BACKWARD_ROWS.min(rows - start);
             let (gb, ub) = (g.narrow(0, start, n)?, u.narrow(0, start, n)?);
             let d_h = grad.narrow(0, start, n)?.matmul(w_down)?; // [n, I]
-            let d_gate = ops::swiglu_grad(&gb, &ub, &d_h, true)?;
-            let d_up = ops::swiglu_grad(&gb, &ub, &d_h, false)?;
+            let d_gate = ops::swiglu_grad(self.k, &gb, &ub, &d_h, true)?;
+            let d_up = ops::swiglu_grad(self.k, &gb, &ub, &d_h, false)?;
             let (dg, dg_layout) = d_gate.storage_and_layout();
             let (du, du_layout) = d_up.storage_and_layout();
             let (dg, du) = (Mat::of(host_f32(&dg, OP)?, dg_layout, 0), Mat::of(host_f32(&du, OP)?, du_layout, 0));
@@ -136,6 +139,7 @@ impl CustomOp1 for MlpNode {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.kept.k.cpu_only(self.name())?;
         self.out.take(on_cpu)
     }
 
@@ -157,6 +161,7 @@ impl CustomOp2 for ResidualRoot {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.kept.k.cpu_only(self.name())?;
         Ok((CpuStorage::F32(Vec::new()), Shape::from(0)))
     }
 
@@ -177,6 +182,8 @@ mod tests {
     use crate::model::roots;
     use candle_core::{Device, Var};
 
+    const CPU: KernelPolicy = KernelPolicy::cpu();
+
     #[test]
     fn matches_the_composed_form() -> Result<()> {
         let dev = Device::Cpu;
@@ -185,9 +192,9 @@ mod tests {
         let (wg, wu) = (Tensor::randn(0f32, 0.3, (40, 24), &dev)?, Tensor::randn(0f32, 0.3, (40, 24), &dev)?);
         let wd = Tensor::randn(0f32, 0.3, (24, 40), &dev)?;
         let g = Tensor::randn(0f32, 1., (2, 300, 24), &dev)?;
-        let fused = swiglu_mlp(x.as_tensor(), &wg, &wu, &wd)?;
+        let fused = swiglu_mlp(CPU, x.as_tensor(), &wg, &wu, &wd)?;
         let composed = ops::linear(
-            &ops::swiglu(&ops::linear(x.as_tensor(), &wg, None)?, &ops::linear(x.as_tensor(), &wu, None)?)?,
+            &ops::swiglu(CPU, &ops::linear(x.as_tensor(), &wg, None)?, &ops::linear(x.as_tensor(), &wu, None)?)?,
             &wd,
             None,
         )?;
@@ -209,9 +216,9 @@ mod tests {
         let w = |shape: &[usize]| Tensor::randn(0f32, 0.3, shape, &dev);
         let (wg, wu, wd) = (w(&[40, 24])?, w(&[40, 24])?, w(&[24, 40])?);
         let (gate, grad_out) = (w(&[2, 1, 24])?, w(&[2, 300, 24])?);
-        let mlp = swiglu_mlp(h.as_tensor(), &wg, &wu, &wd)?;
-        let full = roots::seeded(&ops::gated_add(x.as_tensor(), &mlp, &gate)?, &grad_out)?.backward()?;
-        let root = gated_residual_root(x.as_tensor(), h.as_tensor(), &gate, [&wg, &wu, &wd], &grad_out)?;
+        let mlp = swiglu_mlp(CPU, h.as_tensor(), &wg, &wu, &wd)?;
+        let full = roots::seeded(&ops::gated_add(CPU, x.as_tensor(), &mlp, &gate)?, &grad_out)?.backward()?;
+        let root = gated_residual_root(CPU, x.as_tensor(), h.as_tensor(), &gate, [&wg, &wu, &wd], &grad_out)?;
         let root = root.expect("f32 on the CPU with frozen weights: the fused root").backward()?;
         for (name, v) in [("x", &x), ("h", &h)] {
             let err = ops::max_abs(&(full.get(v).unwrap() - root.get(v).unwrap())?);
@@ -226,10 +233,29 @@ mod tests {
         let dev = Device::Cpu;
         let x = Var::randn(0f32, 1., (1, 8, 4), &dev)?;
         let w = |shape| Tensor::randn(0f32, 0.3, shape, &dev);
-        let y = swiglu_mlp(x.as_tensor(), &w((6, 4))?, &w((6, 4))?, &w((4, 6))?)?.sum_all()?;
+        let y = swiglu_mlp(CPU, x.as_tensor(), &w((6, 4))?, &w((6, 4))?, &w((4, 6))?)?.sum_all()?;
         y.backward()?;
         let again = y.backward().err().map(|e| e.to_string()).unwrap_or_default();
         assert!(again.contains("backward ran twice"), "a second backward over the graph: {again:?}");
+        Ok(())
+    }
+
+    /// Built under the GPU policy, the MLP's nodes err in their forwards, naming themselves.
+    #[test]
+    fn mlp_nodes_err_under_the_gpu_policy() -> Result<()> {
+        let (k, dev) = (KernelPolicy::gpu(), Device::Cpu);
+        let x = Tensor::randn(0f32, 1., (1, 3, 4), &dev)?;
+        let w = |shape| Tensor::randn(0f32, 0.3, shape, &dev);
+        let weights = [w((6, 4))?, w((6, 4))?, w((4, 6))?];
+        let kept = || Kept::forward(k, &x, [&weights[0], &weights[1], &weights[2]]);
+        let node = MlpNode { out: Handover::new(x.clone(), "swiglu-mlp"), kept: kept()? };
+        let gate = Tensor::randn(0f32, 0.3, (1, 1, 4), &dev)?;
+        let root = ResidualRoot { kept: kept()?, gate, grad_out: x.clone() };
+        let runs = [("swiglu-mlp", x.apply_op1_no_bwd(&node)), ("gated-residual-root", x.apply_op2_no_bwd(&x, &root))];
+        for (name, run) in runs {
+            let err = run.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains(name) && err.contains("no Metal or CUDA forward"), "{name}: {err:?}");
+        }
         Ok(())
     }
 }

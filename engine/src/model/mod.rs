@@ -11,6 +11,7 @@ pub mod heads;
 pub mod lora_linear;
 pub mod mlp;
 pub mod ops;
+pub mod policy;
 pub mod roots;
 pub mod timesteps;
 pub mod weights;
@@ -25,6 +26,7 @@ use rand_distr::{Distribution, Normal};
 pub use block::{DitLayer, LayerContext};
 pub use config::{DitConfig, LayerType};
 pub use lora_linear::LinearAdapter;
+pub use policy::{AttentionScores, KernelPolicy, SlidingAttention};
 pub use weights::DecoderWeights;
 
 use crate::Result;
@@ -93,6 +95,7 @@ pub struct DitModel {
     cfg: DitConfig,
     dtype: DType,
     device: Device,
+    kernels: KernelPolicy,
     proj_in: Linear,
     time_embed: TimestepEmbedding,
     time_embed_r: TimestepEmbedding,
@@ -120,6 +123,7 @@ impl DitModel {
         Ok(Self {
             cfg: cfg.clone(),
             dtype,
+            kernels: KernelPolicy::for_device(&device),
             device,
             proj_in: Linear::from_weight("proj_in.1", proj_in_w, Some(w.get("proj_in.1.bias")?)),
             time_embed: TimestepEmbedding::load(w, "time_embed")?,
@@ -142,6 +146,18 @@ impl DitModel {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The kernels the model's ops run (its device's unless set by [`Self::with_kernels`]).
+    pub fn kernels(&self) -> KernelPolicy {
+        self.kernels
+    }
+
+    /// The model running `kernels` instead of its device's: the GPU policy on the CPU
+    /// (tests of the Metal and CUDA path), A/B runs of the bench.
+    pub fn with_kernels(mut self, kernels: KernelPolicy) -> Self {
+        self.kernels = kernels;
+        self
     }
 
     pub fn layers(&self) -> &[DitLayer] {
@@ -178,7 +194,7 @@ impl DitModel {
         let encoder_states =
             self.condition_embedder.forward(&inputs.encoder_hidden_states.to_dtype(self.dtype)?, None)?;
         let sliding = if (0..cfg.num_hidden_layers).any(|i| cfg.is_sliding(i)) {
-            attention::SlidingPlan::new(patches, cfg.sliding_window, self.dtype, &self.device)?
+            attention::SlidingPlan::new(self.kernels, patches, cfg.sliding_window, self.dtype, &self.device)?
         } else {
             attention::SlidingPlan::Unmasked
         };
@@ -190,6 +206,7 @@ impl DitModel {
                 encoder_states,
                 rope: Rope::new(cfg, patches, self.dtype, &self.device)?,
                 sliding,
+                kernels: self.kernels,
             },
             frames,
         })
@@ -201,7 +218,7 @@ impl DitModel {
         let (b, p, _) = x.dims3()?;
         let m = ops::add(&self.scale_shift_table, &prep.temb.unsqueeze(1)?)?; // (B, 2, H)
         let (shift, scale) = (m.narrow(1, 0, 1)?, (m.narrow(1, 1, 1)? + 1.0)?);
-        let h = ops::modulated_rms_norm(x, &self.norm_out, &scale, &shift, self.cfg.rms_norm_eps)?;
+        let h = ops::modulated_rms_norm(self.kernels, x, &self.norm_out, &scale, &shift, self.cfg.rms_norm_eps)?;
         let y = self.proj_out.forward(&h, None)?; // (B, P, k * 64)
         let y = y.reshape((b, p * self.cfg.patch_size, self.cfg.audio_acoustic_hidden_dim))?;
         Ok(y.narrow(1, 0, prep.frames)?)
@@ -236,7 +253,7 @@ impl DitModel {
             x = layer.forward(&x, &prep.layer_ctx, None)?;
             out.push((format!("dbg.layers.{i}.out"), x.clone()));
         }
-        out.push(("dbg.norm_out".into(), ops::rms_norm(&x, &self.norm_out, self.cfg.rms_norm_eps)?));
+        out.push(("dbg.norm_out".into(), ops::rms_norm(self.kernels, &x, &self.norm_out, self.cfg.rms_norm_eps)?));
         Ok(out)
     }
 }

@@ -16,6 +16,7 @@ use candle_core::{
     CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, MetalStorage, Result, Shape, Tensor, D,
 };
 
+use super::policy::KernelPolicy;
 use crate::kernels::simd;
 
 #[derive(Debug, Clone, Copy)]
@@ -175,12 +176,12 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
 }
 
 /// RMSNorm over the last dimension, `x / sqrt(mean(x^2) + eps) * weight`, computed in
-/// f32 as the reference does. On the CPU with f32 a fused op (one pass forward, one
+/// f32 as the reference does. On the CPU kernels a fused op (one pass forward, one
 /// backward, input gradient only: the weight is frozen); elsewhere built from ops that
 /// all record a backward.
-pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
-    if fused_cpu_f32(x) && weight.dtype() == DType::F32 && !weight.track_op() {
-        return x.contiguous()?.apply_op2(weight, RmsNorm { eps: eps as f32, shift: None });
+pub fn rms_norm(k: KernelPolicy, x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    if k.on_host(x) && weight.dtype() == DType::F32 && !weight.track_op() {
+        return x.contiguous()?.apply_op2(weight, RmsNorm { eps: eps as f32, shift: None, k });
     }
     rms_norm_composed(x, weight, eps)
 }
@@ -189,27 +190,34 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
 /// per-item `scale`, `shift` `[B, 1, H]`. Fused on the CPU (one node, one pass each way)
 /// when the modulation is a constant, as it is unless a LoRA adapts the timestep
 /// embedding; composed otherwise.
-pub fn modulated_rms_norm(x: &Tensor, weight: &Tensor, scale: &Tensor, shift: &Tensor, eps: f64) -> Result<Tensor> {
+pub fn modulated_rms_norm(
+    k: KernelPolicy,
+    x: &Tensor,
+    weight: &Tensor,
+    scale: &Tensor,
+    shift: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
     let constant = [weight, scale, shift].iter().all(|t| t.dtype() == DType::F32 && !t.track_op());
-    if fused_cpu_f32(x) && constant {
+    if k.on_host(x) && constant {
         let weight = scale.broadcast_mul(weight)?.contiguous()?;
         let shift = Some(shift.contiguous()?);
-        return x.contiguous()?.apply_op2(&weight, RmsNorm { eps: eps as f32, shift });
+        return x.contiguous()?.apply_op2(&weight, RmsNorm { eps: eps as f32, shift, k });
     }
-    add(&mul(&rms_norm(x, weight, eps)?, scale)?, shift)
+    add(&mul(&rms_norm(k, x, weight, eps)?, scale)?, shift)
 }
 
 /// The residual `x + f * gate` for `x, f [B, P, H]` and `gate [B, 1, H]`. Fused on the CPU
 /// (one node; `x`'s gradient is the output's, `f`'s is one multiply) when the gate is a
 /// constant; composed otherwise.
-pub fn gated_add(x: &Tensor, f: &Tensor, gate: &Tensor) -> Result<Tensor> {
-    if fused_cpu_f32(x)
+pub fn gated_add(k: KernelPolicy, x: &Tensor, f: &Tensor, gate: &Tensor) -> Result<Tensor> {
+    if k.on_host(x)
         && f.dtype() == DType::F32
         && gate.dtype() == DType::F32
         && !gate.track_op()
         && x.shape() == f.shape()
     {
-        let op = GatedAdd { gate: gate.contiguous()? };
+        let op = GatedAdd { gate: gate.contiguous()?, k };
         return x.contiguous()?.apply_op2(&f.contiguous()?, op);
     }
     add(x, &mul(f, gate)?)
@@ -223,12 +231,12 @@ fn rms_norm_composed(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     mul(&normed, weight)
 }
 
-/// Softmax over the last dimension. On the CPU with f32 a fused op (forward and
+/// Softmax over the last dimension. On the CPU kernels a fused op (forward and
 /// backward one pass per row each); elsewhere composed, with the row maximum taken
 /// without a graph (a constant shift: the result and its gradient do not depend on it).
-pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
-    if fused_cpu_f32(x) {
-        return x.contiguous()?.apply_op1(Softmax);
+pub fn softmax_last_dim(k: KernelPolicy, x: &Tensor) -> Result<Tensor> {
+    if k.on_host(x) {
+        return x.contiguous()?.apply_op1(Softmax(k));
     }
     softmax_composed(x)
 }
@@ -238,26 +246,6 @@ fn softmax_composed(x: &Tensor) -> Result<Tensor> {
     let e = sub(x, &max)?.exp()?;
     let sum = e.sum_keepdim(D::Minus1)?;
     e.broadcast_div(&sum)
-}
-
-pub(super) fn fused_cpu_f32(x: &Tensor) -> bool {
-    fused_cpu(x.device(), x.dtype())
-}
-
-/// Whether the fused CPU ops run tensors of `dtype` on `device`: f32 on the CPU, not
-/// switched off.
-pub(super) fn fused_cpu(device: &candle_core::Device, dtype: DType) -> bool {
-    device.is_cpu() && dtype == DType::F32 && !bench_switch("OSTINATO_NO_FUSED")
-}
-
-/// A benchmarking switch read once from the environment (for A/B runs of one binary):
-/// true when the variable is set.
-pub fn bench_switch(name: &'static str) -> bool {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    static SEEN: OnceLock<Mutex<HashMap<&'static str, bool>>> = OnceLock::new();
-    let seen = SEEN.get_or_init(Default::default);
-    *seen.lock().expect("switch table").entry(name).or_insert_with(|| std::env::var_os(name).is_some())
 }
 
 /// Rows of a contiguous f32 tensor: (slice, row length).
@@ -292,7 +280,7 @@ pub(super) fn par_rows(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) 
     });
 }
 
-struct Softmax;
+struct Softmax(KernelPolicy);
 
 impl CustomOp1 for Softmax {
     fn name(&self) -> &'static str {
@@ -300,6 +288,7 @@ impl CustomOp1 for Softmax {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.0.cpu_only(self.name())?;
         let (x, n) = rows(s, l)?;
         let mut out = output(x.len());
         par_rows(&mut out, n, |r, y| simd::softmax_row(&x[r * n..(r + 1) * n], y));
@@ -307,22 +296,22 @@ impl CustomOp1 for Softmax {
     }
 
     fn bwd(&self, _x: &Tensor, y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(softmax_backward(y, grad)?))
+        Ok(Some(softmax_backward(self.0, y, grad)?))
     }
 }
 
 /// The softmax input gradient from its output `y` and output gradient `g`:
 /// `y * (g - sum(g * y))` over the last dimension (no graph).
-pub fn softmax_backward(y: &Tensor, g: &Tensor) -> Result<Tensor> {
+pub fn softmax_backward(k: KernelPolicy, y: &Tensor, g: &Tensor) -> Result<Tensor> {
     let g = g.contiguous()?;
-    if y.device().is_cpu() && y.dtype() == DType::F32 && g.dtype() == DType::F32 {
-        return y.contiguous()?.apply_op2_no_bwd(&g, &SoftmaxBwd);
+    if k.on_host(y) && g.dtype() == DType::F32 {
+        return y.contiguous()?.apply_op2_no_bwd(&g, &SoftmaxBwd(k));
     }
     let dot = (&g * y)?.sum_keepdim(D::Minus1)?;
     y.mul(&g.broadcast_sub(&dot)?)
 }
 
-struct SoftmaxBwd;
+struct SoftmaxBwd(KernelPolicy);
 
 impl CustomOp2 for SoftmaxBwd {
     fn name(&self) -> &'static str {
@@ -330,6 +319,7 @@ impl CustomOp2 for SoftmaxBwd {
     }
 
     fn cpu_fwd(&self, ys: &CpuStorage, yl: &Layout, gs: &CpuStorage, gl: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.0.cpu_only(self.name())?;
         let (y, n) = rows(ys, yl)?;
         let (g, _) = rows(gs, gl)?;
         let mut out = output(y.len());
@@ -343,7 +333,7 @@ impl CustomOp2 for SoftmaxBwd {
 
 /// Rotate-half RoPE, `scale * (x * cos + rotate_half(x) * sin)`, for `x [.., P, H, D]`
 /// with tables `[P, 1, D]` laid out `cat([f, f])`, composed from ops that record a
-/// backward. (On the CPU with f32 the attention path applies it inside
+/// backward. (On the CPU kernels the attention path applies it inside
 /// `heads::split`.)
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, scale: f64) -> Result<Tensor> {
     let d = x.dim(D::Minus1)?;
@@ -358,18 +348,18 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, scale: f64) -> Result<Tensor
     }
 }
 
-/// SwiGLU, `silu(gate) * up`. On the CPU with f32 a fused op: the graph keeps only
+/// SwiGLU, `silu(gate) * up`. On the CPU kernels a fused op: the graph keeps only
 /// `gate` and `up` (not `silu(gate)` too) and the backward writes the two input
 /// gradients directly, instead of candle's silu backward with its four full-size
 /// temporaries. Elsewhere composed.
-pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    if fused_cpu_f32(gate) && up.dtype() == DType::F32 && gate.shape() == up.shape() {
-        return gate.contiguous()?.apply_op2(&up.contiguous()?, Swiglu);
+pub fn swiglu(k: KernelPolicy, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if k.on_host(gate) && up.dtype() == DType::F32 && gate.shape() == up.shape() {
+        return gate.contiguous()?.apply_op2(&up.contiguous()?, Swiglu(k));
     }
     mul(&gate.silu()?, up)
 }
 
-struct Swiglu;
+struct Swiglu(KernelPolicy);
 
 impl CustomOp2 for Swiglu {
     fn name(&self) -> &'static str {
@@ -377,6 +367,7 @@ impl CustomOp2 for Swiglu {
     }
 
     fn cpu_fwd(&self, gs: &CpuStorage, gl: &Layout, us: &CpuStorage, ul: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.0.cpu_only(self.name())?;
         let (g, n) = rows(gs, gl)?;
         let (u, _) = rows(us, ul)?;
         let mut out = output(g.len());
@@ -392,7 +383,7 @@ impl CustomOp2 for Swiglu {
         let grad = grad.contiguous()?;
         let d = |input: &Tensor, wrt_gate| -> Result<Option<Tensor>> {
             match input.track_op() {
-                true => Ok(Some(swiglu_grad(gate, up, &grad, wrt_gate)?)),
+                true => Ok(Some(swiglu_grad(self.0, gate, up, &grad, wrt_gate)?)),
                 false => Ok(None),
             }
         };
@@ -402,14 +393,15 @@ impl CustomOp2 for Swiglu {
 
 /// The gradient of `silu(gate) * up` for `gate` (`wrt_gate`) or `up` from the output
 /// gradient `d`, without a graph (contiguous f32 CPU tensors).
-pub(super) fn swiglu_grad(gate: &Tensor, up: &Tensor, d: &Tensor, wrt_gate: bool) -> Result<Tensor> {
-    gate.apply_op3_no_bwd(up, d, &SwigluBwd { wrt_gate })
+pub(super) fn swiglu_grad(k: KernelPolicy, gate: &Tensor, up: &Tensor, d: &Tensor, wrt_gate: bool) -> Result<Tensor> {
+    gate.apply_op3_no_bwd(up, d, &SwigluBwd { wrt_gate, k })
 }
 
 /// One input gradient of [`Swiglu`] from (gate, up, output gradient `d`):
 /// d_gate = d * up * s * (1 + gate * (1 - s)) with s = sigmoid(gate); d_up = d * silu(gate).
 struct SwigluBwd {
     wrt_gate: bool,
+    k: KernelPolicy,
 }
 
 impl candle_core::CustomOp3 for SwigluBwd {
@@ -426,6 +418,7 @@ impl candle_core::CustomOp3 for SwigluBwd {
         ds: &CpuStorage,
         dl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        self.k.cpu_only(self.name())?;
         let (g, n) = rows(gs, gl)?;
         let (u, _) = rows(us, ul)?;
         let (d, _) = rows(ds, dl)?;
@@ -466,6 +459,7 @@ pub(super) fn cpu_values(t: &Tensor) -> Result<Vec<f32>> {
 struct RmsNorm {
     eps: f32,
     shift: Option<Tensor>,
+    k: KernelPolicy,
 }
 
 impl CustomOp2 for RmsNorm {
@@ -474,6 +468,7 @@ impl CustomOp2 for RmsNorm {
     }
 
     fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout, ws: &CpuStorage, wl: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.k.cpu_only(self.name())?;
         let (x, n) = rows(xs, xl)?;
         let (w, wn) = rows(ws, wl)?;
         let total = x.len() / n;
@@ -499,8 +494,8 @@ impl CustomOp2 for RmsNorm {
 
     fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let grad = grad.contiguous()?;
-        let dx = if grad.device().is_cpu() && grad.dtype() == DType::F32 {
-            x.apply_op3_no_bwd(w, &grad, &RmsNormBwd { eps: self.eps })?
+        let dx = if self.k.on_host(&grad) {
+            x.apply_op3_no_bwd(w, &grad, &RmsNormBwd { eps: self.eps, k: self.k })?
         } else {
             // The composed form's input gradient, without a graph.
             let xv = candle_core::Var::from_tensor(&x.detach())?;
@@ -514,6 +509,7 @@ impl CustomOp2 for RmsNorm {
 
 struct RmsNormBwd {
     eps: f32,
+    k: KernelPolicy,
 }
 
 impl candle_core::CustomOp3 for RmsNormBwd {
@@ -530,6 +526,7 @@ impl candle_core::CustomOp3 for RmsNormBwd {
         gs: &CpuStorage,
         gl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        self.k.cpu_only(self.name())?;
         // y = x * inv * w, inv = (mean(x^2) + eps)^-1/2:
         let (x, n) = rows(xs, xl)?;
         let (w, _) = rows(ws, wl)?;
@@ -547,6 +544,7 @@ impl candle_core::CustomOp3 for RmsNormBwd {
 /// `x + f * gate` with a constant per-item gate `[B, 1, H]`.
 struct GatedAdd {
     gate: Tensor,
+    k: KernelPolicy,
 }
 
 impl CustomOp2 for GatedAdd {
@@ -555,6 +553,7 @@ impl CustomOp2 for GatedAdd {
     }
 
     fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout, fs: &CpuStorage, fl: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.k.cpu_only(self.name())?;
         let (x, n) = rows(xs, xl)?;
         let (f, _) = rows(fs, fl)?;
         let gate = cpu_values(&self.gate)?;
@@ -598,6 +597,8 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device, Var};
 
+    const CPU: KernelPolicy = KernelPolicy::cpu();
+
     fn close(a: &Tensor, b: &Tensor) -> f32 {
         max_abs(&(a - b).unwrap())
     }
@@ -612,7 +613,7 @@ mod tests {
         let theirs = x.as_tensor().broadcast_matmul(&w.t()?)?.broadcast_add(&c)?.broadcast_mul(&c)?;
         assert!(close(&ours, &theirs) < 1e-6);
 
-        let g_ours = softmax_last_dim(&ours)?.sqr()?.sum_all()?.backward()?;
+        let g_ours = softmax_last_dim(CPU, &ours)?.sqr()?.sum_all()?.backward()?;
         let g_theirs =
             (theirs.exp()?.broadcast_div(&theirs.exp()?.sum_keepdim(D::Minus1)?)?).sqr()?.sum_all()?.backward()?;
         assert!(close(g_ours.get(&x).unwrap(), g_theirs.get(&x).unwrap()) < 1e-5);
@@ -635,12 +636,12 @@ mod tests {
         let scale = Tensor::randn(1f32, 0.3, (3, 1, 37), &dev)?;
         let shift = Tensor::randn(0f32, 0.3, (3, 1, 37), &dev)?;
         for (name, fused, composed) in [
-            ("softmax", softmax_last_dim(x.as_tensor())?, softmax_composed(x.as_tensor())?),
-            ("rms_norm", rms_norm(x.as_tensor(), &w, 1e-6)?, rms_norm_composed(x.as_tensor(), &w, 1e-6)?),
-            ("swiglu", swiglu(x.as_tensor(), &g2)?, mul(&x.as_tensor().silu()?, &g2)?),
+            ("softmax", softmax_last_dim(CPU, x.as_tensor())?, softmax_composed(x.as_tensor())?),
+            ("rms_norm", rms_norm(CPU, x.as_tensor(), &w, 1e-6)?, rms_norm_composed(x.as_tensor(), &w, 1e-6)?),
+            ("swiglu", swiglu(CPU, x.as_tensor(), &g2)?, mul(&x.as_tensor().silu()?, &g2)?),
             (
                 "modulated_rms_norm",
-                modulated_rms_norm(x.as_tensor(), &w, &scale, &shift, 1e-6)?,
+                modulated_rms_norm(CPU, x.as_tensor(), &w, &scale, &shift, 1e-6)?,
                 add(&mul(&rms_norm_composed(x.as_tensor(), &w, 1e-6)?, &scale)?, &shift)?,
             ),
         ] {
@@ -666,7 +667,7 @@ mod tests {
         let f = Var::randn(0f32, 1., (2, 5, 19), &dev)?;
         let gate = Tensor::randn(0f32, 1., (2, 1, 19), &dev)?;
         let g = Tensor::randn(0f32, 1., (2, 5, 19), &dev)?;
-        let fused = gated_add(x.as_tensor(), f.as_tensor(), &gate)?;
+        let fused = gated_add(CPU, x.as_tensor(), f.as_tensor(), &gate)?;
         let composed = (x.as_tensor() + f.as_tensor().broadcast_mul(&gate)?)?;
         let err = rel_err(&fused, &composed);
         let gf = mul(&fused, &g)?.sum_all()?.backward()?;
@@ -678,14 +679,40 @@ mod tests {
         Ok(())
     }
 
+    /// Built under the GPU policy, each CPU-only op of this module errs in its forward,
+    /// naming itself, as on a device without a forward for it; under the CPU policy it runs.
+    #[test]
+    fn cpu_only_ops_err_under_the_gpu_policy() -> Result<()> {
+        let gpu = KernelPolicy::gpu();
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 1., (2, 3, 8), &dev)?;
+        let w = Tensor::ones(8, DType::F32, &dev)?;
+        let gate = Tensor::ones((2, 1, 8), DType::F32, &dev)?;
+        let runs = [
+            ("fused-softmax", x.apply_op1_no_bwd(&Softmax(gpu))),
+            ("fused-softmax-bwd", x.apply_op2_no_bwd(&x, &SoftmaxBwd(gpu))),
+            ("fused-swiglu", x.apply_op2_no_bwd(&x, &Swiglu(gpu))),
+            ("fused-swiglu-bwd", x.apply_op3_no_bwd(&x, &x, &SwigluBwd { wrt_gate: true, k: gpu })),
+            ("fused-rms-norm", x.apply_op2_no_bwd(&w, &RmsNorm { eps: 1e-6, shift: None, k: gpu })),
+            ("fused-rms-norm-bwd", x.apply_op3_no_bwd(&w, &x, &RmsNormBwd { eps: 1e-6, k: gpu })),
+            ("fused-gated-add", x.apply_op2_no_bwd(&x, &GatedAdd { gate, k: gpu })),
+        ];
+        for (name, run) in runs {
+            let err = run.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains(name) && err.contains("no Metal or CUDA forward"), "{name}: {err:?}");
+        }
+        x.apply_op1_no_bwd(&Softmax(CPU))?;
+        Ok(())
+    }
+
     #[test]
     fn rms_norm_matches_formula_in_bf16_and_f32() -> Result<()> {
         let dev = Device::Cpu;
         let x = Tensor::randn(0f32, 2., (3, 8), &dev)?;
         let w = Tensor::randn(1f32, 0.1, 8, &dev)?;
         let expect = x.broadcast_div(&(x.sqr()?.mean_keepdim(1)? + 1e-6)?.sqrt()?)?.broadcast_mul(&w)?;
-        assert!(close(&rms_norm(&x, &w, 1e-6)?, &expect) < 1e-5);
-        let half = rms_norm(&x.to_dtype(DType::BF16)?, &w.to_dtype(DType::BF16)?, 1e-6)?;
+        assert!(close(&rms_norm(CPU, &x, &w, 1e-6)?, &expect) < 1e-5);
+        let half = rms_norm(CPU, &x.to_dtype(DType::BF16)?, &w.to_dtype(DType::BF16)?, 1e-6)?;
         assert_eq!(half.dtype(), DType::BF16);
         assert!(close(&half.to_dtype(DType::F32)?, &expect) < 0.05);
         Ok(())

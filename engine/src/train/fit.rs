@@ -13,6 +13,7 @@ use crate::load::footprint::{self, Footprint, Workload};
 use crate::load::source::ModelShape;
 use crate::lora::LoraConfig;
 use crate::metrics::{machine_memory, MachineMemory};
+use crate::model::KernelPolicy;
 use crate::{Error, Result};
 
 /// Whether the engine chooses the memory settings.
@@ -148,7 +149,7 @@ pub fn plan_for(config: &RunConfig, model: &ModelShape, device: &Device, machine
         encoder_len: model.encoder_len,
         lora_parameters: lora_parameters(&model.dit, &config.lora),
         dtype_bytes: dtype.size_in_bytes() as u64,
-        cpu_kernels: device.is_cpu() && dtype == DType::F32,
+        cpu_kernels: KernelPolicy::for_device(device).host(device, dtype),
     };
     let footprint = footprint::estimate(&model.dit, &workload);
     MemoryPlan {
