@@ -23,11 +23,12 @@ const LAYERS: &[(&str, u32)] = &[
     ("load", 3),
     ("events", 4),
     ("generate", 4),
-    ("noise_levels", 5),
-    ("train", 5),
-    ("charts", 6),
-    ("export", 6),
-    ("bench", 6),
+    ("run_state", 5),
+    ("noise_levels", 6),
+    ("train", 6),
+    ("charts", 7),
+    ("export", 7),
+    ("bench", 7),
 ];
 
 fn src() -> PathBuf {

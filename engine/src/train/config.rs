@@ -130,9 +130,6 @@ impl Default for RunConfig {
 /// Seconds of a preview when the config names none.
 pub const DEFAULT_PREVIEW_SECONDS: f64 = 10.0;
 
-/// The highest peak learning rate: AdamW steps of this size already wreck an adapter.
-pub const MAX_LR: f64 = 1.0;
-
 /// The largest seed: the config travels as JSON (the run_started event, the app's
 /// settings), whose readers hold whole numbers exactly only up to 2^53 - 1.
 pub const MAX_SEED: u64 = (1 << 53) - 1;
@@ -227,7 +224,6 @@ impl RunConfig {
         for (field, value) in [("lr", self.lr), ("max_grad_norm", self.max_grad_norm)] {
             e.check(value.is_finite() && value > 0.0, field, || format!("{value} must be a positive number"));
         }
-        e.check(self.lr.is_nan() || self.lr <= MAX_LR, "lr", || format!("{} must be at most {MAX_LR}", self.lr));
         e.check(self.seed <= MAX_SEED, "seed", || {
             format!("{} must be at most {MAX_SEED}, the largest whole number JSON readers hold exactly", self.seed)
         });
@@ -425,7 +421,6 @@ mod tests {
         let a = RunConfig { name: "r".into(), ..Default::default() };
         let cases = [
             (RunConfig { lr: 0.0, ..a.clone() }, "lr"),
-            (RunConfig { lr: MAX_LR * 2.0, ..a.clone() }, "lr"),
             (RunConfig { lr: f64::NAN, ..a.clone() }, "lr"),
             (RunConfig { max_grad_norm: -1.0, ..a.clone() }, "max_grad_norm"),
             (RunConfig { seed: MAX_SEED + 1, ..a.clone() }, "seed"),
@@ -433,7 +428,8 @@ mod tests {
         for (c, field) in cases {
             assert_eq!(named(&c), [field], "{c:?}");
         }
-        for c in [RunConfig { lr: MAX_LR, ..a.clone() }, RunConfig { seed: MAX_SEED, ..a.clone() }] {
+        // No ceiling on lr: a diverging run is the non-finite guard's to stop.
+        for c in [RunConfig { lr: 1e30, ..a.clone() }, RunConfig { seed: MAX_SEED, ..a.clone() }] {
             c.validate().unwrap();
         }
     }
@@ -447,13 +443,12 @@ mod tests {
             named(&c)
         };
         assert_eq!(with(&|c| c.lora.r = 0), ["lora.r"]);
-        assert_eq!(with(&|c| c.lora.r = crate::lora::MAX_RANK + 1), ["lora.r"]);
         assert_eq!(with(&|c| c.lora.alpha = 0.0), ["lora.alpha"]);
         assert_eq!(with(&|c| c.lora.dropout = 1.0), ["lora.dropout"]);
         assert_eq!(with(&|c| c.data.max_duration_seconds = 0.1), ["data.max_duration_seconds"]);
         assert_eq!(with(&|c| c.data.crop_seconds = Some(f64::NAN)), ["data.crop_seconds"]);
         assert_eq!(with(&|c| c.model = ModelSource::Folder { path: PathBuf::new() }), ["model"]);
-        assert!(with(&|c| c.lora.r = crate::lora::MAX_RANK).is_empty());
+        assert!(with(&|c| c.lora.r = 10_000_000).is_empty(), "no ceiling: the memory plan judges a large rank");
     }
 
     #[test]
