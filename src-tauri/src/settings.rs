@@ -263,7 +263,7 @@ mod tests {
     /// A value the engine refuses gets the engine's reason, on the form's field.
     #[test]
     fn validation_is_the_engines() {
-        let s = Settings { rank: 5000, learning_rate: 2.0, save_every: Some(0), ..Default::default() };
+        let s = Settings { rank: 0, learning_rate: -2.0, save_every: Some(0), ..Default::default() };
         let engine: FieldErrors = s
             .run_config(PathBuf::new())
             .validate()
