@@ -11,6 +11,7 @@
 //! the non-finite guard, clipping the global norm to 1, the AdamW update.
 
 pub mod generation;
+pub mod text;
 pub mod vae;
 
 use std::time::Instant;
@@ -130,11 +131,14 @@ impl std::fmt::Display for Preset {
     }
 }
 
-/// A DiT training-step preset or a VAE preset: what `ostinato bench --preset` names.
+/// A DiT training-step preset, a VAE preset or the text side's: what `ostinato bench
+/// --preset` names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AnyPreset {
     Dit(Preset),
     Vae(vae::VaePreset),
+    /// [`text::TEXT_ENCODE`]
+    Text,
 }
 
 impl std::str::FromStr for AnyPreset {
@@ -143,9 +147,12 @@ impl std::str::FromStr for AnyPreset {
         if let Some(p) = vae::VaePreset::ALL.into_iter().find(|p| p.name() == s) {
             return Ok(AnyPreset::Vae(p));
         }
+        if s == text::TEXT_ENCODE {
+            return Ok(AnyPreset::Text);
+        }
         s.parse::<Preset>().map(AnyPreset::Dit).map_err(|e| {
             let vae: Vec<_> = vae::VaePreset::ALL.iter().map(|p| p.name()).collect();
-            format!("{e}, or a VAE preset: {}", vae.join(", "))
+            format!("{e}, a VAE preset: {}, or {}", vae.join(", "), text::TEXT_ENCODE)
         })
     }
 }
@@ -486,7 +493,9 @@ mod tests {
         assert!("huge".parse::<Preset>().is_err());
         assert_eq!("vae-decode-240s".parse::<AnyPreset>().unwrap(), AnyPreset::Vae(vae::VaePreset::Decode240s));
         assert_eq!("small-30s".parse::<AnyPreset>().unwrap(), AnyPreset::Dit(Preset::Small30s));
-        assert!("huge".parse::<AnyPreset>().unwrap_err().contains("vae-encode-30s"));
+        assert_eq!("text-encode".parse::<AnyPreset>().unwrap(), AnyPreset::Text);
+        let unknown = "huge".parse::<AnyPreset>().unwrap_err();
+        assert!(unknown.contains("vae-encode-30s") && unknown.contains("text-encode"), "{unknown}");
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         let s = Preset::Small240s.spec();

@@ -12,10 +12,11 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::cancel::Cancel;
-use crate::codec::vae::{OobleckDecoder, OobleckEncoder, RandomVaeTensors, VaeConfig, TILE_FRAMES};
+use crate::codec::vae::{OobleckDecoder, OobleckEncoder, VaeConfig, TILE_FRAMES};
 use crate::kernels::conv_profile;
 pub use crate::kernels::conv_profile::LayerTime;
 use crate::kernels::conv_tile::Micro;
+use crate::tensor_io::RandomTensors;
 use crate::{heap, metrics, Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -161,7 +162,7 @@ pub fn run_vae(preset: VaePreset, warmup: usize, runs: usize, device: &Device) -
         return Err(Error::setting("steps", "bench needs at least one timed run"));
     }
     let cfg = ace_step_vae_config();
-    let weights = RandomVaeTensors { seed: 0x0B1EC, device: device.clone() };
+    let weights = RandomTensors { seed: 0x0B1EC, device: device.clone() };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
     let frames = preset.seconds() * cfg.sampling_rate as usize / cfg.hop();
     let (pass, gflop, tile_frames): (Box<dyn Fn() -> Result<()>>, f64, usize) = if preset.encodes() {

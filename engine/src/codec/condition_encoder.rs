@@ -15,7 +15,7 @@ use crate::model::config::{DitConfig, LayerType};
 use crate::model::ops::rms_norm;
 use crate::model::weights::{diffusers_name, uses_diffusers_names};
 use crate::model::KernelPolicy;
-use crate::tensor_io::TensorFile;
+use crate::tensor_io::TensorSource;
 use crate::{Error, Result};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -82,7 +82,13 @@ struct Stack {
 }
 
 impl Stack {
-    fn load(f: &TensorFile, prefix: &str, input_dim: usize, n: usize, cfg: &ConditionEncoderConfig) -> Result<Self> {
+    fn load(
+        f: &dyn TensorSource,
+        prefix: &str,
+        input_dim: usize,
+        n: usize,
+        cfg: &ConditionEncoderConfig,
+    ) -> Result<Self> {
         let diffusers = uses_diffusers_names(&f.keys());
         let name = move |k: &str| {
             if diffusers {
@@ -161,7 +167,7 @@ pub fn pack(a: &Tensor, a_mask: &[bool], b: &Tensor, b_mask: &[bool]) -> Result<
 
 impl ConditionEncoder {
     /// `prefix`: `encoder` in ACE-Step's `model.safetensors`, `""` for a bare export.
-    pub fn load(cfg: &ConditionEncoderConfig, f: &TensorFile, prefix: &str) -> Result<Self> {
+    pub fn load(cfg: &ConditionEncoderConfig, f: &dyn TensorSource, prefix: &str) -> Result<Self> {
         let p = |k: &str| if prefix.is_empty() { k.to_string() } else { format!("{prefix}.{k}") };
         Ok(Self {
             cfg: cfg.clone(),

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use super::transformer::{additive_mask, Layer, LayerDims, Rope};
 use crate::model::ops::rms_norm;
 use crate::model::KernelPolicy;
-use crate::tensor_io::TensorFile;
+use crate::tensor_io::TensorSource;
 use crate::{Error, Result};
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -79,7 +79,7 @@ pub struct Qwen3Encoder {
 impl Qwen3Encoder {
     /// Loads from a safetensors file whose keys have no prefix (Qwen3-Embedding) or
     /// `model.` (a causal-LM export).
-    pub fn load(cfg: &Qwen3Config, f: &TensorFile) -> Result<Self> {
+    pub fn load(cfg: &Qwen3Config, f: &dyn TensorSource) -> Result<Self> {
         let prefix = if f.contains("model.embed_tokens.weight") { "model." } else { "" };
         let dims = cfg.dims();
         let h = cfg.hidden_size;

@@ -7,7 +7,7 @@ use candle_core::{Device, Tensor, D};
 
 use crate::model::ops::{rms_norm, softmax_last_dim};
 use crate::model::KernelPolicy;
-use crate::tensor_io::TensorFile;
+use crate::tensor_io::TensorSource;
 use crate::Result;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -98,7 +98,12 @@ impl Layer {
     /// Loads `{prefix}.input_layernorm`, `.self_attn.{q,k,v,o}_proj`, `.self_attn.{q,k}_norm`,
     /// `.post_attention_layernorm`, `.mlp.{gate,up,down}_proj`; `name` maps an original
     /// key to the candidates to look for (diffusers names, say).
-    pub fn load(f: &TensorFile, prefix: &str, dims: LayerDims, name: &dyn Fn(&str) -> Vec<String>) -> Result<Self> {
+    pub fn load(
+        f: &dyn TensorSource,
+        prefix: &str,
+        dims: LayerDims,
+        name: &dyn Fn(&str) -> Vec<String>,
+    ) -> Result<Self> {
         let get = |k: &str, shape: &[usize]| {
             let candidates = name(&format!("{prefix}.{k}"));
             let refs: Vec<&str> = candidates.iter().map(|s| s.as_str()).collect();

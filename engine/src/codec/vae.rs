@@ -34,7 +34,7 @@ use crate::codec::StereoAudio;
 use crate::kernels::conv1d as kernel;
 use crate::kernels::cpu_gemm::host_f32;
 use crate::model::KernelPolicy;
-use crate::tensor_io::TensorFile;
+use crate::tensor_io::{TensorFile, TensorSource};
 use crate::{Error, Result};
 
 /// diffusers' `vae/config.json`.
@@ -135,57 +135,10 @@ impl VaeConfig {
     }
 }
 
-/// Where the VAE's loaders read their tensors: a checkpoint ([`TensorFile`]), or
-/// [`RandomVaeTensors`] for the benches.
-pub trait VaeTensors {
-    fn contains(&self, key: &str) -> bool;
-    /// `key` as f32, checked against `shape`.
-    fn get(&self, key: &str, shape: &[usize]) -> Result<Tensor>;
-}
-
-impl VaeTensors for TensorFile {
-    fn contains(&self, key: &str) -> bool {
-        TensorFile::contains(self, key)
-    }
-
-    fn get(&self, key: &str, shape: &[usize]) -> Result<Tensor> {
-        TensorFile::get(self, key, shape)
-    }
-}
-
-/// Seeded random VAE weights of whatever shapes the loaders ask for, for benches at
-/// the real model's size without its checkpoint: plain `weight`s (no weight-norm
-/// pairs) scaled by 1 / sqrt(the product of all but the first dimension), biases and
-/// Snake's log-parameters small. Each tensor's values depend on the seed and its name
-/// only.
-pub struct RandomVaeTensors {
-    pub seed: u64,
-    pub device: Device,
-}
-
-impl VaeTensors for RandomVaeTensors {
-    fn contains(&self, _key: &str) -> bool {
-        false
-    }
-
-    fn get(&self, key: &str, shape: &[usize]) -> Result<Tensor> {
-        let name_hash = u64::from_le_bytes(blake3::hash(key.as_bytes()).as_bytes()[..8].try_into().expect("8 bytes"));
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed ^ name_hash);
-        let scale = match key.ends_with(".weight") {
-            true => 1.0 / (shape[1..].iter().product::<usize>() as f32).sqrt(),
-            false => 0.1,
-        };
-        let n = shape.iter().product();
-        let v: Vec<f32> =
-            (0..n).map(|_| scale * <StandardNormal as Distribution<f32>>::sample(&StandardNormal, &mut rng)).collect();
-        Ok(Tensor::from_vec(v, shape, &self.device)?)
-    }
-}
-
 /// `name.weight_g` `[a, 1, 1]` and `name.weight_v` `[a, b, k]` folded to g * v / |v|
 /// with the norm over (b, k) (torch's `weight_norm` on dim 0), or its parametrization
 /// names, or a plain `weight`.
-fn folded_weight(f: &dyn VaeTensors, name: &str, shape: [usize; 3]) -> Result<Tensor> {
+fn folded_weight(f: &dyn TensorSource, name: &str, shape: [usize; 3]) -> Result<Tensor> {
     let v_keys = [format!("{name}.weight_v"), format!("{name}.parametrizations.weight.original1")];
     let g_keys = [format!("{name}.weight_g"), format!("{name}.parametrizations.weight.original0")];
     let Some(v_key) = v_keys.iter().find(|k| f.contains(k)) else {
@@ -243,7 +196,7 @@ impl Geometry {
 impl Conv {
     /// The folded weight (see [`folded_weight`]) and, with `bias`, `name.bias` `[out]`.
     fn load(
-        f: &dyn VaeTensors,
+        f: &dyn TensorSource,
         name: &str,
         (cin, cout, k): (usize, usize, usize),
         g: Geometry,
@@ -302,7 +255,7 @@ struct ConvTranspose {
 }
 
 impl ConvTranspose {
-    fn load(f: &dyn VaeTensors, name: &str, cin: usize, cout: usize, stride: usize) -> Result<Self> {
+    fn load(f: &dyn TensorSource, name: &str, cin: usize, cout: usize, stride: usize) -> Result<Self> {
         Ok(Self {
             w: folded_weight(f, name, [cin, cout, 2 * stride])?,
             b: f.get(&format!("{name}.bias"), &[cout])?.reshape((1, cout, 1))?,
@@ -336,7 +289,7 @@ struct Snake {
 }
 
 impl Snake {
-    fn load(f: &dyn VaeTensors, name: &str, c: usize) -> Result<Self> {
+    fn load(f: &dyn TensorSource, name: &str, c: usize) -> Result<Self> {
         let alpha = f.get(&format!("{name}.alpha"), &[1, c, 1])?.exp()?;
         let inv_beta = (f.get(&format!("{name}.beta"), &[1, c, 1])?.exp()? + 1e-9)?.recip()?;
         Ok(Self { alpha, inv_beta })
@@ -357,7 +310,7 @@ struct ResidualUnit {
 }
 
 impl ResidualUnit {
-    fn load(f: &dyn VaeTensors, name: &str, c: usize, dilation: usize) -> Result<Self> {
+    fn load(f: &dyn TensorSource, name: &str, c: usize, dilation: usize) -> Result<Self> {
         Ok(Self {
             snake1: Snake::load(f, &format!("{name}.snake1"), c)?,
             conv1: Conv::load(f, &format!("{name}.conv1"), (c, c, 7), Geometry::same(7, dilation), true)?,
@@ -441,7 +394,7 @@ impl Posterior {
 
 impl OobleckEncoder {
     /// Loads the `encoder.*` tensors of `diffusion_pytorch_model.safetensors`.
-    pub fn load(cfg: &VaeConfig, f: &dyn VaeTensors) -> Result<Self> {
+    pub fn load(cfg: &VaeConfig, f: &dyn TensorSource) -> Result<Self> {
         let h = cfg.encoder_hidden_size;
         let mut mult = vec![1];
         mult.extend(&cfg.channel_multiples);
@@ -580,7 +533,7 @@ pub const TILE_FRAMES: usize = 250;
 
 impl OobleckDecoder {
     /// Loads the `decoder.*` tensors of `diffusion_pytorch_model.safetensors`.
-    pub fn load(cfg: &VaeConfig, f: &dyn VaeTensors) -> Result<Self> {
+    pub fn load(cfg: &VaeConfig, f: &dyn TensorSource) -> Result<Self> {
         let h = cfg.decoder_channels;
         let mut mult = vec![1];
         mult.extend(&cfg.channel_multiples);

@@ -16,7 +16,10 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::{Error, Result};
 
+mod source;
 pub mod torch_pt;
+
+pub use source::{RandomTensors, TensorSource};
 
 pub struct TensorFile {
     st: MmapedSafetensors,
