@@ -5,7 +5,7 @@
 
 use candle_core::{Device, Tensor, D};
 
-use crate::model::ops::{rms_norm, softmax_last_dim};
+use crate::model::ops::{self, rms_norm, softmax_last_dim};
 use crate::model::KernelPolicy;
 use crate::tensor_io::TensorSource;
 use crate::Result;
@@ -70,9 +70,9 @@ pub fn additive_mask(
     Ok(Some(Tensor::from_vec(values, (len, len), device)?))
 }
 
-/// `x [.., in] @ w^T [in, out] (+ b)`.
+/// `x [.., in] @ w^T [in, out] (+ b)`, on the model's linear (the host kernel on the CPU).
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    let y = x.broadcast_matmul(&w.t()?)?;
+    let y = ops::linear(x, w, None)?;
     Ok(match b {
         Some(b) => y.broadcast_add(b)?,
         None => y,

@@ -12,29 +12,6 @@
 //!   rows (`x[c, q s + r]` as row (c, r)) with ceil(k / s) taps: the panel is filled
 //!   from the phases, the weight packed to match.
 //! - A transposed conv (k = 2s, stride s) is a stride-1 conv with two taps whose s * cout
-//!   output rows are the output's phases: row (r, o), column q lands at `q s + r - p`.
-//! - The residual unit runs both of its convs chunk by chunk: conv1's output for one
-//!   chunk of columns (and snake2 on it) stays in the thread's cache for the 1x1 conv2,
-//!   which writes `x + conv2(...)` straight into the result; no full-length
-//!   intermediate exists.
-//!
-//! Threads take chunks of output columns (time), so each owns its panel and writes
-//! columns no other thread writes. Signals are row-major `[channels, len]`. Other
-//! devices keep candle's conv path.
-//! Direct 1-D convolutions on the CPU (f32), for the Oobleck VAE.
-//!
-//! Every convolution here is one reduction of length (input rows) x (taps) per output
-//! element, computed by the register tile of [`super::conv_tile`]: the packed weight
-//! is its A operand, and a panel of input rows its B operand, read in place with each
-//! tap j a shift of j * dilation along the row. No im2col copy exists; the only copies
-//! are the panels, one per thread at a time (a chunk of columns plus the taps' reach,
-//! with the padding's zeros and the Snake that always precedes a conv in this model
-//! written in as it is filled), and the packed weight.
-//!
-//! - A strided conv (k = 2s, stride s) is a stride-1 conv over the input's s polyphase
-//!   rows (`x[c, q s + r]` as row (c, r)) with ceil(k / s) taps: the panel is filled
-//!   from the phases, the weight packed to match.
-//! - A transposed conv (k = 2s, stride s) is a stride-1 conv with two taps whose s * cout
 //!   output rows are the output's phases: row (o, r), column q lands at `q s + r - p`.
 //! - The residual unit runs both of its convs chunk by chunk: conv1's output for one
 //!   chunk of columns (and snake2 on it) stays in the thread's cache for the 1x1 conv2,
@@ -45,12 +22,11 @@
 //! columns no other thread writes. Signals are row-major `[channels, len]`. Other
 //! devices keep candle's conv path.
 
-use std::marker::PhantomData;
-
 use rayon::prelude::*;
 
 use super::conv_profile;
 use super::conv_tile::Micro;
+use super::shared_out::Shared;
 use super::simd;
 
 /// Snake's per-channel parameters as the model folds them: `e^alpha` and
@@ -225,34 +201,6 @@ impl Source<'_> {
 /// about 256 KiB (in L2 with the packed weight's stream).
 fn chunk_cols(m: &Micro, rows: usize) -> usize {
     m.nr * (65_536 / rows.max(1) / m.nr).clamp(1, 8)
-}
-
-/// An output the threads write at once, each only at positions no other thread
-/// touches (its own columns).
-struct Shared<'a> {
-    ptr: *mut f32,
-    len: usize,
-    _out: PhantomData<&'a mut [f32]>,
-}
-
-// SAFETY: `Shared` hands out writes only through `write`, whose callers guarantee
-// that no two threads write the same position.
-unsafe impl Sync for Shared<'_> {}
-
-impl<'a> Shared<'a> {
-    fn new(out: &'a mut [f32]) -> Self {
-        Self { ptr: out.as_mut_ptr(), len: out.len(), _out: PhantomData }
-    }
-
-    /// `out[start..start + n]` for one thread to write.
-    ///
-    /// # Safety
-    /// No other thread reads or writes those positions while the slice lives.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn part(&self, start: usize, n: usize) -> &mut [f32] {
-        assert!(start + n <= self.len, "conv1d: write past the output");
-        std::slice::from_raw_parts_mut(self.ptr.add(start), n)
-    }
 }
 
 /// Runs `src` through `w` chunk by chunk over output columns `0..cols` on the thread

@@ -16,6 +16,7 @@ use candle_core::{CpuStorage, CudaStorage, CustomOp3, Layout, MetalStorage, Resu
 
 use crate::kernels::cpu_gemm::{matmul_into, Mat, Threads};
 use crate::kernels::handover::{on_cpu, on_cuda, on_metal, storage_on, Pick};
+use crate::kernels::linear::{backend_product, host_linear_product, Product};
 
 /// An adapter as the model's linear layers see it during one forward pass. The model
 /// knows adapters only through this; `crate::lora` implements it for a LoRA adapter.
@@ -53,7 +54,8 @@ impl LoraLinear {
     fn fwd<S: BackendStorage>(
         &self,
         pick: Pick<S>,
-        thin: Thin<S>,
+        base: Product<S>,
+        thin: Product<S>,
         xs: &S,
         xl: &Layout,
         a: &S,
@@ -68,7 +70,7 @@ impl LoraLinear {
         let rows = xl.shape().elem_count() / k;
         let x2 = Layout::contiguous_with_offset((rows, k), xl.start_offset());
 
-        let y = xs.matmul(w, (1, rows, n, k), &x2, &wl.transpose(0, 1)?)?;
+        let y = base(xs, w, (1, rows, n, k), &x2, &wl.transpose(0, 1)?)?;
         let dropped = match &self.mask {
             Some(m) => {
                 let (mg, ml) = m.storage_and_layout();
@@ -110,7 +112,7 @@ impl CustomOp3 for LoraLinear {
         b: &CpuStorage,
         bl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        self.fwd(on_cpu, thin_product, x, xl, a, al, b, bl)
+        self.fwd(on_cpu, host_linear_product, thin_product, x, xl, a, al, b, bl)
     }
 
     fn cuda_fwd(
@@ -122,7 +124,7 @@ impl CustomOp3 for LoraLinear {
         b: &CudaStorage,
         bl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        self.fwd(on_cuda, |x, y, bmnk, xl, yl| x.matmul(y, bmnk, xl, yl), x, xl, a, al, b, bl)
+        self.fwd(on_cuda, backend_product, backend_product, x, xl, a, al, b, bl)
     }
 
     fn metal_fwd(
@@ -134,7 +136,7 @@ impl CustomOp3 for LoraLinear {
         b: &MetalStorage,
         bl: &Layout,
     ) -> Result<(MetalStorage, Shape)> {
-        self.fwd(on_metal, |x, y, bmnk, xl, yl| x.matmul(y, bmnk, xl, yl), x, xl, a, al, b, bl)
+        self.fwd(on_metal, backend_product, backend_product, x, xl, a, al, b, bl)
     }
 
     fn bwd(
@@ -181,7 +183,6 @@ impl CustomOp3 for LoraLinear {
 }
 
 /// A storage-level matmul `(a, b, (batch, m, n, k), a_layout, b_layout)`.
-type Thin<S> = fn(&S, &S, (usize, usize, usize, usize), &Layout, &Layout) -> Result<S>;
 
 /// The rank-r GEMMs of a LoRA delta (one dimension is r). A short song's are a few
 /// microseconds of work each, less than waking a second thread costs, so they stay on
@@ -252,7 +253,7 @@ fn thin_matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 struct ThinMatmul;
 
 impl ThinMatmul {
-    fn fwd<S: BackendStorage>(&self, thin: Thin<S>, a: &S, al: &Layout, b: &S, bl: &Layout) -> Result<(S, Shape)> {
+    fn fwd<S: BackendStorage>(&self, thin: Product<S>, a: &S, al: &Layout, b: &S, bl: &Layout) -> Result<(S, Shape)> {
         let ((m, k), (_, n)) = (al.shape().dims2()?, bl.shape().dims2()?);
         Ok((thin(a, b, (1, m, n, k), al, bl)?, Shape::from((m, n))))
     }
@@ -268,11 +269,11 @@ impl candle_core::CustomOp2 for ThinMatmul {
     }
 
     fn cuda_fwd(&self, a: &CudaStorage, al: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
-        self.fwd(|a, b, bmnk, al, bl| a.matmul(b, bmnk, al, bl), a, al, b, bl)
+        self.fwd(backend_product, a, al, b, bl)
     }
 
     fn metal_fwd(&self, a: &MetalStorage, al: &Layout, b: &MetalStorage, bl: &Layout) -> Result<(MetalStorage, Shape)> {
-        self.fwd(|a, b, bmnk, al, bl| a.matmul(b, bmnk, al, bl), a, al, b, bl)
+        self.fwd(backend_product, a, al, b, bl)
     }
 }
 

@@ -17,6 +17,7 @@ use candle_core::{
 };
 
 use super::policy::KernelPolicy;
+use crate::kernels::linear::{backend_product, host_linear_product, Product};
 use crate::kernels::simd;
 
 #[derive(Debug, Clone, Copy)]
@@ -34,7 +35,15 @@ enum Kind {
 struct Pruned(Kind);
 
 impl Pruned {
-    fn fwd<S: BackendStorage>(&self, s1: &S, l1: &Layout, s2: &S, l2: &Layout) -> Result<(S, Shape)> {
+    /// `linear`: the backend's product for a linear (the host kernel on the CPU).
+    fn fwd<S: BackendStorage>(
+        &self,
+        linear: Product<S>,
+        s1: &S,
+        l1: &Layout,
+        s2: &S,
+        l2: &Layout,
+    ) -> Result<(S, Shape)> {
         match self.0 {
             Kind::Add => Ok((s1.binary_impl::<Add>(s2, l1, l2)?, l1.shape().clone())),
             Kind::Sub => Ok((s1.binary_impl::<Sub>(s2, l1, l2)?, l1.shape().clone())),
@@ -54,7 +63,7 @@ impl Pruned {
                 let x = Layout::contiguous_with_offset((rows, k), l1.start_offset());
                 let mut out = l1.dims().to_vec();
                 *out.last_mut().expect("x has a feature dimension") = n;
-                Ok((s1.matmul(s2, (1, rows, n, k), &x, &l2.transpose(0, 1)?)?, Shape::from(out)))
+                Ok((linear(s1, s2, (1, rows, n, k), &x, &l2.transpose(0, 1)?)?, Shape::from(out)))
             }
         }
     }
@@ -72,11 +81,11 @@ impl CustomOp2 for Pruned {
     }
 
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.fwd(s1, l1, s2, l2)
+        self.fwd(host_linear_product, s1, l1, s2, l2)
     }
 
     fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout) -> Result<(CudaStorage, Shape)> {
-        self.fwd(s1, l1, s2, l2)
+        self.fwd(backend_product, s1, l1, s2, l2)
     }
 
     fn metal_fwd(
@@ -86,7 +95,7 @@ impl CustomOp2 for Pruned {
         s2: &MetalStorage,
         l2: &Layout,
     ) -> Result<(MetalStorage, Shape)> {
-        self.fwd(s1, l1, s2, l2)
+        self.fwd(backend_product, s1, l1, s2, l2)
     }
 
     fn bwd(&self, a: &Tensor, b: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
