@@ -6,9 +6,10 @@
 //! is ~175), which made a full-size sampling step 4x slower than PyTorch's.
 //!
 //! The product is the tile's folded reduction with one tap: its A operand is `mr`
-//! rows of W packed `[kc][mr]` (a few KiB, in L1), its B operand the transposed input
-//! `x^T [k, rows]`, made once per call and read in place, a `KC x SPAN` slice at a time
-//! (it stays in L2 while the group's blocks of W pass over it). A work item is a group
+//! rows of W packed `[kc][mr]`, its B operand the transposed input in panels of `nr`
+//! columns (`[k][nr]` each, so a tile reads one contiguous run), made once per call.
+//! A work item packs its group's rows of W for one `KC` slice of the reduction (32 KiB,
+//! L2), then for each panel slice (24 KiB, kept in L1) runs every block of them past it. A work item is a group
 //! of output columns: it sums its outputs over the reduction's slices in a buffer of its
 //! own, then writes them once, so each thread writes only its own columns. Each output is the same sum in the same
 //! order whatever the thread count: results are reproducible run to run.
@@ -57,8 +58,8 @@ pub(crate) fn host_linear_product(
     a.matmul(b, bmnk, al, bl)
 }
 
-/// Reduction rows per pass: a `kc x nr` slice of `x^T` is 48 KiB on AVX-512.
-const KC: usize = 256;
+/// Reduction rows per pass: a tile's `KC x nr` operand of `x^T` is 24 KiB on AVX-512.
+const KC: usize = 128;
 /// Output columns (features) per work item: eight tiles of rows on AVX-512.
 const GROUP: usize = 64;
 /// Input rows per pass over a group: a `KC x SPAN` slice of `x^T` (384 KiB) stays in L2.
@@ -73,13 +74,13 @@ pub(crate) fn linear(x: &[f32], rows: usize, k: usize, w: &[f32], n: usize) -> V
     assert_eq!(w.len(), n * k, "linear: weight is not [n, k]");
     let m = Micro::best();
     let cols = rows.div_ceil(m.nr) * m.nr;
-    let xt = transposed(x, k, cols);
+    let xt = transposed(x, k, cols, m.nr);
     let mut y = vec![0f32; rows * n];
     let out = Shared::new(&mut y);
     let group = GROUP.div_ceil(m.mr) * m.mr;
     let span = SPAN.div_ceil(m.nr) * m.nr;
     (0..n.div_ceil(group)).into_par_iter().for_each_init(
-        || (vec![0f32; KC * m.mr], vec![0f32; m.mr * m.nr], vec![0f32; group * span]),
+        || (vec![0f32; group * KC], vec![0f32; m.mr * m.nr], vec![0f32; group * span]),
         |(a, acc, sums), g| {
             let features = g * group..((g + 1) * group).min(n);
             for c0 in (0..rows).step_by(span) {
@@ -89,11 +90,17 @@ pub(crate) fn linear(x: &[f32], rows: usize, k: usize, w: &[f32], n: usize) -> V
                 sums.fill(0.0);
                 for k0 in (0..k).step_by(KC) {
                     let kc = KC.min(k - k0);
-                    for f0 in features.clone().step_by(m.mr) {
-                        let fs = m.mr.min(n - f0);
-                        pack(a, w, k, (k0, kc), f0..f0 + fs, m.mr);
-                        for t0 in (c0..c0 + width).step_by(m.nr) {
-                            m.tile(a, &xt[k0 * cols + t0..], cols, kc, (1, 1), acc);
+                    // The group's rows of W for this slice, one `[kc][mr]` block each.
+                    for (b, f0) in features.clone().step_by(m.mr).enumerate() {
+                        pack(&mut a[b * KC * m.mr..], w, k, (k0, kc), f0..(f0 + m.mr).min(n), m.mr);
+                    }
+                    // A tile's B operand (`kc x nr`, 24 KiB) stays in L1 while the
+                    // group's blocks of W (4 KiB each) stream past it from L2.
+                    for t0 in (c0..c0 + width).step_by(m.nr) {
+                        let b = &xt[(t0 / m.nr * k + k0) * m.nr..];
+                        for (blk, f0) in features.clone().step_by(m.mr).enumerate() {
+                            m.tile(&a[blk * KC * m.mr..], b, m.nr, kc, (1, 1), acc);
+                            let fs = m.mr.min(n - f0);
                             for (i, acc) in acc.chunks_exact(m.nr).take(fs).enumerate() {
                                 let row = (f0 - features.start + i) * span + t0 - c0;
                                 for (s, v) in sums[row..row + m.nr].iter_mut().zip(acc) {
@@ -117,16 +124,14 @@ pub(crate) fn linear(x: &[f32], rows: usize, k: usize, w: &[f32], n: usize) -> V
     y
 }
 
-/// `x [rows, k]` as `[k, cols]`, zero past `rows`.
-fn transposed(x: &[f32], k: usize, cols: usize) -> Vec<f32> {
+/// `x [rows, k]` transposed into panels of `nr` columns: panel `c / nr` is `[k][nr]`,
+/// so a tile reads its B operand as one contiguous run. Zero past `rows`.
+fn transposed(x: &[f32], k: usize, cols: usize, nr: usize) -> Vec<f32> {
     let mut xt = vec![0f32; k * cols];
-    // Blocks of 64 rows of x^T: each thread reads 256 contiguous bytes of every row of x.
-    xt.par_chunks_mut(64 * cols).enumerate().for_each(|(b, block)| {
-        let p0 = b * 64;
-        let ps = block.len() / cols;
-        for (t, row) in x.chunks_exact(k).enumerate() {
-            for (j, &v) in row[p0..p0 + ps].iter().enumerate() {
-                block[j * cols + t] = v;
+    xt.par_chunks_mut(k * nr).enumerate().for_each(|(panel, block)| {
+        for (c, row) in x.chunks_exact(k).skip(panel * nr).take(nr).enumerate() {
+            for (p, &v) in row.iter().enumerate() {
+                block[p * nr + c] = v;
             }
         }
     });
@@ -186,3 +191,4 @@ mod tests {
         assert!(one == two, "one thread and two differ");
     }
 }
+
