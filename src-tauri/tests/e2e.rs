@@ -282,6 +282,15 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
         "the settings opened from the menu",
     )
     .await;
+    // The menu's Start runs the page's Start (which saves the form first): without a
+    // dataset the bridge refuses it, and the window says why.
+    js(&c, "window.__TAURI__.event.emit('menu', { action: 'start' }); return true").await;
+    wait_js(
+        &c,
+        "return document.getElementById('message').textContent.includes('choose a dataset folder first')",
+        "Start from the menu, refused without a dataset",
+    )
+    .await;
     screenshot(&c, "01-first-launch.png").await;
 
     // Toggle gradient checkpointing off, by clicking the switch as a user would.
