@@ -462,7 +462,11 @@ mod menu_spec {
     fn app_file_edit_and_run_menus_with_cmd_or_ctrl_accelerators() {
         for platform in [Platform::Mac, Platform::Other] {
             let menu = spec("Ostinato", platform);
-            assert_eq!(titles(&menu), ["Ostinato", "File", "Edit", "Run"], "{platform:?}");
+            let mut want_titles = vec!["Ostinato", "File", "Edit", "Run"];
+            if platform == Platform::Mac {
+                want_titles.push("Window");
+            }
+            assert_eq!(titles(&menu), want_titles, "{platform:?}");
             let want = [
                 (SETTINGS, "CmdOrCtrl+,"),
                 (OPEN_DATASET, "CmdOrCtrl+O"),
@@ -530,6 +534,11 @@ mod menu_spec {
         assert_eq!(standard(Platform::Mac), [Undo, Redo, Cut, Copy, Paste, SelectAll]);
         // GTK renders Undo/Redo disabled; the web view's fields do those keys themselves.
         assert_eq!(standard(Platform::Other), [Cut, Copy, Paste, SelectAll]);
+        // A Mac's Window menu: minimize (⌘M), zoom, full screen, close (⌘W).
+        let window = &spec("Ostinato", Platform::Mac)[4];
+        assert_eq!(window.title, "Window");
+        let want: Vec<_> = [Minimize, Zoom, Fullscreen, CloseWindow].into_iter().map(Entry::Standard).collect();
+        assert_eq!(window.entries, want);
     }
 
     #[test]

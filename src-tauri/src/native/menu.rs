@@ -39,6 +39,10 @@ pub enum Standard {
     Copy,
     Paste,
     SelectAll,
+    Minimize,
+    Zoom,
+    Fullscreen,
+    CloseWindow,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,8 +63,8 @@ fn item(id: &'static str, text: &'static str, accelerator: &'static str) -> Entr
 }
 
 /// The menu bar on `platform`. A Mac gets its standard app menu (Services, Hide, the
-/// system's Quit) and Undo/Redo; GTK renders those disabled, so elsewhere Quit is the
-/// app's own item and Edit keeps what the web view's text fields implement.
+/// system's Quit), Undo/Redo and a Window menu (⌘M, ⌘W); GTK renders those disabled, so
+/// elsewhere Quit is the app's own item and Edit keeps what the web view's fields do.
 pub fn spec(app_name: &str, platform: Platform) -> Vec<Submenu> {
     use Entry::{Separator, Standard as S};
     let mac = platform == Platform::Mac;
@@ -81,7 +85,7 @@ pub fn spec(app_name: &str, platform: Platform) -> Vec<Submenu> {
     let mut edit = if mac { vec![S(Standard::Undo), S(Standard::Redo), Separator] } else { vec![] };
     edit.extend([S(Standard::Cut), S(Standard::Copy), S(Standard::Paste), S(Standard::SelectAll)]);
     let sub = |title: &str, entries| Submenu { title: title.to_string(), entries };
-    vec![
+    let mut bar = vec![
         sub(app_name, app),
         sub(
             "File",
@@ -101,7 +105,12 @@ pub fn spec(app_name: &str, platform: Platform) -> Vec<Submenu> {
                 item(STOP, "Stop", "CmdOrCtrl+."),
             ],
         ),
-    ]
+    ];
+    if mac {
+        let window = [Standard::Minimize, Standard::Zoom, Standard::Fullscreen, Standard::CloseWindow];
+        bar.push(sub("Window", window.into_iter().map(S).collect()));
+    }
+    bar
 }
 
 /// The app's own items' shortcut labels on `platform`, by item id (the page shows them).
@@ -163,6 +172,10 @@ fn standard<R: Runtime>(
         Standard::Copy => PredefinedMenuItem::copy(app, None),
         Standard::Paste => PredefinedMenuItem::paste(app, None),
         Standard::SelectAll => PredefinedMenuItem::select_all(app, None),
+        Standard::Minimize => PredefinedMenuItem::minimize(app, None),
+        Standard::Zoom => PredefinedMenuItem::maximize(app, None),
+        Standard::Fullscreen => PredefinedMenuItem::fullscreen(app, None),
+        Standard::CloseWindow => PredefinedMenuItem::close_window(app, None),
     }
 }
 

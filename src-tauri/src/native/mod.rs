@@ -44,15 +44,18 @@ pub fn plugin<R: Runtime>() -> TauriPlugin<R> {
 
 /// Puts the window where it was last time, shows it, and records where it goes from now.
 fn remember<R: Runtime>(window: &WebviewWindow<R>) {
-    let Some(rec) = window.try_state::<Recorder>().map(|r| r.inner().clone()) else { return };
-    if let Some(saved) = window_memory::load(&crate::settings::default_config_dir()) {
+    let rec = window.try_state::<Recorder>().map(|r| r.inner().clone());
+    let saved = window_memory::load(&crate::settings::default_config_dir());
+    if let (Some(rec), Some(saved)) = (&rec, saved) {
         match restore(window, saved) {
             Ok(g) => rec.restored(g),
             Err(e) => eprintln!("ostinato: could not restore the window's size: {e}"),
         }
     }
-    // The window starts hidden (tauri.conf.json), so it never shows at the wrong size.
+    // The window starts hidden (tauri.conf.json), so it never shows at the wrong size;
+    // it is shown whatever happened above.
     let _ = window.show();
+    let Some(rec) = rec else { return };
     let w = window.clone();
     window.on_window_event(move |event| match event {
         WindowEvent::Moved(_) | WindowEvent::Resized(_) => {
