@@ -21,4 +21,5 @@ pub const COMMANDS: &[&str] = &[
     "remove_model_folder",
     "download_model",
     "cancel_download",
+    "shortcuts",
 ];

@@ -167,6 +167,13 @@ pub fn download_model<R: Runtime>(app: AppHandle<R>, state: State<'_, AppState>,
     Ok(state.models().start_download(variant, Hub::from_env(), app)?)
 }
 
+/// The menu's shortcuts as this platform writes them (`⌘↩` on a Mac, `Ctrl+Enter`
+/// elsewhere), by menu item id (`run.start`), for the page's buttons.
+#[tauri::command]
+pub fn shortcuts() -> std::collections::BTreeMap<&'static str, String> {
+    crate::native::menu::shortcut_labels(crate::native::shortcuts::Platform::current())
+}
+
 /// Cancels the download in progress; whether there was one.
 #[tauri::command]
 pub fn cancel_download(state: State<'_, AppState>) -> bool {

@@ -5,6 +5,7 @@ pub mod bridge;
 pub mod command_list;
 pub mod commands;
 pub mod models;
+pub mod native;
 pub mod settings;
 
 pub use bridge::AppState;
@@ -33,12 +34,14 @@ pub fn app_builder<R: tauri::Runtime>(builder: tauri::Builder<R>, state: AppStat
         commands::remove_model_folder,
         commands::download_model,
         commands::cancel_download,
+        commands::shortcuts,
     ])
 }
 
 /// The app's entry point (main.rs calls only this).
 pub fn run() {
     app_builder(tauri::Builder::default(), AppState::from_env())
+        .plugin(native::plugin())
         .run(tauri::generate_context!())
         .expect("error while running Ostinato");
 }

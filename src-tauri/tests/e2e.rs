@@ -271,6 +271,26 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     assert_eq!(js(&c, "return document.getElementById('set-alpha').value").await, "128");
     assert_eq!(js(&c, "return document.getElementById('set-learning-rate').value").await, "0.0003");
     assert!(text(&c, "#sb-memory").await.contains("Checkpointing on"));
+    // The native menu's shortcuts, as this platform writes them (⌘ on a Mac).
+    assert_eq!(text(&c, "#btn-start kbd").await, "Ctrl+Enter");
+    assert_eq!(text(&c, "#btn-stop kbd").await, "Ctrl+.");
+    // The menu's Settings… (its `menu` event, as the menu sends it) brings the settings up.
+    js(&c, "window.__TAURI__.event.emit('menu', { action: 'settings' }); return true").await;
+    wait_js(
+        &c,
+        "return document.body.dataset.menuOpened === 'settings' && document.getElementById('panel-settings').contains(document.activeElement)",
+        "the settings opened from the menu",
+    )
+    .await;
+    // The menu's Start runs the page's Start (which saves the form first): without a
+    // dataset the bridge refuses it, and the window says why.
+    js(&c, "window.__TAURI__.event.emit('menu', { action: 'start' }); return true").await;
+    wait_js(
+        &c,
+        "return document.getElementById('message').textContent.includes('choose a dataset folder first')",
+        "Start from the menu, refused without a dataset",
+    )
+    .await;
     screenshot(&c, "01-first-launch.png").await;
 
     // Toggle gradient checkpointing off, by clicking the switch as a user would.
@@ -433,6 +453,18 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     wait_js(&c, &legend("history-loss", "validation"), "the past run's validation curve").await;
     screenshot(&c, "04b-history-charts.png").await;
     c.find(Locator::Id("tab-charts")).await.unwrap().click().await.unwrap();
+
+    // The window's size and place are remembered (window.json, once it is still).
+    c.set_window_rect(40, 30, 1100, 720).await.expect("moving the window");
+    let placed = c.get_window_rect().await.unwrap();
+    assert_eq!((placed.2, placed.3), (1100, 720), "the window took its new size");
+    let remembered =
+        || -> Option<Value> { serde_json::from_slice(&std::fs::read(config.join("window.json")).ok()?).ok() };
+    let t = Instant::now();
+    while remembered().is_none_or(|w| w["x"] != 40) {
+        assert!(t.elapsed() < Duration::from_secs(10), "window.json: {:?}", remembered());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     c.close().await.unwrap();
     drop(driver);
 
@@ -441,6 +473,7 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     let c = open_app(&driver).await;
     assert!(!checked(&js(&c, toggle).await), "gradient checkpointing stayed off after a relaunch");
     assert_eq!(js(&c, "return document.getElementById('set-rank').value").await, "32");
+    assert_eq!(c.get_window_rect().await.unwrap(), placed, "the window where it was left");
     assert!(text(&c, "#sb-memory").await.contains("Checkpointing off"));
     // The screenshot must show the restored state in the dark theme, not a frame painted
     // before it: wait for the history the UI loads after `ready`, the dark palette, and

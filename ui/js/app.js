@@ -10,6 +10,7 @@ import * as fmt from './format.js';
 import { setSvg } from './svg.js';
 import { followPointer } from './readout.js';
 import { setupModels, refreshModels } from './models.js';
+import { showShortcuts, followMenu } from './native.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -515,29 +516,25 @@ function isTyping(target) {
   return target instanceof HTMLElement && (target.matches('input, select, textarea, [contenteditable]'));
 }
 
-/** Shortcut hints in the platform's own words (⌘ on a Mac, Ctrl elsewhere). */
-function showShortcuts() {
-  const mac = /Mac|iPhone|iPad/.test(navigator.platform || navigator.userAgent);
-  for (const k of document.querySelectorAll('kbd[data-keys]')) {
-    const [, key] = k.dataset.keys.split('+');
-    const name = key === 'enter' ? (mac ? '↩' : 'Enter') : key;
-    k.textContent = mac ? `⌘${name}` : `Ctrl+${name}`;
-  }
+/** Settings from the menu: the panel in view, its first field focused. */
+function openSettings() {
+  const panel = $('panel-settings');
+  panel.scrollIntoView({ block: 'start' });
+  panel.querySelector('input:not(:disabled), select:not(:disabled)')?.focus();
+  document.body.dataset.menuOpened = 'settings';
 }
 
 function bindUi() {
-  showShortcuts();
   for (const chart of document.querySelectorAll('#panel-charts .chart')) followPointer(chart);
   $('btn-start').addEventListener('click', start);
   $('btn-pause').addEventListener('click', pause);
   $('btn-resume').addEventListener('click', resume);
   $('btn-stop').addEventListener('click', stop);
 
+  // Start, Stop and the others with a modifier are the native menu's accelerators.
   document.addEventListener('keydown', (e) => {
     const mod = e.ctrlKey || e.metaKey;
-    if (mod && e.key === 'Enter') { e.preventDefault(); start(); }
-    else if (mod && e.key === '.') { e.preventDefault(); stop(); }
-    else if (e.key === ' ' && !mod && !isTyping(e.target) && !(e.target instanceof HTMLButtonElement)) {
+    if (e.key === ' ' && !mod && !isTyping(e.target) && !(e.target instanceof HTMLButtonElement)) {
       e.preventDefault();
       const status = shownStatus(ui.run);
       if (status === 'running') pause(); else if (status === 'paused') resume();
@@ -570,14 +567,16 @@ function bindUi() {
   });
   $('btn-choose-model').addEventListener('click', chooseModel);
 
-  $('btn-choose-dataset').addEventListener('click', async () => {
-    try {
-      const path = await invoke('choose_folder', { title: 'Choose a folder of songs', start: $('dataset-path').value || null });
-      if (path) scanDataset(path);
-    } catch (e) { say(errorText(e), { error: true }); }
-  });
+  $('btn-choose-dataset').addEventListener('click', chooseDataset);
   $('dataset-form').addEventListener('submit', (e) => { e.preventDefault(); scanDataset($('dataset-path').value); });
   $('btn-refresh-runs').addEventListener('click', refreshRuns);
+}
+
+async function chooseDataset() {
+  try {
+    const path = await invoke('choose_folder', { title: 'Choose a folder of songs', start: $('dataset-path').value || null });
+    if (path) scanDataset(path);
+  } catch (e) { say(errorText(e), { error: true }); }
 }
 
 async function chooseModel() {
@@ -628,6 +627,14 @@ async function init() {
     listen('charts', (c) => showCharts(c)),
     setupDragDrop(),
     setupModels({ pick: useModel, error: (m) => say(m, { error: true }) }),
+    followMenu({
+      settings: openSettings,
+      open_dataset: chooseDataset,
+      open_model: chooseModel,
+      start,
+      error: (p) => say(p.message, { error: true }),
+    }),
+    showShortcuts().catch((e) => say(errorText(e), { error: true })),
   ]);
   const dark = window.matchMedia('(prefers-color-scheme: dark)');
   await invoke('set_appearance', { dark: dark.matches }).catch(() => {});

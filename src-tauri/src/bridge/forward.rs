@@ -54,6 +54,9 @@ pub trait EventSink: Send + Sync + 'static {
 impl<R: tauri::Runtime> EventSink for tauri::AppHandle<R> {
     fn send(&self, message: Outgoing<'_>) {
         use tauri::Emitter;
+        if let Outgoing::Run(view) = message {
+            crate::native::run_changed(self, view);
+        }
         if let Err(e) = self.emit(message.name(), message) {
             eprintln!("ostinato: could not emit {}: {e}", message.name());
         }
