@@ -21,4 +21,9 @@ pub const COMMANDS: &[&str] = &[
     "remove_model_folder",
     "download_model",
     "cancel_download",
+    "run_previews",
+    "audio_bytes",
+    "audio_picture",
+    "generate_song",
+    "dataset_audio",
 ];
