@@ -224,6 +224,15 @@ fn settings_are_a_run_config_template_judged_by_the_engine() {
     }
 }
 
+/// Points the latent cache (`XDG_CACHE_HOME`, one per process) into `dir` for as long as
+/// the guard lives: the tests that train run one at a time, so none reads another's cache.
+fn own_cache(dir: &Path) -> std::sync::MutexGuard<'static, ()> {
+    static CACHE: Mutex<()> = Mutex::new(());
+    let guard = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    std::env::set_var("XDG_CACHE_HOME", dir.join("cache"));
+    guard
+}
+
 /// Two demo songs and one file that is not audio.
 fn songs(dir: &Path) -> std::path::PathBuf {
     let songs = dir.join("songs");
@@ -242,7 +251,7 @@ fn songs(dir: &Path) -> std::path::PathBuf {
 #[test]
 fn scan_start_follow_and_export_a_demo_run() {
     let dir = tempfile::tempdir().unwrap();
-    std::env::set_var("XDG_CACHE_HOME", dir.path().join("cache"));
+    let _cache = own_cache(dir.path());
     let app = TestApp::new(dir.path());
 
     let err = app.invoke("scan_dataset", json!({"path": dir.path().join("nope")})).unwrap_err();
@@ -455,7 +464,7 @@ fn wait_status(app: &TestApp, want: &str) -> Value {
 #[test]
 fn a_stopped_run_resumes_after_the_app_is_reopened() {
     let dir = tempfile::tempdir().unwrap();
-    std::env::set_var("XDG_CACHE_HOME", dir.path().join("cache"));
+    let _cache = own_cache(dir.path());
     let songs = songs(dir.path());
     let run_dir = {
         let app = TestApp::new(dir.path());
@@ -493,7 +502,7 @@ fn a_stopped_run_resumes_after_the_app_is_reopened() {
 #[test]
 fn stop_while_the_dataset_is_prepared_ends_the_run_untrained_and_resumable() {
     let dir = tempfile::tempdir().unwrap();
-    std::env::set_var("XDG_CACHE_HOME", dir.path().join("cache"));
+    let _cache = own_cache(dir.path());
     let songs = songs(dir.path());
     let app = TestApp::new(dir.path());
     app.invoke("scan_dataset", json!({"path": songs})).unwrap();
@@ -617,7 +626,7 @@ fn song_stages(sent: &Mutex<Vec<(&'static str, Value)>>, id: &Value) -> Vec<Valu
 #[test]
 fn previews_songs_and_dataset_audio_stay_inside_the_runs_folder() {
     let dir = tempfile::tempdir().unwrap();
-    std::env::set_var("XDG_CACHE_HOME", dir.path().join("cache"));
+    let _cache = own_cache(dir.path());
     let app = TestApp::new(dir.path());
     let songs = songs(dir.path());
     app.invoke("scan_dataset", json!({"path": songs})).unwrap();

@@ -37,6 +37,8 @@ pub fn waveform_svg(audio: &StereoAudio, size: (u32, u32), theme: Theme) -> Resu
         let peak = envelope(audio, 1).first().map_or(1.0, |(lo, hi)| lo.abs().max(hi.abs()).max(1.0)) as f64;
         let mut chart = ChartBuilder::on(&root)
             .margin(4)
+            // Room for the last time label, centred on the right edge.
+            .margin_right(16)
             .x_label_area_size(18)
             .build_cartesian_2d(0.0..seconds, -peak..peak)
             .map_err(chart_error)?;

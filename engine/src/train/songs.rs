@@ -159,7 +159,7 @@ pub fn generate_for_run(
 ) -> Result<GenerateEvent> {
     let config = RunConfig::from_toml_file(&run_dir.join("run.toml"))?;
     let adapter = match (latest_adapter(run_dir)?, spec.adapter_scale) {
-        (_, s) if s == 0.0 => None,
+        (_, 0.0) => None,
         (Some(dir), _) => Some(dir),
         (None, _) => {
             return Err(Error::BadRequest(

@@ -327,10 +327,9 @@ fn generate_asks_the_live_run_and_falls_back_when_it_ends() {
     let (tx, rx) = mpsc::channel();
     state.adopt_run(Box::new(Scripted(run_dir.clone(), calls.clone())), rx, Recorder::default());
     tx.send(started()).unwrap();
-    let choices: SongChoices = serde_json::from_value(
-        json!({"caption": "c", "duration_seconds": 1.0, "seed": 1, "adapter_scale": 1.0}),
-    )
-    .unwrap();
+    let choices: SongChoices =
+        serde_json::from_value(json!({"caption": "c", "duration_seconds": 1.0, "seed": 1, "adapter_scale": 1.0}))
+            .unwrap();
     let rec = Recorder::default();
     let id = state.generate(&run_dir, choices.clone(), rec.clone()).unwrap();
     wait_for(|| rec.sent(SONG_EVENT).len() == 2);
