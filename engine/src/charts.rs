@@ -17,6 +17,9 @@ use plotters::style::{register_font, FontStyle};
 
 use serde::{Deserialize, Serialize};
 
+pub mod waveform;
+pub use waveform::waveform_svg;
+
 use crate::events::read_events;
 use crate::metrics::LossSmoother;
 use crate::noise_levels::loss_by_noise_level_of;

@@ -9,7 +9,9 @@ use candle_core::{DType, Device};
 use ostinato_engine::data::synth;
 use ostinato_engine::data::wav::{write_wav, SampleFormat};
 use ostinato_engine::events::{read_events, Event};
+use ostinato_engine::generate::{GenerateEvent, GenerateSpec};
 use ostinato_engine::train::history::{summarise, RunStatus};
+use ostinato_engine::train::songs::{generate_for_run, new_song_path, SongUpdate};
 use ostinato_engine::train::{Run, RunConfig, RunEnd, RunHandle};
 use ostinato_engine::Error;
 
@@ -182,6 +184,62 @@ fn cfg_dropout_resumes_bit_exact_and_ratio_zero_changes_nothing() {
     assert!(matches!(Run::resume(&run_dir).unwrap().join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
     assert_eq!(losses(&straight), losses(&run_dir), "identical loss sequence");
     assert!(adapter_bytes(&straight) == adapter_bytes(&run_dir), "identical adapter bytes");
+}
+
+/// A song asked of a live run is made with the run's own model at a step boundary (the
+/// first one, and while paused), reporting each sampling step; training stays bit-exact;
+/// at strength 0 it is the base model exactly, as a generator loaded for the run makes
+/// it; once the run has ended it refuses, and the run's saved adapter serves instead.
+#[test]
+fn songs_asked_of_a_live_run_leave_training_bit_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plain = straight_run(tmp.path());
+    let handle = Run::start(config(tmp.path(), "asked")).unwrap();
+    let (control, run_dir) = (handle.control(), handle.run_dir().to_path_buf());
+    let spec = GenerateSpec { caption: "a test".into(), duration_seconds: 1.0, seed: 5, ..Default::default() };
+    let base = GenerateSpec { adapter_scale: 0.0, ..spec.clone() };
+    let hear = |rx: std::sync::mpsc::Receiver<SongUpdate>| -> Vec<GenerateEvent> {
+        rx.iter().map(|u| u.unwrap_or_else(|e| panic!("the song failed: {e}"))).collect()
+    };
+
+    // Asked before the first step: served at the first step boundary.
+    let first = new_song_path(&run_dir, 5);
+    let events = hear(control.generate(base.clone(), first.clone()).unwrap());
+    assert!(matches!(events[0], GenerateEvent::Started { steps: 8, seed: 5, .. }), "{events:?}");
+    let steps: Vec<usize> = events
+        .iter()
+        .filter_map(|e| if let GenerateEvent::Step { step, .. } = e { Some(*step) } else { None })
+        .collect();
+    assert_eq!(steps, (1..=8).collect::<Vec<_>>());
+    assert!(matches!(events[events.len() - 2], GenerateEvent::Decoding { .. }));
+    assert!(matches!(&events[events.len() - 1], GenerateEvent::Written { path, .. } if path == &first));
+    assert!(first.starts_with(run_dir.join("songs")) && first.is_file());
+
+    // Asked while paused: served at once, the run still paused.
+    wait_for_step(&handle, 4);
+    control.pause();
+    for event in handle.events().iter() {
+        if matches!(event, Event::Paused { .. }) {
+            break;
+        }
+    }
+    let paused = new_song_path(&run_dir, 6);
+    let events = hear(control.generate(GenerateSpec { seed: 6, ..spec.clone() }, paused.clone()).unwrap());
+    assert!(matches!(events.last(), Some(GenerateEvent::Written { .. })) && paused.is_file());
+    control.resume();
+    assert!(matches!(handle.join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
+    assert_eq!(losses(&plain), losses(&run_dir), "songs change no loss");
+    assert!(adapter_bytes(&plain) == adapter_bytes(&run_dir), "songs change no adapter byte");
+
+    // Ended: refused. A generator loaded for the run makes the same base song.
+    assert!(control.generate(spec.clone(), new_song_path(&run_dir, 7)).is_err());
+    let again = tmp.path().join("again.wav");
+    generate_for_run(&run_dir, &base, &again, &mut |_| {}).unwrap();
+    assert!(std::fs::read(&again).unwrap() == std::fs::read(&first).unwrap(), "strength 0 is the base model");
+    let adapted = tmp.path().join("adapted.wav");
+    let written = generate_for_run(&run_dir, &spec, &adapted, &mut |_| {}).unwrap();
+    assert!(matches!(written, GenerateEvent::Written { seconds, .. } if (seconds - 1.0).abs() < 0.05));
+    assert!(std::fs::read(&adapted).unwrap() != std::fs::read(&first).unwrap(), "the trained adapter is heard");
 }
 
 /// Previews every 2 steps, 1 s each: the run's base preview and one every 2 steps,

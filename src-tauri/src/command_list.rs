@@ -22,4 +22,9 @@ pub const COMMANDS: &[&str] = &[
     "download_model",
     "cancel_download",
     "shortcuts",
+    "run_previews",
+    "audio_bytes",
+    "audio_picture",
+    "generate_song",
+    "dataset_audio",
 ];

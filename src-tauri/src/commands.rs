@@ -2,6 +2,8 @@
 //! its error into a [`CommandError`] the UI can show. Anything slow runs off the main
 //! thread (async commands + `spawn_blocking`).
 
+pub mod listen;
+
 use std::path::PathBuf;
 
 use serde::Serialize;

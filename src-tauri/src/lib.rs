@@ -35,6 +35,11 @@ pub fn app_builder<R: tauri::Runtime>(builder: tauri::Builder<R>, state: AppStat
         commands::download_model,
         commands::cancel_download,
         commands::shortcuts,
+        commands::listen::run_previews,
+        commands::listen::audio_bytes,
+        commands::listen::audio_picture,
+        commands::listen::generate_song,
+        commands::listen::dataset_audio,
     ])
 }
 

@@ -10,7 +10,7 @@ use tauri::test::{get_ipc_response, mock_builder, MockRuntime, INVOKE_KEY};
 use tauri::webview::InvokeRequest;
 use tauri::{App, Listener, WebviewWindow, WebviewWindowBuilder};
 
-use ostinato_app::bridge::{ENGINE_EVENT, RUN_EVENT};
+use ostinato_app::bridge::{ENGINE_EVENT, RUN_EVENT, SONG_EVENT};
 use ostinato_app::AppState;
 
 struct TestApp {
@@ -58,6 +58,26 @@ impl TestApp {
             },
         )
         .map(|body| body.deserialize::<Value>().expect("response is JSON"))
+    }
+
+    /// Invokes a command that answers with raw bytes (audio); Ok(bytes) or Err(rejection).
+    fn invoke_bytes(&self, cmd: &str, args: Value) -> Result<Vec<u8>, Value> {
+        get_ipc_response(
+            &self.window,
+            InvokeRequest {
+                cmd: cmd.into(),
+                callback: CallbackFn(0),
+                error: CallbackFn(1),
+                url: self.window.url().expect("the window has a URL"),
+                body: InvokeBody::Json(args),
+                headers: Default::default(),
+                invoke_key: INVOKE_KEY.to_string(),
+            },
+        )
+        .map(|body| match body {
+            tauri::ipc::InvokeResponseBody::Raw(bytes) => bytes,
+            other => panic!("{cmd} answered with JSON, not bytes: {other:?}"),
+        })
     }
 }
 
@@ -204,6 +224,15 @@ fn settings_are_a_run_config_template_judged_by_the_engine() {
     }
 }
 
+/// Points the latent cache (`XDG_CACHE_HOME`, one per process) into `dir` for as long as
+/// the guard lives: the tests that train run one at a time, so none reads another's cache.
+fn own_cache(dir: &Path) -> std::sync::MutexGuard<'static, ()> {
+    static CACHE: Mutex<()> = Mutex::new(());
+    let guard = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    std::env::set_var("XDG_CACHE_HOME", dir.join("cache"));
+    guard
+}
+
 /// Two demo songs and one file that is not audio.
 fn songs(dir: &Path) -> std::path::PathBuf {
     let songs = dir.join("songs");
@@ -222,7 +251,7 @@ fn songs(dir: &Path) -> std::path::PathBuf {
 #[test]
 fn scan_start_follow_and_export_a_demo_run() {
     let dir = tempfile::tempdir().unwrap();
-    std::env::set_var("XDG_CACHE_HOME", dir.path().join("cache"));
+    let _cache = own_cache(dir.path());
     let app = TestApp::new(dir.path());
 
     let err = app.invoke("scan_dataset", json!({"path": dir.path().join("nope")})).unwrap_err();
@@ -435,7 +464,7 @@ fn wait_status(app: &TestApp, want: &str) -> Value {
 #[test]
 fn a_stopped_run_resumes_after_the_app_is_reopened() {
     let dir = tempfile::tempdir().unwrap();
-    std::env::set_var("XDG_CACHE_HOME", dir.path().join("cache"));
+    let _cache = own_cache(dir.path());
     let songs = songs(dir.path());
     let run_dir = {
         let app = TestApp::new(dir.path());
@@ -473,7 +502,7 @@ fn a_stopped_run_resumes_after_the_app_is_reopened() {
 #[test]
 fn stop_while_the_dataset_is_prepared_ends_the_run_untrained_and_resumable() {
     let dir = tempfile::tempdir().unwrap();
-    std::env::set_var("XDG_CACHE_HOME", dir.path().join("cache"));
+    let _cache = own_cache(dir.path());
     let songs = songs(dir.path());
     let app = TestApp::new(dir.path());
     app.invoke("scan_dataset", json!({"path": songs})).unwrap();
@@ -574,4 +603,119 @@ fn memory_plan_predicts_the_peak_before_start_fitted_by_default() {
     app.invoke("save_settings", json!({ "settings": s })).unwrap();
     let plan = app.invoke("memory_plan", json!({})).unwrap();
     assert_eq!((plan["fits"].clone(), plan["changes"].clone()), (json!(true), json!([])), "{plan}");
+}
+
+/// Waits for song `id`'s last stage (`written` or `failed`) and returns its stages.
+fn song_stages(sent: &Mutex<Vec<(&'static str, Value)>>, id: &Value) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    loop {
+        let stages: Vec<Value> =
+            sent.lock().unwrap().iter().filter(|(_, p)| &p["id"] == id).map(|(_, p)| p.clone()).collect();
+        if stages.last().is_some_and(|p| p["stage"] == "written" || p["stage"] == "failed") {
+            return stages;
+        }
+        assert!(std::time::Instant::now() < deadline, "song {id} did not end: {stages:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A demo run with previews: its previews are listed from its log, their bytes and
+/// pictures come back; Generate makes a song under the run (from the live run, and from
+/// the run once it has ended) with its progress; the dataset plays as it is and as the
+/// model hears it. Paths outside the runs folder are refused, `..` and links included.
+#[test]
+fn previews_songs_and_dataset_audio_stay_inside_the_runs_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let _cache = own_cache(dir.path());
+    let app = TestApp::new(dir.path());
+    let songs = songs(dir.path());
+    app.invoke("scan_dataset", json!({"path": songs})).unwrap();
+    let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+    for (field, value) in [
+        ("epochs", json!(2)),
+        ("rank", json!(4)),
+        ("alpha", json!(8.0)),
+        ("preview_every_steps", json!(2)),
+        ("preview_seconds", json!(0.5)),
+        ("preview_caption", json!("plucks")),
+    ] {
+        s[field] = value;
+    }
+    app.invoke("save_settings", json!({ "settings": s })).unwrap();
+    let sent = app.record(&[SONG_EVENT]);
+    let view = app.invoke("start_run", json!({})).unwrap();
+    let run_dir = view["run_dir"].as_str().unwrap().to_string();
+    // Its log is there once it trains: a run dir is accepted from then on.
+    wait_started(&app);
+
+    // Asked of the live run: it waits for the run's step boundary, then samples and decodes.
+    let choices = json!({"caption": "plucks", "lyrics": "", "duration_seconds": 1.0, "seed": 3, "adapter_scale": 1.0});
+    let live = app.invoke("generate_song", json!({"dir": run_dir, "choices": choices})).unwrap();
+    let stages = song_stages(&sent, &live);
+    assert_eq!(stages[0]["stage"], "waiting");
+    assert_eq!(stages[0]["live"], true, "the run was live: {stages:?}");
+    assert!(stages.iter().any(|p| p["stage"] == "sampling" && p["step"] == 8 && p["steps"] == 8), "{stages:?}");
+    assert!(stages.iter().any(|p| p["stage"] == "decoding"), "{stages:?}");
+    let written = stages.last().unwrap();
+    assert_eq!(written["stage"], "written", "{stages:?}");
+    let song = Path::new(written["path"].as_str().unwrap()).to_path_buf();
+    assert!(song.is_file() && song.starts_with(Path::new(&run_dir).canonicalize().unwrap().join("songs")), "{song:?}");
+    assert_eq!(app.invoke_bytes("audio_bytes", json!({"path": song})).unwrap(), std::fs::read(&song).unwrap());
+    wait_status(&app, "finished");
+
+    // Every preview, the base model's first, each file's bytes and picture.
+    let previews = app.invoke("run_previews", json!({"dir": run_dir})).unwrap();
+    let steps: Vec<u64> = previews.as_array().unwrap().iter().map(|p| p["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps[0], 0, "the base model's preview: {previews}");
+    assert!(steps.len() >= 2 && steps[1..].iter().all(|s| s % 2 == 0 && *s > 0), "{previews}");
+    for p in previews.as_array().unwrap() {
+        assert_eq!((&p["caption"], &p["seconds"]), (&json!("plucks"), &json!(0.5)));
+        assert!(p["took_s"].as_f64().unwrap() > 0.0);
+        let path = Path::new(p["path"].as_str().unwrap());
+        let bytes = app.invoke_bytes("audio_bytes", json!({"path": path})).unwrap();
+        assert!(bytes.starts_with(b"RIFF") && bytes == std::fs::read(path).unwrap(), "{}", path.display());
+        let picture = app.invoke("audio_picture", json!({"path": path})).unwrap();
+        assert!(picture.as_str().unwrap().starts_with("<svg"), "{picture}");
+    }
+
+    // From the ended run: its saved adapter; a bad duration is the engine's to refuse.
+    let ended = app.invoke("generate_song", json!({"dir": run_dir, "choices": choices})).unwrap();
+    let stages = song_stages(&sent, &ended);
+    assert_eq!((&stages[0]["stage"], &stages[0]["live"]), (&json!("waiting"), &json!(false)));
+    assert_eq!(stages.last().unwrap()["stage"], "written", "{stages:?}");
+    let mut bad = choices.clone();
+    bad["duration_seconds"] = json!(0.0);
+    let failed = app.invoke("generate_song", json!({"dir": run_dir, "choices": bad})).unwrap();
+    let last = song_stages(&sent, &failed).pop().unwrap();
+    assert_eq!(last["stage"], "failed");
+    assert!(last["message"].as_str().unwrap().contains("duration"), "{last}");
+
+    // Outside the runs folder: refused, however it is spelled.
+    let secret = dir.path().join("config/settings.json");
+    assert!(secret.is_file());
+    let link = Path::new(&run_dir).join("previews/link.wav");
+    std::os::unix::fs::symlink(&secret, &link).unwrap();
+    let dotdot = dir.path().join("runs/../config/settings.json");
+    for path in [secret.clone(), dotdot, link, Path::new(&run_dir).join("previews/none.wav"), "/etc/passwd".into()] {
+        for cmd in ["audio_bytes", "audio_picture"] {
+            let err = app.invoke(cmd, json!({"path": path})).unwrap_err();
+            assert_eq!(err["kind"], "invalid", "{cmd} {}: {err}", path.display());
+        }
+    }
+    for cmd in ["run_previews", "generate_song"] {
+        let err = app.invoke(cmd, json!({"dir": dir.path().join("config"), "choices": choices})).unwrap_err();
+        assert_eq!(err["kind"], "invalid", "{cmd}: {err}");
+    }
+
+    // The dataset: a usable song as it is and as the model hears it; nothing else.
+    let as_is = app.invoke_bytes("dataset_audio", json!({"name": "drum_groove_128.wav", "heard": false}));
+    let heard = app.invoke_bytes("dataset_audio", json!({"name": "drum_groove_128.wav", "heard": true}));
+    for bytes in [as_is.unwrap(), heard.unwrap()] {
+        let wav = hound::WavReader::new(std::io::Cursor::new(bytes)).unwrap();
+        assert!(wav.duration() as f64 / wav.spec().sample_rate as f64 > 1.0);
+    }
+    for name in ["notes.wav", "../config/settings.json", "missing.wav"] {
+        let err = app.invoke("dataset_audio", json!({"name": name, "heard": false})).unwrap_err();
+        assert_eq!(err["kind"], "invalid", "{name}: {err}");
+    }
 }

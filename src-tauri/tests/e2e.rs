@@ -188,6 +188,23 @@ fn step_js(cond: &str) -> String {
     format!("const m = document.getElementById('sb-step').textContent.match(/Step (\\d+)/); const s = m ? Number(m[1]) : 0; return s {cond};")
 }
 
+/// Seconds of a WAV file, from its header: the data chunk's size over the bytes a second.
+fn wav_seconds(path: &Path) -> f64 {
+    let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap()) as usize;
+    let (mut i, mut bytes_per_second, mut data) = (12, 0, 0);
+    while i + 8 <= b.len() {
+        let size = u32_at(i + 4);
+        match &b[i..i + 4] {
+            b"fmt " => bytes_per_second = u32_at(i + 16),
+            b"data" => data = size,
+            _ => {}
+        }
+        i += 8 + size + (size & 1);
+    }
+    data as f64 / bytes_per_second as f64
+}
+
 fn checked(c: &Value) -> bool {
     c.as_bool().expect("a boolean")
 }
@@ -351,6 +368,14 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     let on_disk: Value = serde_json::from_slice(&std::fs::read(config.join("settings.json")).unwrap()).unwrap();
     assert_eq!((on_disk["val_fraction"].as_f64(), on_disk["val_every_steps"].as_u64()), (Some(0.2), Some(2)));
 
+    // Previews every 2 steps, half a second each (short, so the run stays quick).
+    for (id, value) in [("set-preview-every-steps", "2"), ("set-preview-seconds", "0.5")] {
+        c.find(Locator::Id(id)).await.unwrap().send_keys(value).await.unwrap();
+        c.find(Locator::Id("h-settings")).await.unwrap().click().await.unwrap();
+        wait_js(&c, "return document.getElementById('settings-status').dataset.state === 'saved'", "previews to save")
+            .await;
+    }
+
     // Start: the step counter and the loss chart advance.
     let step = step_js("");
     c.find(Locator::Id("btn-start")).await.unwrap().click().await.unwrap();
@@ -404,6 +429,55 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     wait_js(&c, readout, "the loss chart's read-out under the pointer").await;
     eprintln!("e2e: read-out {:?}", text(&c, "#chart-loss ~ .chart-readout").await);
     screenshot(&c, "03-training.png").await;
+
+    // Listen: the base model's preview pinned first, a step's preview arrived live, each
+    // with the engine's picture of it.
+    c.find(Locator::Id("tab-listen")).await.unwrap().click().await.unwrap();
+    let previews = "return document.querySelector('#preview-list [data-testid=preview]') !== null";
+    wait_js_for(&c, previews, "a step's preview", ENGINE_WAIT).await;
+    let first = "return document.querySelector('#preview-list > li').dataset.testid";
+    assert_eq!(js(&c, first).await, "preview-base", "the base model's preview comes first");
+    let pictures = "const rows = document.querySelectorAll('#preview-list > li'); return [...rows].every(r => r.querySelector('.audio-picture svg polyline') !== null)";
+    wait_js(&c, pictures, "every preview's picture").await;
+    // Play a step's preview: the player loads that file, all of it.
+    let path = js(&c, "return document.querySelector('#preview-list [data-testid=preview]').dataset.path").await;
+    let path = PathBuf::from(path.as_str().unwrap());
+    c.find(Locator::Css("#preview-list [data-testid=preview] .play")).await.unwrap().click().await.unwrap();
+    let loaded = format!(
+        "const p = document.getElementById('player'); return p.dataset.key === {} && p.readyState >= 1 && p.duration > 0",
+        json!(path.to_str().unwrap())
+    );
+    wait_js(&c, &loaded, "the player to load the preview").await;
+    let state = js(&c, "const p = document.getElementById('player'); return [p.readyState, p.duration, p.src]").await;
+    eprintln!("e2e: player {state}");
+    let (ready, duration) = (state[0].as_u64().unwrap(), state[1].as_f64().unwrap());
+    assert!(ready >= 1 && state[2].as_str().unwrap().starts_with("blob:"), "{state}");
+    let want = wav_seconds(&path);
+    assert!((duration - want).abs() < 0.02, "the player's {duration} s against the file's {want} s");
+
+    // Generate from the live run: it waits for a step boundary, then the song plays here
+    // and is saved under the run.
+    let caption = c.find(Locator::Id("gen-caption")).await.unwrap();
+    caption.send_keys("plucked strings").await.unwrap();
+    let seconds = c.find(Locator::Id("gen-duration")).await.unwrap();
+    seconds.clear().await.unwrap();
+    seconds.send_keys("1").await.unwrap();
+    c.find(Locator::Id("btn-generate")).await.unwrap().click().await.unwrap();
+    let written = "return document.querySelector('#song-list [data-testid=song][data-stage=written] .audio-picture svg') !== null";
+    wait_js_for(&c, written, "the generated song", ENGINE_WAIT).await;
+    let song = js(&c, "return document.querySelector('#song-list [data-testid=song]').dataset.path").await;
+    let song = PathBuf::from(song.as_str().unwrap());
+    let run = std::fs::read_dir(&runs).unwrap().next().unwrap().unwrap().path().canonicalize().unwrap();
+    assert!(song.starts_with(run.join("songs")) && song.is_file(), "{}", song.display());
+    assert!((wav_seconds(&song) - 1.0).abs() < 0.05, "a 1 s song: {} s", wav_seconds(&song));
+    c.find(Locator::Css("#song-list [data-testid=song] .play")).await.unwrap().click().await.unwrap();
+    let loaded = format!(
+        "const p = document.getElementById('player'); return p.dataset.key === {} && p.readyState >= 1",
+        json!(song.to_str().unwrap())
+    );
+    wait_js(&c, &loaded, "the player to load the song").await;
+    screenshot(&c, "03b-listen.png").await;
+    c.find(Locator::Id("tab-charts")).await.unwrap().click().await.unwrap();
 
     // Pause: the counter stops.
     c.find(Locator::Id("btn-pause")).await.unwrap().click().await.unwrap();

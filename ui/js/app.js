@@ -11,6 +11,7 @@ import { setSvg } from './svg.js';
 import { followPointer } from './readout.js';
 import { setupModels, refreshModels } from './models.js';
 import { showShortcuts, followMenu } from './native.js';
+import { setupListen, showRun, onPreview, datasetButtons } from './listen.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -203,7 +204,7 @@ function showDataset(d) {
   const body = $('files-body');
   body.replaceChildren();
   if (!d.files.length) {
-    body.innerHTML = '<tr class="empty-row"><td colspan="6">No audio files in this folder.</td></tr>';
+    body.innerHTML = '<tr class="empty-row"><td colspan="7">No audio files in this folder.</td></tr>';
     return;
   }
   for (const f of d.files) body.append(fileRow(f));
@@ -219,7 +220,9 @@ function fileRow(f) {
   badge.className = `badge ${f.status}`;
   badge.textContent = f.status;
   status.append(badge);
-  tr.append(td(f.name, 'name'), td(fmt.duration(f.duration_s), 'num'), yes(f.has_caption), yes(f.has_lyrics), status, td(f.problem || '', 'problem'));
+  const listen = document.createElement('td');
+  if (f.status !== 'bad') listen.append(datasetButtons(f.name));
+  tr.append(td(f.name, 'name'), td(fmt.duration(f.duration_s), 'num'), yes(f.has_caption), yes(f.has_lyrics), status, td(f.problem || '', 'problem'), listen);
   return tr;
 }
 
@@ -230,6 +233,7 @@ function markFileProblem(file, reason) {
       tr.cells[4].firstChild.className = 'badge bad';
       tr.cells[4].firstChild.textContent = 'bad';
       tr.cells[5].textContent = reason;
+      tr.cells[6]?.replaceChildren();
     }
   }
 }
@@ -255,6 +259,8 @@ function setRun(run) {
   showPreparation();
   updateStatusBar();
   if (prev?.active && !run.active) refreshRuns();
+  // A new run is the one the Listen tab shows.
+  if (run.run_dir && run.run_dir !== prev?.run_dir) showRun(run.run_dir, run.run_dir.split('/').pop());
   if (run.status === 'failed' && run.reason && prev?.status !== 'failed') say(`Run failed: ${run.reason}`, { error: true, sticky: true });
 }
 
@@ -362,6 +368,10 @@ function onEngineEvent(ev) {
       activity(`Epoch ${ev.epoch + 1} done${ev.mean_loss != null ? `, mean loss ${fmt.num(ev.mean_loss)}` : ''}`);
       break;
     case 'checkpoint_saved': activity(`Checkpoint saved at step ${ev.step}`); break;
+    case 'preview':
+      activity(`Preview of step ${ev.step} ready (Listen)`);
+      onPreview(ev, ui.run?.run_dir);
+      break;
     case 'paused': activity(`Paused at step ${ev.step}`); break;
     case 'resumed': activity(`Resumed at step ${ev.step}`); break;
     case 'warning': activity(ev.message, 'bad'); say(ev.message); break;
@@ -452,6 +462,7 @@ async function refreshRuns() {
       box.append(b);
     };
     btn('Charts', 'run-charts', () => historyCharts(r));
+    btn('Listen', 'run-listen', () => { showRun(r.dir, r.name); selectTab('listen'); });
     btn('Resume', 'run-resume', () => command('resume_past_run', { dir: r.dir }), r.resumable && !ui.run?.active);
     btn('PEFT', 'export-peft', () => exportRun(r, 'peft'), !r.active);
     btn('ComfyUI', 'export-comfyui', () => exportRun(r, 'comfyui'), !r.active);
@@ -635,6 +646,7 @@ async function init() {
       error: (p) => say(p.message, { error: true }),
     }),
     showShortcuts().catch((e) => say(errorText(e), { error: true })),
+    setupListen({ say }),
   ]);
   const dark = window.matchMedia('(prefers-color-scheme: dark)');
   await invoke('set_appearance', { dark: dark.matches }).catch(() => {});

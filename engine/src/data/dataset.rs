@@ -204,6 +204,23 @@ pub fn prepare_dataset(
     prep.finish(total)
 }
 
+/// The latents `[T, C]` training uses for `song` under `spec`, when `cache` holds them
+/// (None: not cached with these settings): what the model hears of the song.
+pub fn cached_latents(
+    spec: &DataSpec,
+    encoder: &dyn LatentEncoder,
+    conditioner: &dyn Conditioner,
+    cache: &LatentCache,
+    song: SongFile,
+) -> Result<Option<Tensor>> {
+    let (cancel, mut report) = (Cancel::never(), |_: DataEvent| {});
+    let prep = Preparer::new(spec, encoder, conditioner, Some(cache), &cancel, &mut report);
+    let meta = prep.training_meta(song.meta);
+    let key =
+        prep.cache_key(&song.path, &meta).map_err(|reason| Error::BadAudio { path: song.path.clone(), reason })?;
+    Ok(key.and_then(|key| cache.load(&key, &song.path)).map(|(sample, _)| sample.target_latents))
+}
+
 /// The error for a folder where no file could be used, with the first reason.
 fn nothing_usable(data: &PreparedDataset, total: usize) -> Error {
     let first = data.issues.iter().find(|i| i.kind == IssueKind::Skipped);
@@ -278,8 +295,8 @@ impl<'a> Preparer<'a> {
     /// values ignored, a short decode), then either how much of it is used or why
     /// it is skipped.
     fn add(&mut self, song: SongFile) -> Result<()> {
-        let SongFile { path, mut meta, mut warnings } = song;
-        meta.caption = apply_trigger(&meta.caption, self.spec.trigger.as_ref());
+        let SongFile { path, meta, mut warnings } = song;
+        let meta = self.training_meta(meta);
         match self.song(&path, meta, &mut warnings)? {
             Ok(item) => {
                 for (file, reason) in warnings {
@@ -334,6 +351,12 @@ impl<'a> Preparer<'a> {
         };
         let seconds_used = cut_for(self.spec, None).seconds_of(meta.duration_seconds);
         Ok(Ok(DatasetItem { source: path.to_path_buf(), meta, seconds_used, cached }))
+    }
+
+    /// A song's metadata as training uses it: the trigger tag added to its caption.
+    fn training_meta(&self, mut meta: SongMeta) -> SongMeta {
+        meta.caption = apply_trigger(&meta.caption, self.spec.trigger.as_ref());
+        meta
     }
 
     /// The song's cache key (None without a cache), or why its file cannot be read.

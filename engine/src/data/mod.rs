@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::SettingErrors;
 
 pub use cache::LatentCache;
-pub use dataset::{encode_item, prepare_dataset, DatasetItem, PreparedDataset};
+pub use dataset::{cached_latents, encode_item, prepare_dataset, DatasetItem, PreparedDataset};
 pub use inspect::{inspect_folder, FolderInspection, SongFile};
 
 /// One preprocessed sample, with ACE-Step's preprocessed-sample tensors.

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::loss_scale::LossScaleConfig;
 use super::optim::AdamWConfig;
 use super::schedule::LrSchedule;
-use crate::data::DataSpec;
+use crate::data::{DataSpec, LatentCache};
 use crate::device::Precision;
 use crate::error::SettingErrors;
 use crate::generate::song::MAX_SECONDS;
@@ -238,6 +238,16 @@ impl RunConfig {
         crate::lora::check_config(&self.lora, &mut e);
         self.data.check(&mut e);
         e.into_result()
+    }
+
+    /// The latent cache the run reads and fills: its own folder, the platform's, or
+    /// none when caching is off.
+    pub fn latent_cache(&self) -> Result<Option<LatentCache>> {
+        match (&self.latent_cache, &self.cache_dir) {
+            (false, _) => Ok(None),
+            (true, Some(dir)) => LatentCache::new(dir).map(Some),
+            (true, None) => LatentCache::open_default().map(Some),
+        }
     }
 
     pub fn preview_seconds(&self) -> f64 {

@@ -11,6 +11,7 @@ pub mod optim;
 mod preview;
 pub mod run;
 pub mod schedule;
+pub mod songs;
 pub mod state;
 pub mod step;
 pub mod validation;

@@ -20,17 +20,19 @@ use super::flow::Batch;
 use super::lock::RunLock;
 use super::loss_scale::{LossScaler, SkipCounter};
 use super::optim::AdamW;
-use super::preview::{Previews, Trained};
+use super::preview::Previews;
 use super::schedule::LrScheduler;
+use super::songs::{self, SongRequest, SongUpdate, Trained, Voice};
 use super::state::{self, BestValidation, TrainingState};
 use super::step::{StepOutcome, StepSettings, Trainer};
 use super::validation::{self, Validator};
 use crate::cancel::Cancel;
 use crate::codec::{Conditioner, LatentEncoder};
 use crate::data::preprocessed::{is_preprocessed_dir, read_preprocessed_dir};
-use crate::data::{prepare_dataset, DataEvent, FileUse, Issue, LatentCache, PreparedDataset};
+use crate::data::{prepare_dataset, DataEvent, FileUse, Issue, PreparedDataset};
 use crate::device;
 use crate::events::{DatasetSummary, Event, EventLog, MemoryFeatures};
+use crate::generate::GenerateSpec;
 use crate::load::source::LoadedModel;
 use crate::lora::LoraAdapter;
 use crate::metrics::{MemoryProbe, RateMeter};
@@ -59,6 +61,10 @@ pub enum RunEnd {
 struct Requests {
     pause: bool,
     stop: bool,
+    /// Songs asked for, served at the next step boundary (also while paused).
+    songs: Vec<SongRequest>,
+    /// The loop is over: no song will be served any more.
+    ended: bool,
 }
 
 /// Requests from the front end, read by the loop at step boundaries.
@@ -68,6 +74,13 @@ struct Control {
     wake: Condvar,
     /// Set by a stop as well: setup's long work (dataset preparation) polls it.
     cancel: Cancel,
+}
+
+impl Control {
+    /// The songs asked for so far, taken from the queue.
+    fn take_songs(&self) -> Vec<SongRequest> {
+        std::mem::take(&mut self.requests.lock().expect("control lock").songs)
+    }
 }
 
 /// Pause, resume and stop a run from any thread (a signal handler, a UI command).
@@ -93,6 +106,20 @@ impl RunControl {
         self.0.requests.lock().expect("control lock").stop = true;
         self.0.cancel.cancel();
         self.0.wake.notify_all();
+    }
+
+    /// Asks the run for a song of `spec` with the model and adapter it trains, written to
+    /// `out`, made at its next step boundary (at once when paused). Its progress and end
+    /// come on the receiver; a run that has ended refuses.
+    pub fn generate(&self, spec: GenerateSpec, out: PathBuf) -> Result<Receiver<SongUpdate>> {
+        let (updates, rx) = channel();
+        let mut r = self.0.requests.lock().expect("control lock");
+        if r.ended {
+            return Err(Error::BadRequest("the run has ended: generate from its saved adapter".into()));
+        }
+        r.songs.push(SongRequest { spec, out, updates });
+        self.0.wake.notify_all();
+        Ok(rx)
     }
 }
 
@@ -241,7 +268,13 @@ fn spawn(config: RunConfig, run_dir: PathBuf, origin: Origin, lock: RunLock, pla
         let (control, run_dir) = (control.clone(), run_dir.clone());
         std::thread::Builder::new()
             .name("ostinato-train".into())
-            .spawn(move || train(&config, &run_dir, origin, lock, &plan, &control, tx))
+            .spawn(move || {
+                let end = train(&config, &run_dir, origin, lock, &plan, &control, tx);
+                // Requests not served are dropped: their requesters hear the run ended.
+                let mut r = control.requests.lock().expect("control lock");
+                (r.ended, r.songs) = (true, Vec::new());
+                end
+            })
             .expect("spawn training thread")
     };
     RunHandle { run_dir, control: RunControl(control), events: rx, thread }
@@ -319,6 +352,8 @@ struct Loop {
     total_steps: u64,
     batches_per_epoch: usize,
     previews: Option<Previews>,
+    /// The decoder and what sampling needs beside the DiT: previews and requested songs.
+    voice: Voice,
     /// The step whose preview was last tried: one try per step, however it ended.
     previewed_step: Option<u64>,
     /// Set by a stop: ends a preview between its sampling steps.
@@ -358,7 +393,11 @@ impl Loop {
         };
         let validator =
             Validator::new(&held_out, encoder.as_ref(), conditioner.as_ref(), config.seed, dtype, &selected.device)?;
-        let previews = Previews::new(config, &data, &selected.device, turbo, null_condition)?;
+        let previews = Previews::new(config, &data);
+        let mut voice = Voice::new(config.model.clone(), selected.device.clone(), turbo, null_condition);
+        if previews.is_some() {
+            voice.load_decoder()?;
+        }
 
         // 2. Schedule length.
         let batches_per_epoch = data.len().div_ceil(config.batch_size);
@@ -422,6 +461,7 @@ impl Loop {
             total_steps,
             batches_per_epoch,
             previews,
+            voice,
             previewed_step: None,
             cancel: cancel.clone(),
         })
@@ -435,6 +475,7 @@ impl Loop {
                 // Step boundary: a preview, the end, a stop point, or a request from the front end.
                 let step = self.trainer.applied_steps();
                 self.preview_if_due(sink);
+                self.serve_songs(control.take_songs());
                 if step >= self.total_steps {
                     return self.finish(sink, None);
                 }
@@ -559,7 +600,14 @@ impl Loop {
         sink.emit(Event::Paused { step });
         let mut r = control.requests.lock().expect("control lock");
         while r.pause && !r.stop {
-            r = control.wake.wait(r).expect("control lock");
+            if r.songs.is_empty() {
+                r = control.wake.wait(r).expect("control lock");
+                continue;
+            }
+            let songs = std::mem::take(&mut r.songs);
+            drop(r);
+            self.serve_songs(songs);
+            r = control.requests.lock().expect("control lock");
         }
         if r.stop {
             return Ok(true);
@@ -649,10 +697,23 @@ impl Loop {
             adapter: &self.trainer.adapter,
             conditioner: self.conditioner.as_ref(),
         };
-        match previews.make(&self.run_dir, &rel, step, &parts, &self.cancel) {
+        match previews.make(&self.run_dir, &rel, step, &mut self.voice, &parts, &self.cancel) {
             Ok(event) => sink.emit(event),
             Err(Error::Cancelled) => {}
             Err(e) => sink.emit(Event::Warning { message: format!("the preview at step {step} failed: {e}") }),
+        }
+    }
+
+    /// Makes the songs asked of the run, with the model and adapter as they are at this
+    /// step boundary.
+    fn serve_songs(&mut self, requests: Vec<SongRequest>) {
+        let parts = Trained {
+            model: &self.trainer.model,
+            adapter: &self.trainer.adapter,
+            conditioner: self.conditioner.as_ref(),
+        };
+        for request in requests {
+            songs::serve(request, &mut self.voice, &parts, &self.cancel);
         }
     }
 }
@@ -671,11 +732,7 @@ fn load_dataset(
         let samples = read_preprocessed_dir(&config.data.folder)?;
         return PreparedDataset::preprocessed(&config.data, samples, encoder.frames_per_second());
     }
-    let cache = match (&config.latent_cache, &config.cache_dir) {
-        (false, _) => None,
-        (true, Some(dir)) => Some(LatentCache::new(dir)?),
-        (true, None) => Some(LatentCache::open_default()?),
-    };
+    let cache = config.latent_cache()?;
     let emit = &mut |e| sink.emit(data_event(e, &config.data.folder));
     match prepare_dataset(&config.data, encoder, conditioner, cache.as_ref(), cancel, emit) {
         Err(Error::Cancelled) => Ok(PreparedDataset::empty(&config.data)),

@@ -8,15 +8,18 @@ use std::sync::mpsc::Receiver;
 use ostinato_engine::charts::{render_svg, Chart, Theme};
 use ostinato_engine::events::{read_events, Event};
 use ostinato_engine::export::export_run;
+use ostinato_engine::generate::GenerateSpec;
 use ostinato_engine::run_state::RunState;
 use ostinato_engine::train::history::RunSummary;
-use ostinato_engine::train::{fit, history, Run, RunControl, RunHandle};
+use ostinato_engine::train::songs::{as_the_model_hears, SongUpdate};
+use ostinato_engine::train::{fit, history, Run, RunConfig, RunControl, RunHandle};
 use ostinato_engine::Error as EngineError;
 
 use super::run::{EngineRun, StartRequest};
 use super::run_settings::run_config;
 use super::views::{Charts, ExportFormat, MemoryView};
 use super::BridgeError;
+use ostinato_engine::codec::StereoAudio;
 
 /// The size charts are drawn at: about the size the window shows them at, so their
 /// labels keep the size they are drawn with.
@@ -54,6 +57,9 @@ impl EngineRun for Handle {
     fn run_dir(&self) -> PathBuf {
         self.run_dir.clone()
     }
+    fn generate(&self, spec: GenerateSpec, out: PathBuf) -> Result<Receiver<SongUpdate>, BridgeError> {
+        self.control.generate(spec, out).map_err(engine_err)
+    }
 }
 
 /// The run's control and its events; the handle's thread is joined by the relay thread
@@ -75,12 +81,17 @@ fn attach(handle: RunHandle) -> (Box<dyn EngineRun>, Receiver<Event>) {
     (Box::new(control), rx)
 }
 
-pub fn start(req: &StartRequest) -> Result<(Box<dyn EngineRun>, Receiver<Event>), BridgeError> {
+/// The run the request starts: the settings' config, fitted to this machine when they ask.
+fn planned_config(req: &StartRequest) -> Result<RunConfig, BridgeError> {
     let mut config = run_config(req);
     if req.settings.fit_memory {
         fit::fit_auto(&mut config).map_err(engine_err)?;
     }
-    Run::start(config).map(attach).map_err(engine_err)
+    Ok(config)
+}
+
+pub fn start(req: &StartRequest) -> Result<(Box<dyn EngineRun>, Receiver<Event>), BridgeError> {
+    Run::start(planned_config(req)?).map(attach).map_err(engine_err)
 }
 
 /// The engine's plan for the settings: fitted when they ask, else as given; a
@@ -140,4 +151,15 @@ pub fn export(run_dir: &Path, format: ExportFormat, to: &Path) -> Result<PathBuf
         ExportFormat::MergedModel => to.join(format!("{run}-merged-model")),
     };
     export_run(run_dir, format, &target).map_err(engine_err)
+}
+
+/// The dataset song `song` as the model of a run of `req` hears it: its cached latents
+/// decoded; an error saying so when they are not cached.
+pub fn heard_by_model(req: &StartRequest, song: &Path) -> Result<StereoAudio, BridgeError> {
+    as_the_model_hears(&planned_config(req)?, song).map_err(engine_err)?.ok_or_else(|| {
+        BridgeError::Invalid(format!(
+            "{} has no cached latents with these settings: train with the latent cache on first",
+            song.display()
+        ))
+    })
 }

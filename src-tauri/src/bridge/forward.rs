@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::engine;
 use super::state::AppState;
-use super::views::{Charts, RunView};
+use super::views::{Charts, RunView, SongProgress};
 
 /// Name of the event every engine event is forwarded under (payload: the event itself,
 /// `{"type": "step", ...}`).
@@ -20,6 +20,8 @@ pub const ENGINE_EVENT: &str = "engine-event";
 pub const CHARTS_EVENT: &str = "charts";
 /// Name of the event sent whenever the run's view changes (payload: [`RunView`]).
 pub const RUN_EVENT: &str = "run-state";
+/// Name of the event that carries a requested song's progress (payload: [`SongProgress`]).
+pub const SONG_EVENT: &str = "song";
 /// Charts are re-rendered at most this often while events arrive (2.5 Hz >= 2 Hz).
 pub const CHART_INTERVAL: Duration = Duration::from_millis(400);
 
@@ -32,6 +34,8 @@ pub enum Outgoing<'a> {
     Charts(&'a Charts),
     /// A model download's progress (models.rs).
     Download(&'a serde_json::Value),
+    /// A requested song's progress (listen.rs).
+    Song(&'a SongProgress),
 }
 
 impl Outgoing<'_> {
@@ -42,6 +46,7 @@ impl Outgoing<'_> {
             Outgoing::Run(_) => RUN_EVENT,
             Outgoing::Charts(_) => CHARTS_EVENT,
             Outgoing::Download(_) => crate::models::DOWNLOAD_EVENT,
+            Outgoing::Song(_) => SONG_EVENT,
         }
     }
 }

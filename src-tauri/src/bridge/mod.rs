@@ -4,11 +4,13 @@
 //! scan and the current run (state.rs; the run's control in run.rs). The forwarder
 //! (forward.rs) folds each engine event into the run's `RunState` and sends the event,
 //! the run's view and its charts to the web view; what the web view sees is in
-//! views.rs. The engine is called from engine.rs, dataset_scan.rs and run_settings.rs.
+//! views.rs. Previews, Generate and the audio the web view plays are in listen.rs.
+//! The engine is called from engine.rs, dataset_scan.rs, run_settings.rs and listen.rs.
 
 mod dataset_scan;
 mod engine;
 mod forward;
+mod listen;
 mod run;
 mod run_settings;
 mod state;
@@ -18,12 +20,12 @@ mod views;
 
 use crate::settings::FieldErrors;
 
-pub use forward::{EventSink, Outgoing, CHARTS_EVENT, CHART_INTERVAL, ENGINE_EVENT, RUN_EVENT};
+pub use forward::{EventSink, Outgoing, CHARTS_EVENT, CHART_INTERVAL, ENGINE_EVENT, RUN_EVENT, SONG_EVENT};
 pub use run::{EngineRun, StartRequest};
 pub use state::AppState;
 pub use views::{
-    Charts, DatasetView, ExportFormat, FileRow, HistoryEntry, MemoryView, Request, RunSnapshot, RunSummary, RunView,
-    StateView,
+    Charts, DatasetView, ExportFormat, FileRow, HistoryEntry, MemoryView, PreviewView, Request, RunSnapshot,
+    RunSummary, RunView, SongChoices, SongProgress, SongStage, StateView,
 };
 
 /// How many recent events the state keeps for the UI (for `get_state` after a reload).

@@ -7,7 +7,9 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
 use ostinato_engine::events::Event;
+use ostinato_engine::generate::GenerateSpec;
 use ostinato_engine::run_state::{RunState, RunStatus};
+use ostinato_engine::train::songs::SongUpdate;
 
 use super::forward::{forward, EventSink, Outgoing};
 use super::state::AppState;
@@ -23,6 +25,8 @@ pub trait EngineRun: Send {
     fn stop(&self) -> Result<(), BridgeError>;
     /// The run directory (`<runs>/<run-id>`).
     fn run_dir(&self) -> PathBuf;
+    /// Asks the run for a song at its next step boundary, written to `out`.
+    fn generate(&self, spec: GenerateSpec, out: PathBuf) -> Result<Receiver<SongUpdate>, BridgeError>;
 }
 
 /// What `engine::start` gets: the validated settings and where things are.
@@ -72,6 +76,12 @@ impl CurrentRun {
 
     pub fn snapshot(&self) -> RunSnapshot {
         RunSnapshot { view: self.view(), recent_events: self.recent.iter().cloned().collect() }
+    }
+
+    /// The control of the run in `dir` while the engine has it.
+    pub fn live_control(&self, dir: &Path) -> Option<&dyn EngineRun> {
+        let live = self.run_dir.as_deref().and_then(|d| d.canonicalize().ok()).is_some_and(|d| d == dir);
+        self.control.as_deref().filter(|_| live)
     }
 
     pub fn active_dir(&self) -> Option<&Path> {

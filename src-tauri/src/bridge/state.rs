@@ -18,6 +18,8 @@ pub(super) struct Inner {
     pub run: CurrentRun,
     pub notice: Option<String>,
     pub next_generation: u64,
+    /// The id of the next requested song.
+    pub next_song: u64,
     /// The web view's appearance: charts are rendered to match it.
     pub dark: bool,
 }
@@ -51,6 +53,7 @@ impl AppState {
                 run: CurrentRun::idle(),
                 notice,
                 next_generation: 1,
+                next_song: 1,
                 dark: false,
             }),
             models: Models::new(places, config_dir.clone()),

@@ -45,6 +45,15 @@ impl EngineRun for Scripted {
     fn run_dir(&self) -> PathBuf {
         self.0.clone()
     }
+    fn generate(
+        &self,
+        _spec: ostinato_engine::generate::GenerateSpec,
+        _out: PathBuf,
+    ) -> Result<mpsc::Receiver<ostinato_engine::train::songs::SongUpdate>, BridgeError> {
+        self.1.lock().unwrap().push("generate");
+        // The double never serves it: the channel closes, as when a run ends first.
+        Ok(mpsc::channel().1)
+    }
 }
 
 fn wait_for(mut f: impl FnMut() -> bool) {
@@ -302,4 +311,35 @@ fn lists_runs_newest_first_with_the_current_one_active() {
     // A past run's charts are replayed from its log.
     let charts = state.charts(Some(&runs.join("c-done"))).unwrap();
     assert!(charts.loss.contains("<svg"), "{}", charts.loss);
+}
+
+/// Generate asks the live run (the app's one, by its directory) and says it waits for
+/// the run; a run that ends without serving it is generated from its saved files
+/// instead (here there are none: the engine's error names the file).
+#[test]
+fn generate_asks_the_live_run_and_falls_back_when_it_ends() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("runs/r1");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    std::fs::write(run_dir.join("events.jsonl"), "").unwrap();
+    let state = AppState::new(tmp.path().join("cfg"), tmp.path().join("runs"));
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = mpsc::channel();
+    state.adopt_run(Box::new(Scripted(run_dir.clone(), calls.clone())), rx, Recorder::default());
+    tx.send(started()).unwrap();
+    let choices: SongChoices =
+        serde_json::from_value(json!({"caption": "c", "duration_seconds": 1.0, "seed": 1, "adapter_scale": 1.0}))
+            .unwrap();
+    let rec = Recorder::default();
+    let id = state.generate(&run_dir, choices.clone(), rec.clone()).unwrap();
+    wait_for(|| rec.sent(SONG_EVENT).len() == 2);
+    let sent = rec.sent(SONG_EVENT);
+    assert_eq!(sent[0], json!({"id": id, "stage": "waiting", "live": true}));
+    assert_eq!(sent[1]["stage"], "failed");
+    assert!(sent[1]["message"].as_str().unwrap().contains("run.toml"), "{}", sent[1]);
+    assert_eq!(*calls.lock().unwrap(), ["generate"]);
+
+    // Another folder is no run of this app.
+    let err = state.generate(tmp.path(), choices, rec).unwrap_err();
+    assert_eq!(err.kind(), "invalid");
 }

@@ -120,3 +120,49 @@ pub struct StateView {
     pub notice: Option<String>,
     pub version: &'static str,
 }
+
+/// One preview of a run, as the previews panel lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PreviewView {
+    /// Updates applied when it was made (0: the base model).
+    pub step: u64,
+    /// The WAV file (absolute).
+    pub path: PathBuf,
+    pub caption: String,
+    pub seconds: f64,
+    /// Seconds it took to make.
+    pub took_s: f64,
+}
+
+/// What the user chose in the Generate form; the engine fills in the rest.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SongChoices {
+    pub caption: String,
+    #[serde(default)]
+    pub lyrics: String,
+    pub duration_seconds: f64,
+    pub seed: u64,
+    /// 0: the base model; 1: the adapter as trained.
+    pub adapter_scale: f64,
+}
+
+/// A song's progress, sent as a `song` event.
+#[derive(Debug, Clone, Serialize)]
+pub struct SongProgress {
+    /// The id `generate` returned.
+    pub id: u64,
+    #[serde(flatten)]
+    pub stage: SongStage,
+}
+
+/// Where a song is: waiting for the run's next step boundary (`live`) or for its model
+/// to load, sampling, decoding, written, or failed.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "stage", rename_all = "snake_case")]
+pub enum SongStage {
+    Waiting { live: bool },
+    Sampling { step: usize, steps: usize },
+    Decoding,
+    Written { path: PathBuf, seconds: f64 },
+    Failed { message: String },
+}

@@ -1,0 +1,192 @@
+//! Songs on request from a run's model (the app's Generate). A live run's loop serves a
+//! request at its next step boundary, with the DiT and adapter it trains (no second
+//! copy of the model) and the request's own seed (nothing drawn from the run's random
+//! streams), so its results are the same with or without it; a run that is not live
+//! gets a `Generator` loaded for its model and its newest adapter.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::Sender;
+
+use candle_core::{Device, Tensor};
+
+use super::config::RunConfig;
+use super::state;
+use crate::cancel::Cancel;
+use crate::codec::{Conditioner, LatentDecoder, StereoAudio};
+use crate::data::{cached_latents, inspect_folder};
+use crate::generate::wav::write_wav;
+use crate::generate::{GenerateEvent, GenerateSpec, Generator, SongModel};
+use crate::load::source::ModelSource;
+use crate::lora::LoraAdapter;
+use crate::model::DitModel;
+use crate::{Error, Result};
+
+/// What a requester hears of its song: each step of the work, ending with
+/// `GenerateEvent::Written`, or why it failed. A channel that closes before either
+/// means the run ended before it could serve the request.
+pub type SongUpdate = std::result::Result<GenerateEvent, String>;
+
+/// A song asked of a live run.
+pub(super) struct SongRequest {
+    pub spec: GenerateSpec,
+    pub out: PathBuf,
+    pub updates: Sender<SongUpdate>,
+}
+
+/// The folder of a run's requested songs.
+pub const SONGS_DIR: &str = "songs";
+
+/// A new file for a song of `run_dir`: `songs/song-<unix ms>-seed<seed>.wav`, so that
+/// songs sort by when they were asked for and never replace each other.
+pub fn new_song_path(run_dir: &Path, seed: u64) -> PathBuf {
+    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    run_dir.join(SONGS_DIR).join(format!("song-{ms}-seed{seed}.wav"))
+}
+
+/// The borrowed training parts a song samples with.
+pub(super) struct Trained<'a> {
+    pub model: &'a DitModel,
+    pub adapter: &'a LoraAdapter,
+    pub conditioner: &'a dyn Conditioner,
+}
+
+/// What a run keeps to make songs beside its DiT: the decoder (loaded on first use),
+/// whether the model is turbo, and its unconditional embedding.
+pub(super) struct Voice {
+    model: ModelSource,
+    device: Device,
+    decoder: Option<Box<dyn LatentDecoder>>,
+    turbo: bool,
+    /// `[1, 1, E]`: the model's `null_condition_emb` (guidance on base/SFT models).
+    null_condition: std::result::Result<Tensor, String>,
+}
+
+impl Voice {
+    pub fn new(
+        model: ModelSource,
+        device: Device,
+        turbo: bool,
+        null_condition: std::result::Result<Tensor, String>,
+    ) -> Self {
+        Self { model, device, decoder: None, turbo, null_condition }
+    }
+
+    /// Loads the decoder now (a run with previews fails at setup, not at its first preview).
+    pub fn load_decoder(&mut self) -> Result<()> {
+        if self.decoder.is_none() {
+            self.decoder = Some(self.model.latent_decoder(&self.device)?);
+        }
+        Ok(())
+    }
+
+    /// The song model of `parts` with this voice's decoder.
+    pub fn song<'a>(&'a mut self, parts: &Trained<'a>) -> Result<SongModel<'a>> {
+        self.load_decoder()?;
+        Ok(SongModel {
+            dit: parts.model,
+            conditioner: parts.conditioner,
+            decoder: self.decoder.as_deref().expect("loaded above"),
+            turbo: self.turbo,
+            null_condition: &self.null_condition,
+        })
+    }
+}
+
+/// Makes `spec` with `adapter` at its strength into `out` (atomically, creating its
+/// folder), reporting each step to `on_event`.
+pub(super) fn make_song(
+    song: &SongModel,
+    adapter: &LoraAdapter,
+    spec: &GenerateSpec,
+    out: &Path,
+    cancel: &Cancel,
+    on_event: &mut dyn FnMut(GenerateEvent),
+) -> Result<StereoAudio> {
+    let latents = song.latents(spec, Some(adapter), cancel, on_event)?;
+    let audio = song.decode(&latents, on_event)?;
+    write_song(out, &audio)?;
+    Ok(audio)
+}
+
+fn write_song(out: &Path, audio: &StereoAudio) -> Result<()> {
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    write_wav(out, audio)
+}
+
+/// Serves one request with the live run's parts; the requester hears every step and
+/// the end. A live run's song uses the adapter it trains: a folder in the spec is refused.
+pub(super) fn serve(request: SongRequest, voice: &mut Voice, parts: &Trained, cancel: &Cancel) {
+    let SongRequest { spec, out, updates } = request;
+    let result = match spec.adapter {
+        Some(_) => Err(Error::BadRequest("a live run generates with the adapter it trains, not a folder".into())),
+        None => voice.song(parts).and_then(|song| {
+            make_song(&song, parts.adapter, &spec, &out, cancel, &mut |e| {
+                let _ = updates.send(Ok(e));
+            })
+        }),
+    };
+    let _ = updates.send(match result {
+        Ok(audio) => Ok(written(out, &audio)),
+        Err(Error::Cancelled) => Err("the run stopped before the song was made".into()),
+        Err(e) => Err(e.to_string()),
+    });
+}
+
+fn written(path: PathBuf, audio: &StereoAudio) -> GenerateEvent {
+    GenerateEvent::Written { path, seconds: audio.duration_seconds(), sample_rate: audio.sample_rate }
+}
+
+/// The adapter a run that is not live generates with: `final/`, else its newest
+/// checkpoint's; None before its first checkpoint.
+pub fn latest_adapter(run_dir: &Path) -> Result<Option<PathBuf>> {
+    let final_dir = run_dir.join("final/adapter");
+    if final_dir.is_dir() {
+        return Ok(Some(final_dir));
+    }
+    Ok(state::list_checkpoints(run_dir)?.into_iter().next().map(|newest| newest.join("adapter")))
+}
+
+/// Makes `spec` with the model of the run in `run_dir` (not live) and its newest adapter
+/// at `spec.adapter_scale` into `out`. A run without an adapter yet generates only at
+/// strength 0 (the base model).
+pub fn generate_for_run(
+    run_dir: &Path,
+    spec: &GenerateSpec,
+    out: &Path,
+    on_event: &mut dyn FnMut(GenerateEvent),
+) -> Result<GenerateEvent> {
+    let config = RunConfig::from_toml_file(&run_dir.join("run.toml"))?;
+    let adapter = match (latest_adapter(run_dir)?, spec.adapter_scale) {
+        (_, 0.0) => None,
+        (Some(dir), _) => Some(dir),
+        (None, _) => {
+            return Err(Error::BadRequest(
+                "the run has no adapter yet (no checkpoint): set the strength to 0 to hear the base model".into(),
+            ))
+        }
+    };
+    let generator = Generator::load(&config.model)?;
+    let spec = GenerateSpec { adapter, ..spec.clone() };
+    let latents = generator.latents(&spec, on_event)?;
+    let audio = generator.decode(&latents, on_event)?;
+    write_song(out, &audio)?;
+    Ok(written(out.to_path_buf(), &audio))
+}
+
+/// The dataset song at `song` (a file of `config`'s dataset folder) as the model hears
+/// it: the latents training uses, from the latent cache, through the model's decoder.
+/// None when the cache does not hold them (caching off, or not yet prepared).
+pub fn as_the_model_hears(config: &RunConfig, song: &Path) -> Result<Option<StereoAudio>> {
+    let Some(cache) = config.latent_cache()? else { return Ok(None) };
+    let file = inspect_folder(&config.data.folder)?.songs.into_iter().find(|s| s.path == song).ok_or_else(|| {
+        Error::BadAudio { path: song.to_path_buf(), reason: "not a song of the dataset folder".into() }
+    })?;
+    let device = Device::Cpu;
+    let (encoder, conditioner, _) = config.model.encoders(&device)?;
+    match cached_latents(&config.data, encoder.as_ref(), conditioner.as_ref(), &cache, file)? {
+        Some(latents) => config.model.latent_decoder(&device)?.decode(&latents).map(Some),
+        None => Ok(None),
+    }
+}

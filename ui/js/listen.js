@@ -1,0 +1,233 @@
+// Listening: a run's previews (the base model pinned first), Generate with the run's
+// adapter, and the dataset's songs. Audio comes from the backend as bytes (only files
+// of the runs folder, or songs of the scanned dataset) and plays from a blob: URL in
+// the one player element; pictures are SVG drawn by the engine.
+
+import { invoke, listen, errorText } from './api.js';
+import { setSvg } from './svg.js';
+import * as fmt from './format.js';
+
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  dir: null,        // the run whose previews and songs are shown
+  previews: [],     // PreviewView, as the backend lists them
+  songs: new Map(), // song id -> its row
+  say: () => {},
+};
+
+// ---- the player -----------------------------------------------------------------
+
+/** Plays `key`'s audio (fetched by `load` the first time), or pauses it if it is playing. */
+async function toggle(key, load, button) {
+  const player = $('player');
+  if (player.dataset.key === key && !player.paused) {
+    player.pause();
+    return;
+  }
+  if (player.dataset.key !== key) {
+    let bytes;
+    try {
+      bytes = await load();
+    } catch (e) {
+      state.say(errorText(e), { error: true });
+      return;
+    }
+    if (player.src) URL.revokeObjectURL(player.src);
+    player.src = URL.createObjectURL(new Blob([bytes], { type: 'audio/wav' }));
+    player.dataset.key = key;
+    player.dataset.bytes = String(bytes.byteLength);
+  }
+  for (const b of document.querySelectorAll('.play[aria-pressed=true]')) b.setAttribute('aria-pressed', 'false');
+  button?.setAttribute('aria-pressed', 'true');
+  player.play().catch((e) => state.say(`Cannot play: ${e.message || e}`, { error: true }));
+}
+
+function playButton(key, load, label = 'Play') {
+  const b = document.createElement('button');
+  b.className = 'btn small play';
+  b.textContent = label;
+  b.dataset.testid = 'play';
+  b.setAttribute('aria-pressed', 'false');
+  b.addEventListener('click', () => toggle(key, load, b));
+  return b;
+}
+
+const runAudio = (path) => () => invoke('audio_bytes', { path });
+
+/** A row with a play button, a title, details and the engine's picture of the file. */
+function audioRow(path, title, detail, testid) {
+  const li = document.createElement('li');
+  li.className = 'audio-row';
+  li.dataset.testid = testid;
+  li.dataset.path = path;
+  const text = document.createElement('div');
+  text.className = 'audio-text';
+  const b = document.createElement('b');
+  b.textContent = title;
+  const small = document.createElement('small');
+  small.textContent = detail;
+  text.append(b, small);
+  const picture = document.createElement('div');
+  picture.className = 'audio-picture';
+  picture.dataset.testid = 'audio-picture';
+  li.append(playButton(path, runAudio(path)), text, picture);
+  invoke('audio_picture', { path })
+    .then((svg) => setSvg(picture, svg))
+    .catch((e) => { picture.textContent = errorText(e); });
+  return li;
+}
+
+// ---- previews -------------------------------------------------------------------
+
+function previewRow(p) {
+  const title = p.step === 0 ? 'Base model (before training)' : `Step ${p.step}`;
+  const detail = `${p.caption || 'no caption'} · ${fmt.duration(p.seconds)} · made in ${fmt.duration(p.took_s)}`;
+  const li = audioRow(p.path, title, detail, p.step === 0 ? 'preview-base' : 'preview');
+  li.dataset.step = String(p.step);
+  return li;
+}
+
+function showPreviews() {
+  const list = $('preview-list');
+  list.replaceChildren();
+  // The base model first, then the newest: base against step N is one click each.
+  const base = state.previews.filter((p) => p.step === 0);
+  const steps = state.previews.filter((p) => p.step !== 0).sort((a, b) => b.step - a.step);
+  for (const p of [...base, ...steps]) list.append(previewRow(p));
+  if (!state.previews.length) {
+    list.innerHTML = '<li class="empty">No previews yet. Set "Preview every (steps)" in the settings to hear the adapter as it trains.</li>';
+  }
+  $('listen-count').textContent = state.previews.length ? String(state.previews.length) : '';
+}
+
+/** Shows the run in `dir` (null: none): its previews, and Generate from it. */
+export async function showRun(dir, name) {
+  if (state.dir !== dir) $('song-list').replaceChildren();
+  state.dir = dir;
+  $('listen-run').textContent = dir ? `Run ${name || dir}` : 'No run yet: start one, or pick one in History.';
+  $('btn-generate').disabled = !dir;
+  state.previews = [];
+  if (!dir) return showPreviews();
+  try {
+    state.previews = await invoke('run_previews', { dir });
+  } catch (e) {
+    state.say(errorText(e), { error: true });
+  }
+  if (state.dir === dir) showPreviews();
+}
+
+/** A `preview` engine event of the run in `dir`: shown at once when it is the one shown. */
+export function onPreview(ev, dir) {
+  if (!dir || dir !== state.dir) return;
+  const path = `${dir}/${ev.path}`;
+  if (state.previews.some((p) => p.step === ev.step)) return;
+  state.previews.push({ step: ev.step, path, caption: ev.caption, seconds: ev.seconds, took_s: ev.took_s });
+  showPreviews();
+}
+
+// ---- generate -------------------------------------------------------------------
+
+function choices() {
+  return {
+    caption: $('gen-caption').value,
+    lyrics: $('gen-lyrics').value,
+    duration_seconds: Number($('gen-duration').value),
+    seed: Number($('gen-seed').value),
+    adapter_scale: Number($('gen-strength').value),
+  };
+}
+
+async function generate() {
+  if (!state.dir) return;
+  const c = choices();
+  try {
+    const id = await invoke('generate_song', { dir: state.dir, choices: c });
+    const li = document.createElement('li');
+    li.className = 'audio-row pending';
+    li.dataset.testid = 'song';
+    li.dataset.song = String(id);
+    li.dataset.stage = 'waiting';
+    const text = document.createElement('div');
+    text.className = 'audio-text';
+    const b = document.createElement('b');
+    b.textContent = `${c.caption || 'no caption'} · strength ${c.adapter_scale} · seed ${c.seed}`;
+    const status = document.createElement('small');
+    status.textContent = 'Asked…';
+    const bar = document.createElement('progress');
+    bar.max = 1;
+    bar.value = 0;
+    bar.dataset.testid = 'song-progress';
+    text.append(b, status, bar);
+    li.append(text);
+    $('song-list').prepend(li);
+    state.songs.set(id, li);
+  } catch (e) {
+    state.say(errorText(e), { error: true });
+  }
+}
+
+/** A `song` event: the progress of a song asked for. */
+function onSong(p) {
+  const li = state.songs.get(p.id);
+  if (!li) return;
+  li.dataset.stage = p.stage;
+  const [status, bar] = [li.querySelector('small'), li.querySelector('progress')];
+  switch (p.stage) {
+    case 'waiting':
+      status.textContent = p.live ? 'Waiting for the run’s next step boundary…' : 'Loading the model and adapter…';
+      break;
+    case 'sampling':
+      status.textContent = `Sampling step ${p.step} of ${p.steps}`;
+      bar.value = p.steps ? (0.9 * p.step) / p.steps : 0;
+      break;
+    case 'decoding':
+      status.textContent = 'Decoding…';
+      bar.value = 0.9;
+      break;
+    case 'written': {
+      const row = audioRow(p.path, li.querySelector('b').textContent, `${fmt.duration(p.seconds)} · saved in ${p.path}`, 'song');
+      row.dataset.song = String(p.id);
+      row.dataset.stage = 'written';
+      li.replaceWith(row);
+      state.songs.set(p.id, row);
+      break;
+    }
+    case 'failed':
+      status.textContent = `Failed: ${p.message}`;
+      li.classList.add('bad');
+      bar.remove();
+      break;
+    default: break;
+  }
+}
+
+// ---- the dataset ------------------------------------------------------------------
+
+/** Play buttons of a usable dataset song: as it is, and as the model hears it. */
+export function datasetButtons(name) {
+  const box = document.createElement('div');
+  box.className = 'actions';
+  const file = playButton(`dataset:${name}`, () => invoke('dataset_audio', { name, heard: false }), 'Play');
+  file.dataset.testid = 'dataset-play';
+  file.title = 'The file as it is';
+  const heard = playButton(`heard:${name}`, () => invoke('dataset_audio', { name, heard: true }), 'As heard');
+  heard.dataset.testid = 'dataset-heard';
+  heard.title = 'As the model hears it: its cached latents decoded (train once with latent caching on)';
+  box.append(file, heard);
+  return box;
+}
+
+export async function setupListen({ say }) {
+  state.say = say;
+  $('btn-generate').addEventListener('click', generate);
+  const strength = $('gen-strength');
+  const show = () => { $('gen-strength-value').textContent = Number(strength.value) === 0 ? '0 (base model)' : strength.value; };
+  strength.addEventListener('input', show);
+  show();
+  const player = $('player');
+  player.addEventListener('ended', () => {
+    for (const b of document.querySelectorAll('.play[aria-pressed=true]')) b.setAttribute('aria-pressed', 'false');
+  });
+  await listen('song', onSong);
+}
