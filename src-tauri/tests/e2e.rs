@@ -376,10 +376,23 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
             .await;
     }
 
+    // While the songs are prepared the dataset line shows a progress bar (issue 20):
+    // an observer notes the bar's value each time it changes while shown, however
+    // quickly the demo's six songs go by.
+    let observe = "const b = document.getElementById('dataset-progress'); window.barSeen = []; \
+        new MutationObserver(() => { if (!b.hidden) window.barSeen.push(b.value); }).observe(b, { attributes: true }); \
+        return true";
+    js(&c, observe).await;
+
     // Start: the step counter and the loss chart advance.
     let step = step_js("");
     c.find(Locator::Id("btn-start")).await.unwrap().click().await.unwrap();
     wait_js_for(&c, &step_js(">= 3"), "three steps", ENGINE_WAIT).await;
+    let seen = js(&c, "return window.barSeen").await;
+    eprintln!("e2e: the preparation's progress bar showed {seen}");
+    let seen: Vec<f64> = seen.as_array().unwrap().iter().filter_map(Value::as_f64).collect();
+    assert!(!seen.is_empty(), "the dataset preparation's progress bar never showed");
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]) && seen.iter().all(|v| (0.0..=1.0).contains(v)), "{seen:?}");
     wait_js(&c, "return document.querySelector('#chart-loss svg polyline') !== null", "the loss chart").await;
     // The longest line in the loss chart: the loss series (grid lines have two points).
     let points = "return Math.max(...[...document.querySelectorAll('#chart-loss svg polyline')].map(p => p.getAttribute('points').trim().split(/\\s+/).length))";

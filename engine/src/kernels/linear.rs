@@ -191,4 +191,3 @@ mod tests {
         assert!(one == two, "one thread and two differ");
     }
 }
-
