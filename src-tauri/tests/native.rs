@@ -50,6 +50,15 @@ impl EngineRun for Scripted {
     fn run_dir(&self) -> PathBuf {
         self.0.clone()
     }
+    fn generate(
+        &self,
+        _spec: ostinato_engine::generate::GenerateSpec,
+        _out: PathBuf,
+    ) -> Result<std::sync::mpsc::Receiver<ostinato_engine::train::songs::SongUpdate>, BridgeError> {
+        self.1 .0.lock().unwrap().push("generate");
+        // Never served: the channel closes, as when a run ends first.
+        Ok(std::sync::mpsc::channel().1)
+    }
 }
 impl Calls {
     fn get(&self) -> Vec<&'static str> {
