@@ -8,11 +8,11 @@
 //! The product is the tile's folded reduction with one tap: its A operand is `mr`
 //! rows of W packed `[kc][mr]`, its B operand the transposed input in panels of `nr`
 //! columns (`[k][nr]` each, so a tile reads one contiguous run), made once per call.
-//! A work item packs its group's rows of W for one `KC` slice of the reduction (32 KiB,
-//! L2), then for each panel slice (24 KiB, kept in L1) runs every block of them past it. A work item is a group
-//! of output columns: it sums its outputs over the reduction's slices in a buffer of its
-//! own, then writes them once, so each thread writes only its own columns. Each output is the same sum in the same
-//! order whatever the thread count: results are reproducible run to run.
+//! A work item is a group of output columns: for each `KC` slice of the reduction it
+//! packs the group's rows of W (16 KiB) and runs every block of them past each panel
+//! slice (24 KiB), both in L1, summing its outputs in a buffer of its own that it writes
+//! once, so each thread writes only its own columns. Each output is the same sum in the
+//! same order whatever the thread count: results are reproducible run to run.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, Layout, Result};
@@ -60,8 +60,10 @@ pub(crate) fn host_linear_product(
 
 /// Reduction rows per pass: a tile's `KC x nr` operand of `x^T` is 24 KiB on AVX-512.
 const KC: usize = 128;
-/// Output columns (features) per work item: eight tiles of rows on AVX-512.
-const GROUP: usize = 64;
+/// Output columns (features) per work item: four tiles of rows on AVX-512, whose packed
+/// W (16 KiB at `KC`) shares L1 with a tile's x panel (24 KiB). 64 (32 KiB, spilling to
+/// L2) ran the DiT's shapes 15-35% slower (bench/NOTES.md run 33).
+const GROUP: usize = 32;
 /// Input rows per pass over a group: a `KC x SPAN` slice of `x^T` (384 KiB) stays in L2.
 const SPAN: usize = 384;
 /// Fewer input rows than this leave most of a tile's columns empty: those products stay
@@ -94,8 +96,8 @@ pub(crate) fn linear(x: &[f32], rows: usize, k: usize, w: &[f32], n: usize) -> V
                     for (b, f0) in features.clone().step_by(m.mr).enumerate() {
                         pack(&mut a[b * KC * m.mr..], w, k, (k0, kc), f0..(f0 + m.mr).min(n), m.mr);
                     }
-                    // A tile's B operand (`kc x nr`, 24 KiB) stays in L1 while the
-                    // group's blocks of W (4 KiB each) stream past it from L2.
+                    // A tile's B operand (`kc x nr`) stays in L1 while the group's
+                    // blocks of W pass over it.
                     for t0 in (c0..c0 + width).step_by(m.nr) {
                         let b = &xt[(t0 / m.nr * k + k0) * m.nr..];
                         for (blk, f0) in features.clone().step_by(m.mr).enumerate() {

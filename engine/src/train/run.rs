@@ -815,8 +815,10 @@ fn epoch_order(seed: u64, epoch: u64, n: usize) -> Vec<usize> {
 
 fn data_event(e: DataEvent, folder: &Path) -> Event {
     match e {
-        DataEvent::Progress { done, total, file, seconds, .. } => Event::DatasetProgress {
-            done: done as u64,
+        DataEvent::Progress { stage, done, total, file, seconds } => Event::DatasetProgress {
+            // The scan's end counts the files found, none of them prepared yet: a
+            // progress bar starts empty, not full.
+            done: if stage == crate::data::Stage::Scanning { 0 } else { done as u64 },
             total: total as u64,
             file: file.unwrap_or_else(|| folder.to_path_buf()),
             seconds_done: seconds.map(|s| s.0),
@@ -851,6 +853,9 @@ mod tests {
             seconds_total: Some(240.0),
         };
         assert_eq!(data_event(tile, Path::new("folder")), want);
+        let scanned =
+            DataEvent::Progress { stage: crate::data::Stage::Scanning, done: 5, total: 5, file: None, seconds: None };
+        assert!(matches!(data_event(scanned, Path::new("folder")), Event::DatasetProgress { done: 0, total: 5, .. }));
         let end =
             DataEvent::Progress { stage: crate::data::Stage::Encoding, done: 5, total: 5, file: None, seconds: None };
         assert!(matches!(
