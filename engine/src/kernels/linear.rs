@@ -61,8 +61,8 @@ pub(crate) fn host_linear_product(
 /// Reduction rows per pass: a tile's `KC x nr` operand of `x^T` is 24 KiB on AVX-512.
 const KC: usize = 128;
 /// Output columns (features) per work item: four tiles of rows on AVX-512, whose packed
-/// W (16 KiB at `KC`) shares L1 with a tile's x panel (24 KiB). 64 (32 KiB, spilling to
-/// L2) ran the DiT's shapes 15-35% slower (bench/NOTES.md run 33).
+/// W (16 KiB at `KC`) shares L1 with a tile's x panel (24 KiB). The kernel alone ran the
+/// DiT's shapes 15-50% faster than with 64 (bench/NOTES.md run 33).
 const GROUP: usize = 32;
 /// Input rows per pass over a group: a `KC x SPAN` slice of `x^T` (384 KiB) stays in L2.
 const SPAN: usize = 384;

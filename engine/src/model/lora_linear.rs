@@ -182,8 +182,6 @@ impl CustomOp3 for LoraLinear {
     }
 }
 
-/// A storage-level matmul `(a, b, (batch, m, n, k), a_layout, b_layout)`.
-
 /// The rank-r GEMMs of a LoRA delta (one dimension is r). A short song's are a few
 /// microseconds of work each, less than waking a second thread costs, so they stay on
 /// the calling thread; from [`SPLIT_FLOPS`] up (a long song's rows) the output is cut in
