@@ -22,12 +22,11 @@ import time
 
 import torch
 from diffusers import AutoencoderOobleck
-from memory_and_vae import VAE_CONFIG, peak_rss_bytes, rss_bytes
+from memory_and_vae import VAE_CONFIG, peak_rss_bytes, rss_bytes  # VAE_CONFIG: ACE-Step 1.5's vae/config.json
 
 # The longest piece diffusers is given at once: 30 s (see the module doc).
 PIECE_FRAMES = 750
 PRESETS = {"vae-encode-30s": (True, 30), "vae-encode-240s": (True, 240), "vae-decode-30s": (False, 30), "vae-decode-240s": (False, 240)}
-# ACE-Step 1.5's vae/config.json.
 
 
 def main():
