@@ -5,7 +5,10 @@
 //! conv fold into one reduction of length rows * k with no im2col copy.
 //!
 //! The accumulators live in registers: 8 x 3 vectors of 16 lanes on AVX-512, 4 x 3 of 8
-//! lanes on AVX2 + FMA, 8 x 3 of 4 lanes elsewhere (NEON has 32 registers).
+//! lanes on AVX2 + FMA, 8 x 3 of 4 lanes elsewhere (NEON has 32 registers). The
+//! linears' product ([`super::linear`]) runs a taller tile of two vectors a row (12 x 2 on
+//! AVX-512, 6 x 2 on AVX2): more broadcast rows per loaded vector, and its B operand
+//! (`kc x nr` of packed W) fits L1 at a deeper reduction.
 
 /// One SIMD register of f32 lanes.
 trait Vector: Copy {
@@ -23,6 +26,9 @@ trait Vector: Copy {
     /// # Safety
     /// The CPU has the instruction set.
     unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+    /// # Safety
+    /// The CPU has the instruction set.
+    unsafe fn add(a: Self, b: Self) -> Self;
     /// # Safety
     /// `p..p + LANES` is writable; the CPU has the instruction set.
     unsafe fn store(self, p: *mut f32);
@@ -55,6 +61,10 @@ mod x86 {
             Self(_mm512_fmadd_ps(a.0, b.0, c.0))
         }
         #[inline(always)]
+        unsafe fn add(a: Self, b: Self) -> Self {
+            Self(_mm512_add_ps(a.0, b.0))
+        }
+        #[inline(always)]
         unsafe fn store(self, p: *mut f32) {
             _mm512_storeu_ps(p, self.0)
         }
@@ -82,6 +92,10 @@ mod x86 {
             Self(_mm256_fmadd_ps(a.0, b.0, c.0))
         }
         #[inline(always)]
+        unsafe fn add(a: Self, b: Self) -> Self {
+            Self(_mm256_add_ps(a.0, b.0))
+        }
+        #[inline(always)]
         unsafe fn store(self, p: *mut f32) {
             _mm256_storeu_ps(p, self.0)
         }
@@ -93,6 +107,11 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f")]
+    pub unsafe fn tall_tile_avx512(g: &super::TileArgs) {
+        super::tile::<Avx512, 12, 2>(g)
+    }
+
+    #[target_feature(enable = "avx512f")]
     pub unsafe fn fma_loop_avx512(rounds: usize) -> f32 {
         super::fma_loop::<Avx512>(rounds)
     }
@@ -100,6 +119,11 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn tile_avx2(g: &super::TileArgs) {
         super::tile::<Avx2, 4, 3>(g)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn tall_tile_avx2(g: &super::TileArgs) {
+        super::tile::<Avx2, 6, 2>(g)
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -134,6 +158,10 @@ impl Vector for Lanes4 {
         #[cfg(not(any(target_arch = "aarch64", target_feature = "fma")))]
         let f = |i: usize| a.0[i] * b.0[i] + c.0[i];
         Self([f(0), f(1), f(2), f(3)])
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        Self([a.0[0] + b.0[0], a.0[1] + b.0[1], a.0[2] + b.0[2], a.0[3] + b.0[3]])
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
@@ -176,9 +204,11 @@ struct TileArgs {
     k: usize,
     d: usize,
     acc: *mut f32,
+    /// Add the tile onto `acc` rather than overwrite it.
+    onto: bool,
 }
 
-/// `acc [MR, NV * LANES] = sum over p < rows, j < k of a[(p k + j) MR + i] * b[p b_rs + j d + col]`.
+/// `acc [MR, NV * LANES] (+)= sum over p < rows, j < k of a[(p k + j) MR + i] * b[p b_rs + j d + col]`.
 #[inline(always)]
 unsafe fn tile<V: Vector, const MR: usize, const NV: usize>(g: &TileArgs) {
     let mut s = [[V::zero(); NV]; MR];
@@ -201,8 +231,12 @@ unsafe fn tile<V: Vector, const MR: usize, const NV: usize>(g: &TileArgs) {
         }
     }
     for (i, s) in s.iter().enumerate() {
-        for (v, s) in s.iter().enumerate() {
-            s.store(g.acc.add((i * NV + v) * V::LANES));
+        for (v, &s) in s.iter().enumerate() {
+            let p = g.acc.add((i * NV + v) * V::LANES);
+            match g.onto {
+                true => V::add(V::load(p), s).store(p),
+                false => s.store(p),
+            }
         }
     }
 }
@@ -220,33 +254,52 @@ pub(crate) struct Micro {
     lanes: usize,
 }
 
+/// The two tile shapes: the convolutions' (wide) and the linears' (tall).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Shape {
+    Wide,
+    Tall,
+}
+
 impl Micro {
-    /// The fastest tile the CPU runs.
+    /// The fastest convolution tile the CPU runs.
     pub fn best() -> Self {
         Self::available()[0]
     }
 
-    /// Every tile this CPU can run, fastest first (the portable one last).
+    /// The fastest tile for the linears' product.
+    pub fn tall() -> Self {
+        Self::of_shape(Shape::Tall)[0]
+    }
+
+    /// Every convolution tile this CPU can run, fastest first (the portable one last).
     pub fn available() -> Vec<Self> {
+        Self::of_shape(Shape::Wide)
+    }
+
+    /// Every tile of `shape` this CPU can run, fastest first. The portable tile serves
+    /// both shapes.
+    pub fn of_shape(shape: Shape) -> Vec<Self> {
+        let tall = shape == Shape::Tall;
         let mut all = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") {
                 all.push(Self {
-                    mr: 8,
-                    nr: 48,
-                    name: "avx512",
-                    run: x86::tile_avx512,
+                    mr: if tall { 12 } else { 8 },
+                    nr: if tall { 32 } else { 48 },
+                    name: if tall { "avx512-tall" } else { "avx512" },
+                    run: if tall { x86::tall_tile_avx512 } else { x86::tile_avx512 },
                     fma_loop: x86::fma_loop_avx512,
                     lanes: 16,
                 });
             }
             if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
                 all.push(Self {
-                    mr: 4,
-                    nr: 24,
-                    name: "avx2",
-                    run: x86::tile_avx2,
+                    mr: if tall { 6 } else { 4 },
+                    nr: if tall { 16 } else { 24 },
+                    name: if tall { "avx2-tall" } else { "avx2" },
+                    run: if tall { x86::tall_tile_avx2 } else { x86::tile_avx2 },
                     fma_loop: x86::fma_loop_avx2,
                     lanes: 8,
                 });
@@ -268,7 +321,7 @@ impl Micro {
         (0..20)
             .map(|_| {
                 let start = std::time::Instant::now();
-                // SAFETY: `available` offers a tile only where the CPU has its
+                // SAFETY: `of_shape` offers a tile only where the CPU has its
                 // instruction set; the loop touches only its own locals.
                 std::hint::black_box(unsafe { (self.fma_loop)(rounds) });
                 (rounds * 12 * self.lanes * 2) as f64 / start.elapsed().as_secs_f64() / 1e9
@@ -279,12 +332,31 @@ impl Micro {
     /// `acc [mr, nr] = sum over p < rows, j < k of a[(p k + j) mr + i] * b[p b_rs + j d + col]`
     /// (`taps` = (k, d)): the panel `b` holds at least `(k - 1) d + nr` readable columns
     /// in each of its `rows` rows.
-    pub fn tile(&self, a: &[f32], b: &[f32], b_rs: usize, rows: usize, (k, d): (usize, usize), acc: &mut [f32]) {
+    pub fn tile(&self, a: &[f32], b: &[f32], b_rs: usize, rows: usize, taps: (usize, usize), acc: &mut [f32]) {
+        self.apply(a, b, b_rs, rows, taps, acc, false)
+    }
+
+    /// [`Self::tile`] added onto `acc`.
+    pub fn tile_onto(&self, a: &[f32], b: &[f32], b_rs: usize, rows: usize, taps: (usize, usize), acc: &mut [f32]) {
+        self.apply(a, b, b_rs, rows, taps, acc, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn apply(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        b_rs: usize,
+        rows: usize,
+        (k, d): (usize, usize),
+        acc: &mut [f32],
+        onto: bool,
+    ) {
         assert!(a.len() >= rows * k * self.mr, "conv tile: weight panel too short");
         assert!(rows == 0 || (rows - 1) * b_rs + (k - 1) * d + self.nr <= b.len(), "conv tile: input panel too short");
         assert!(acc.len() >= self.mr * self.nr, "conv tile: accumulator too short");
-        let args = TileArgs { a: a.as_ptr(), b: b.as_ptr(), b_rs, rows, k, d, acc: acc.as_mut_ptr() };
-        // SAFETY: the asserts keep every read and write in bounds; `available` offers a
+        let args = TileArgs { a: a.as_ptr(), b: b.as_ptr(), b_rs, rows, k, d, acc: acc.as_mut_ptr(), onto };
+        // SAFETY: the asserts keep every read and write in bounds; `of_shape` offers a
         // tile only where the CPU has its instruction set.
         unsafe { (self.run)(&args) }
     }
@@ -297,12 +369,14 @@ mod tests {
     #[test]
     fn every_tile_computes_the_folded_product() {
         let (rows, k, d) = (5, 3, 2);
-        for m in Micro::available() {
+        for m in [Shape::Wide, Shape::Tall].into_iter().flat_map(Micro::of_shape) {
             let b_rs = (k - 1) * d + m.nr + 3;
             let a: Vec<f32> = (0..rows * k * m.mr).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
             let b: Vec<f32> = (0..rows * b_rs).map(|i| ((i * 5) % 13) as f32 - 6.0).collect();
             let mut acc = vec![0f32; m.mr * m.nr];
             m.tile(&a, &b, b_rs, rows, (k, d), &mut acc);
+            let mut twice = acc.clone();
+            m.tile_onto(&a, &b, b_rs, rows, (k, d), &mut twice);
             for i in 0..m.mr {
                 for col in 0..m.nr {
                     let want: f32 = (0..rows)
@@ -310,6 +384,7 @@ mod tests {
                         .map(|(p, j)| a[(p * k + j) * m.mr + i] * b[p * b_rs + j * d + col])
                         .sum();
                     assert_eq!(acc[i * m.nr + col], want, "{} ({i}, {col})", m.name());
+                    assert_eq!(twice[i * m.nr + col], 2.0 * want, "{} onto ({i}, {col})", m.name());
                 }
             }
         }
