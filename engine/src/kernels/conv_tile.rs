@@ -115,12 +115,12 @@ mod x86 {
 
     #[target_feature(enable = "avx512f")]
     pub unsafe fn tile_avx512(g: &super::TileArgs) {
-        super::tile::<Avx512, 8, 3, false>(g)
+        super::tile::<Avx512, 8, 3>(g)
     }
 
     #[target_feature(enable = "avx512f")]
     pub unsafe fn tall_tile_avx512(g: &super::TileArgs) {
-        super::tile::<Avx512, 12, 2, true>(g)
+        super::tile::<Avx512, 12, 2>(g)
     }
 
     #[target_feature(enable = "avx512f")]
@@ -130,12 +130,12 @@ mod x86 {
 
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn tile_avx2(g: &super::TileArgs) {
-        super::tile::<Avx2, 4, 3, false>(g)
+        super::tile::<Avx2, 4, 3>(g)
     }
 
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn tall_tile_avx2(g: &super::TileArgs) {
-        super::tile::<Avx2, 6, 2, true>(g)
+        super::tile::<Avx2, 6, 2>(g)
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -182,7 +182,7 @@ impl Vector for Lanes4 {
 }
 
 unsafe fn tile_portable(g: &TileArgs) {
-    tile::<Lanes4, 8, 3, false>(g)
+    tile::<Lanes4, 8, 3>(g)
 }
 
 unsafe fn fma_loop_portable(rounds: usize) -> f32 {
@@ -221,19 +221,18 @@ struct TileArgs {
 }
 
 /// `acc [MR, NV * LANES] (+)= sum over p < rows, j < k of a[(p k + j) MR + i] * b[p b_rs + j d + col]`.
-/// With `PREFETCH` the A operand's lines are asked for 16 steps ahead: the linears'
-/// blocks of x stream from L2 past the W panel held in L1 (a few % in a probe).
+/// The A operand's lines are asked for 16 steps ahead: it streams from L2 (the linears'
+/// blocks of x, the convs' packed weights); 1-3% on the DiT step and the VAE passes
+/// (bench/NOTES.md run 34).
 #[inline(always)]
-unsafe fn tile<V: Vector, const MR: usize, const NV: usize, const PREFETCH: bool>(g: &TileArgs) {
+unsafe fn tile<V: Vector, const MR: usize, const NV: usize>(g: &TileArgs) {
     let mut s = [[V::zero(); NV]; MR];
     let mut a = g.a;
     for p in 0..g.rows {
         let row = g.b.add(p * g.b_rs);
         for j in 0..g.k {
             let at = row.add(j * g.d);
-            if PREFETCH {
-                V::prefetch(a.wrapping_add(16 * MR));
-            }
+            V::prefetch(a.wrapping_add(16 * MR));
             let mut b = [V::zero(); NV];
             for (v, b) in b.iter_mut().enumerate() {
                 *b = V::load(at.add(v * V::LANES));

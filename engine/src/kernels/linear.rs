@@ -87,8 +87,17 @@ fn linear_on(m: &Micro, x: &[f32], rows: usize, k: usize, w: &[f32], n: usize) -
             for (slice, k0) in (0..k).step_by(KC).enumerate() {
                 let kc = KC.min(k - k0);
                 pack_weight(wp, w, k, (k0, kc), features.clone(), m.nr);
+                // What the next pack reads (this panel's next slice, else the next
+                // panel's first), asked for from memory a share per block meanwhile.
+                let next = match k0 + KC < k {
+                    true => Some((features.clone(), k0 + KC)),
+                    false => Some(features.end..(features.end + m.nr).min(n)).filter(|f| !f.is_empty()).map(|f| (f, 0)),
+                };
                 let slab = &xp[slice * blocks * KC * m.mr..];
                 for (b, acc) in strip.chunks_exact_mut(m.mr * m.nr).enumerate() {
+                    if let Some((features, k0)) = &next {
+                        prefetch_share(w, k, features.clone(), (*k0, KC.min(k - k0)), (b, blocks));
+                    }
                     let a = &slab[b * KC * m.mr..];
                     match slice {
                         0 => m.tile(a, wp, m.nr, kc, (1, 1), acc),
@@ -147,6 +156,31 @@ fn pack_weight(
         for (p, &v) in w[f * k + k0 + from..f * k + k0 + kc].iter().enumerate() {
             wp[(from + p) * nr + j] = v;
         }
+    }
+}
+
+/// Asks for share `part` of `parts` of the cache lines of rows `features` of `w [_, k]`,
+/// reduction slice `k0..k0 + kc`, to be brought into L2 (a hint: never faults).
+fn prefetch_share(
+    w: &[f32],
+    k: usize,
+    features: std::ops::Range<usize>,
+    (k0, kc): (usize, usize),
+    (part, parts): (usize, usize),
+) {
+    const LINE: usize = 16;
+    let lines = kc.div_ceil(LINE);
+    let total = features.len() * lines;
+    let share = total.div_ceil(parts);
+    for q in part * share..((part + 1) * share).min(total) {
+        let at = (features.start + q / lines) * k + k0 + q % lines * LINE;
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch is a hint that never faults; `at` is inside `w`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(w[at..].as_ptr().cast())
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (w, at);
     }
 }
 
