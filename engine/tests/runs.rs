@@ -11,7 +11,7 @@ use ostinato_engine::data::wav::{write_wav, SampleFormat};
 use ostinato_engine::events::{read_events, Event};
 use ostinato_engine::generate::{GenerateEvent, GenerateSpec};
 use ostinato_engine::train::history::{summarise, RunStatus};
-use ostinato_engine::train::songs::{generate_for_run, new_song_path, SongUpdate};
+use ostinato_engine::train::songs::{generate_for_run, new_song_path, run_songs, SongUpdate};
 use ostinato_engine::train::{Run, RunConfig, RunEnd, RunHandle};
 use ostinato_engine::Error;
 
@@ -226,6 +226,9 @@ fn songs_asked_of_a_live_run_leave_training_bit_exact() {
     let paused = new_song_path(&run_dir, 6);
     let events = hear(control.generate(GenerateSpec { seed: 6, ..spec.clone() }, paused.clone()).unwrap());
     assert!(matches!(events.last(), Some(GenerateEvent::Written { .. })) && paused.is_file());
+    // Both are listed again with what they were asked with, oldest first.
+    let listed: Vec<_> = run_songs(&run_dir).unwrap().into_iter().map(|s| (s.path, s.spec.unwrap())).collect();
+    assert_eq!(listed, [(first.clone(), base.clone()), (paused.clone(), GenerateSpec { seed: 6, ..spec.clone() })]);
     control.resume();
     assert!(matches!(handle.join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
     assert_eq!(losses(&plain), losses(&run_dir), "songs change no loss");

@@ -23,6 +23,7 @@ pub const COMMANDS: &[&str] = &[
     "cancel_download",
     "shortcuts",
     "run_previews",
+    "run_songs",
     "audio_bytes",
     "audio_picture",
     "generate_song",

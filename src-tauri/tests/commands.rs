@@ -689,6 +689,16 @@ fn previews_songs_and_dataset_audio_stay_inside_the_runs_folder() {
     let last = song_stages(&sent, &failed).pop().unwrap();
     assert_eq!(last["stage"], "failed");
     assert!(last["message"].as_str().unwrap().contains("duration"), "{last}");
+    // Listed again (as a later session lists them): the two made, oldest first, with what
+    // they were asked; the failed one made nothing.
+    let listed = app.invoke("run_songs", json!({"dir": run_dir})).unwrap();
+    let paths: Vec<&str> = listed.as_array().unwrap().iter().map(|s| s["path"].as_str().unwrap()).collect();
+    let ended_path = stages.last().unwrap()["path"].as_str().unwrap();
+    assert_eq!(paths, [song.to_str().unwrap(), ended_path], "{listed}");
+    for s in listed.as_array().unwrap() {
+        let asked = (&s["caption"], &s["seed"], &s["seconds"], &s["adapter_scale"], &s["problem"]);
+        assert_eq!(asked, (&json!("plucks"), &json!(3), &json!(1.0), &json!(1.0), &Value::Null), "{s}");
+    }
 
     // Outside the runs folder: refused, however it is spelled.
     let secret = dir.path().join("config/settings.json");
@@ -702,7 +712,7 @@ fn previews_songs_and_dataset_audio_stay_inside_the_runs_folder() {
             assert_eq!(err["kind"], "invalid", "{cmd} {}: {err}", path.display());
         }
     }
-    for cmd in ["run_previews", "generate_song"] {
+    for cmd in ["run_previews", "run_songs", "generate_song"] {
         let err = app.invoke(cmd, json!({"dir": dir.path().join("config"), "choices": choices})).unwrap_err();
         assert_eq!(err["kind"], "invalid", "{cmd}: {err}");
     }

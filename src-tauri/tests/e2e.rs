@@ -574,6 +574,19 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
         .expect("waiting for a paint");
     tokio::time::sleep(Duration::from_millis(300)).await;
     screenshot(&c, "05-relaunch.png").await;
+    // The song made in the first session is listed again with its run, and plays.
+    c.find(Locator::Css("#runs-body [data-testid='run-listen']")).await.unwrap().click().await.unwrap();
+    let saved = format!(
+        "const r = document.querySelector('#song-list [data-testid=song][data-stage=written]'); return !!r && r.dataset.path === {} && r.textContent.includes('plucked strings')",
+        json!(song.to_str().unwrap())
+    );
+    wait_js(&c, &saved, "the first session's song, listed again").await;
+    c.find(Locator::Css("#song-list [data-testid=song] .play")).await.unwrap().click().await.unwrap();
+    let loaded = format!(
+        "const p = document.getElementById('player'); return p.dataset.key === {} && p.readyState >= 1",
+        json!(song.to_str().unwrap())
+    );
+    wait_js(&c, &loaded, "the player to load the saved song").await;
     c.close().await.unwrap();
     drop(driver);
     eprintln!("e2e: done in {:.1} s", t0.elapsed().as_secs_f64());

@@ -101,20 +101,27 @@ function showPreviews() {
   $('listen-count').textContent = state.previews.length ? String(state.previews.length) : '';
 }
 
-/** Shows the run in `dir` (null: none): its previews, and Generate from it. */
+/** Shows the run in `dir` (null: none): its previews, its songs (made in any session),
+ * and Generate from it. */
 export async function showRun(dir, name) {
-  if (state.dir !== dir) $('song-list').replaceChildren();
+  const changed = state.dir !== dir;
+  if (changed) $('song-list').replaceChildren();
   state.dir = dir;
   $('listen-run').textContent = dir ? `Run ${name || dir}` : 'No run yet: start one, or pick one in History.';
   $('btn-generate').disabled = !dir;
   state.previews = [];
   if (!dir) return showPreviews();
+  let saved = [];
   try {
     state.previews = await invoke('run_previews', { dir });
+    if (changed) saved = await invoke('run_songs', { dir });
   } catch (e) {
     state.say(errorText(e), { error: true });
   }
-  if (state.dir === dir) showPreviews();
+  if (state.dir !== dir) return;
+  showPreviews();
+  // Newest first, as Generate adds them; below any asked for meanwhile.
+  for (const s of saved.reverse()) $('song-list').append(savedSongRow(s));
 }
 
 /** A `preview` engine event of the run in `dir`: shown at once when it is the one shown. */
@@ -151,7 +158,7 @@ async function generate() {
     const text = document.createElement('div');
     text.className = 'audio-text';
     const b = document.createElement('b');
-    b.textContent = `${c.caption || 'no caption'} · strength ${c.adapter_scale} · seed ${c.seed}`;
+    b.textContent = songTitle(c);
     const status = document.createElement('small');
     status.textContent = 'Asked…';
     const bar = document.createElement('progress');
@@ -165,6 +172,17 @@ async function generate() {
   } catch (e) {
     state.say(errorText(e), { error: true });
   }
+}
+
+const songTitle = (s) => `${s.caption || 'no caption'} · strength ${s.adapter_scale} · seed ${s.seed}`;
+
+/** A song saved under the run, listed again. */
+function savedSongRow(s) {
+  const title = s.problem ? 'A song whose settings are unreadable' : songTitle(s);
+  const detail = s.problem || `${fmt.duration(s.seconds)} · saved in ${s.path}`;
+  const row = audioRow(s.path, title, detail, 'song');
+  row.dataset.stage = 'written';
+  return row;
 }
 
 /** A `song` event: the progress of a song asked for. */

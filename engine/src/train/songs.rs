@@ -2,7 +2,8 @@
 //! request at its next step boundary, with the DiT and adapter it trains (no second
 //! copy of the model) and the request's own seed (nothing drawn from the run's random
 //! streams), so its results are the same with or without it; a run that is not live
-//! gets a `Generator` loaded for its model and its newest adapter.
+//! gets a `Generator` loaded for its model and its newest adapter. Each song's request
+//! is kept beside its WAV, so a run's songs can be listed again in a later session.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
@@ -14,7 +15,7 @@ use super::state;
 use crate::cancel::Cancel;
 use crate::codec::{Conditioner, LatentDecoder, StereoAudio};
 use crate::data::{cached_latents, inspect_folder};
-use crate::generate::wav::write_wav;
+use crate::generate::wav::{write_atomically, write_wav};
 use crate::generate::{GenerateEvent, GenerateSpec, Generator, SongModel};
 use crate::load::source::ModelSource;
 use crate::lora::LoraAdapter;
@@ -41,6 +42,42 @@ pub const SONGS_DIR: &str = "songs";
 pub fn new_song_path(run_dir: &Path, seed: u64) -> PathBuf {
     let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
     run_dir.join(SONGS_DIR).join(format!("song-{ms}-seed{seed}.wav"))
+}
+
+/// A song of a run: its WAV and the request it was made from, kept beside it as
+/// `<song>.json` (an error naming that file when it is missing or unreadable).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSong {
+    pub path: PathBuf,
+    pub spec: std::result::Result<GenerateSpec, String>,
+}
+
+/// Every song made from the run in `run_dir`, oldest first (their names sort by when
+/// they were asked for); none before the first.
+pub fn run_songs(run_dir: &Path) -> Result<Vec<RunSong>> {
+    let dir = run_dir.join(SONGS_DIR);
+    if !dir.is_dir() {
+        return Ok(Vec::new());
+    }
+    let entries = std::fs::read_dir(&dir).map_err(|e| Error::io(&dir, e))?;
+    let mut wavs = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(|e| Error::io(&dir, e))?.path();
+        // Written songs only: not the hidden temporary file of one being written.
+        let hidden = path.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'));
+        if !hidden && path.extension().is_some_and(|e| e == "wav") {
+            wavs.push(path);
+        }
+    }
+    wavs.sort();
+    Ok(wavs.into_iter().map(|path| RunSong { spec: song_request(&path), path }).collect())
+}
+
+/// The request kept beside the song at `wav`.
+fn song_request(wav: &Path) -> std::result::Result<GenerateSpec, String> {
+    let file = wav.with_extension("json");
+    let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))
 }
 
 /// The borrowed training parts a song samples with.
@@ -104,14 +141,17 @@ pub(super) fn make_song(
 ) -> Result<StereoAudio> {
     let latents = song.latents(spec, Some(adapter), cancel, on_event)?;
     let audio = song.decode(&latents, on_event)?;
-    write_song(out, &audio)?;
+    write_song(out, &audio, spec)?;
     Ok(audio)
 }
 
-fn write_song(out: &Path, audio: &StereoAudio) -> Result<()> {
+/// The song's WAV at `out` and, beside it, the request it was made from.
+fn write_song(out: &Path, audio: &StereoAudio, spec: &GenerateSpec) -> Result<()> {
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
+    let request = serde_json::to_vec_pretty(spec).expect("a request serialises");
+    write_atomically(&out.with_extension("json"), &request)?;
     write_wav(out, audio)
 }
 
@@ -171,7 +211,7 @@ pub fn generate_for_run(
     let spec = GenerateSpec { adapter, ..spec.clone() };
     let latents = generator.latents(&spec, on_event)?;
     let audio = generator.decode(&latents, on_event)?;
-    write_song(out, &audio)?;
+    write_song(out, &audio, &spec)?;
     Ok(written(out.to_path_buf(), &audio))
 }
 
@@ -188,5 +228,34 @@ pub fn as_the_model_hears(config: &RunConfig, song: &Path) -> Result<Option<Ster
     match cached_latents(&config.data, encoder.as_ref(), conditioner.as_ref(), &cache, file)? {
         Some(latents) => config.model.latent_decoder(&device)?.decode(&latents).map(Some),
         None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_runs_songs_are_listed_with_their_requests_or_what_is_wrong_with_them() {
+        let run = tempfile::tempdir().unwrap();
+        assert_eq!(run_songs(run.path()).unwrap(), [], "no songs folder yet: no songs");
+        let songs = run.path().join(SONGS_DIR);
+        std::fs::create_dir_all(&songs).unwrap();
+        let audio = StereoAudio { sample_rate: 48_000, left: vec![0.1; 480], right: vec![-0.1; 480] };
+        let spec = GenerateSpec { caption: "plucks".into(), seed: 3, adapter_scale: 0.5, ..Default::default() };
+        let (good, bad) = (songs.join("song-100-seed3.wav"), songs.join("song-200-seed4.wav"));
+        write_song(&good, &audio, &spec).unwrap();
+        write_song(&bad, &audio, &spec).unwrap();
+        std::fs::write(bad.with_extension("json"), "{ not json").unwrap();
+        // A song being written (its hidden temporary file) and other files are not songs.
+        std::fs::write(songs.join(".song-300-seed5.wav.77.tmp"), b"RIFF").unwrap();
+        std::fs::write(songs.join("notes.txt"), b"").unwrap();
+
+        let listed = run_songs(run.path()).unwrap();
+        assert_eq!(listed.len(), 2, "{listed:?}");
+        assert_eq!(listed[0], RunSong { path: good, spec: Ok(spec) });
+        assert_eq!(listed[1].path, bad);
+        let why = listed[1].spec.as_ref().unwrap_err();
+        assert!(why.contains("song-200-seed4.json"), "{why}");
     }
 }

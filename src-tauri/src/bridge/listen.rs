@@ -15,13 +15,13 @@ use ostinato_engine::data::audio::decode;
 use ostinato_engine::events::{read_events, Event};
 use ostinato_engine::generate::wav::float_wav_bytes;
 use ostinato_engine::generate::{GenerateEvent, GenerateSpec};
-use ostinato_engine::train::songs::{generate_for_run, new_song_path, SongUpdate};
+use ostinato_engine::train::songs::{generate_for_run, new_song_path, run_songs, RunSong, SongUpdate};
 
 use super::engine::engine_err;
 use super::forward::{EventSink, Outgoing};
 use super::run::StartRequest;
 use super::state::AppState;
-use super::views::{PreviewView, SongChoices, SongProgress, SongStage};
+use super::views::{PreviewView, SavedSongView, SongChoices, SongProgress, SongStage};
 use super::BridgeError;
 
 /// The size audio pictures are drawn at: about the width the previews panel gives them.
@@ -59,6 +59,12 @@ impl AppState {
         let dir = self.checked_run_dir(dir)?;
         let events = read_events(&dir.join("events.jsonl")).map_err(engine_err)?;
         Ok(events.into_iter().filter_map(|e| PreviewView::of(&dir, &e)).collect())
+    }
+
+    /// Every song made from a run (in this session or an earlier one), oldest first.
+    pub fn songs(&self, dir: &Path) -> Result<Vec<SavedSongView>, BridgeError> {
+        let dir = self.checked_run_dir(dir)?;
+        Ok(run_songs(&dir).map_err(engine_err)?.into_iter().map(SavedSongView::of).collect())
     }
 
     /// Starts a song from the run in `dir` with the user's choices; its progress goes to
@@ -165,6 +171,20 @@ impl PreviewView {
                 took_s: *took_s,
             }),
             _ => None,
+        }
+    }
+}
+
+impl SavedSongView {
+    fn of(song: RunSong) -> Self {
+        let spec = song.spec.as_ref().ok();
+        SavedSongView {
+            caption: spec.map(|s| s.caption.clone()),
+            seconds: spec.map(|s| s.duration_seconds),
+            seed: spec.map(|s| s.seed),
+            adapter_scale: spec.map(|s| s.adapter_scale),
+            problem: song.spec.err(),
+            path: song.path,
         }
     }
 }

@@ -25,7 +25,7 @@ pub use run::{EngineRun, StartRequest};
 pub use state::AppState;
 pub use views::{
     Charts, DatasetView, ExportFormat, FileRow, HistoryEntry, MemoryView, PreviewView, Request, RunSnapshot,
-    RunSummary, RunView, SongChoices, SongProgress, SongStage, StateView,
+    RunSummary, RunView, SavedSongView, SongChoices, SongProgress, SongStage, StateView,
 };
 
 /// How many recent events the state keeps for the UI (for `get_state` after a reload).

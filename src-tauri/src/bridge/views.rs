@@ -134,6 +134,20 @@ pub struct PreviewView {
     pub took_s: f64,
 }
 
+/// A song made from a run, as the Generate list shows it again: its WAV and what it was
+/// asked with, or why that is not known.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SavedSongView {
+    /// The WAV file (absolute).
+    pub path: PathBuf,
+    pub caption: Option<String>,
+    pub seconds: Option<f64>,
+    pub seed: Option<u64>,
+    pub adapter_scale: Option<f64>,
+    /// Why the request kept beside the song could not be read.
+    pub problem: Option<String>,
+}
+
 /// What the user chose in the Generate form; the engine fills in the rest.
 #[derive(Debug, Clone, Deserialize)]
 pub struct SongChoices {

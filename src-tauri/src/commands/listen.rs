@@ -8,13 +8,20 @@ use tauri::ipc::Response;
 use tauri::{AppHandle, Runtime, State};
 
 use super::{blocking, Res};
-use crate::bridge::{AppState, PreviewView, SongChoices};
+use crate::bridge::{AppState, PreviewView, SavedSongView, SongChoices};
 
 /// Every preview of a run (the current one or one from History), oldest first.
 #[tauri::command]
 pub async fn run_previews(state: State<'_, AppState>, dir: String) -> Res<Vec<PreviewView>> {
     let state = state.inner().clone();
     blocking(move || state.previews(&PathBuf::from(dir))).await
+}
+
+/// Every song made from a run (in any session), oldest first.
+#[tauri::command]
+pub async fn run_songs(state: State<'_, AppState>, dir: String) -> Res<Vec<SavedSongView>> {
+    let state = state.inner().clone();
+    blocking(move || state.songs(&PathBuf::from(dir))).await
 }
 
 /// The bytes of a WAV file inside the runs folder; any other path is refused.
