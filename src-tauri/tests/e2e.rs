@@ -575,6 +575,9 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     screenshot(&c, "05-relaunch.png").await;
     // The song made in the first session is listed again with its run, and plays.
+    c.find(Locator::Id("tab-history")).await.unwrap().click().await.unwrap();
+    let listen = "const b = document.querySelector('#runs-body [data-testid=run-listen]'); if (!b || document.getElementById('panel-history').hidden) return false; b.scrollIntoView({block: 'center', inline: 'center'}); return true";
+    wait_js(&c, listen, "the run's Listen button in the history").await;
     c.find(Locator::Css("#runs-body [data-testid='run-listen']")).await.unwrap().click().await.unwrap();
     let saved = format!(
         "const r = document.querySelector('#song-list [data-testid=song][data-stage=written]'); return !!r && r.dataset.path === {} && r.textContent.includes('plucked strings')",
@@ -587,6 +590,7 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
         json!(song.to_str().unwrap())
     );
     wait_js(&c, &loaded, "the player to load the saved song").await;
+    screenshot(&c, "05b-saved-songs.png").await;
     c.close().await.unwrap();
     drop(driver);
     eprintln!("e2e: done in {:.1} s", t0.elapsed().as_secs_f64());
