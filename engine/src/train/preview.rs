@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::config::RunConfig;
-use super::songs::{make_song, Trained, Voice};
+use super::songs::{make_song, write_song, Trained, Voice};
 use crate::cancel::Cancel;
 use crate::data::PreparedDataset;
 use crate::events::Event;
@@ -60,7 +60,8 @@ impl Previews {
         let song = voice.song(parts)?;
         // Strength 0 is the base model exactly: the preview before any update.
         let spec = GenerateSpec { adapter_scale: if step == 0 { 0.0 } else { 1.0 }, ..self.spec.clone() };
-        make_song(&song, parts.adapter, &spec, &run_dir.join(rel), cancel, &mut |_| {})?;
+        let audio = make_song(&song, parts.adapter, &spec, cancel, &mut |_| {})?;
+        write_song(&run_dir.join(rel), &audio)?;
         Ok(Event::Preview {
             step,
             path: rel.to_path_buf(),

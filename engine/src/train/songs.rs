@@ -129,30 +129,38 @@ impl Voice {
     }
 }
 
-/// Makes `spec` with `adapter` at its strength into `out` (atomically, creating its
-/// folder), reporting each step to `on_event`.
+/// Makes `spec` with `adapter` at its strength, reporting each step to `on_event`.
 pub(super) fn make_song(
     song: &SongModel,
     adapter: &LoraAdapter,
     spec: &GenerateSpec,
-    out: &Path,
     cancel: &Cancel,
     on_event: &mut dyn FnMut(GenerateEvent),
 ) -> Result<StereoAudio> {
     let latents = song.latents(spec, Some(adapter), cancel, on_event)?;
-    let audio = song.decode(&latents, on_event)?;
-    write_song(out, &audio, spec)?;
-    Ok(audio)
+    song.decode(&latents, on_event)
 }
 
-/// The song's WAV at `out` and, beside it, the request it was made from.
-fn write_song(out: &Path, audio: &StereoAudio, spec: &GenerateSpec) -> Result<()> {
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    }
+/// `audio` as a WAV at `out` (atomically, creating its folder).
+pub(super) fn write_song(out: &Path, audio: &StereoAudio) -> Result<()> {
+    create_folder_of(out)?;
+    write_wav(out, audio)
+}
+
+/// A song asked for: its WAV at `out` and, first, beside it the request it was made
+/// from ([`run_songs`] lists them).
+fn save_song(out: &Path, audio: &StereoAudio, spec: &GenerateSpec) -> Result<()> {
+    create_folder_of(out)?;
     let request = serde_json::to_vec_pretty(spec).expect("a request serialises");
     write_atomically(&out.with_extension("json"), &request)?;
     write_wav(out, audio)
+}
+
+fn create_folder_of(file: &Path) -> Result<()> {
+    match file.parent() {
+        Some(dir) => std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e)),
+        None => Ok(()),
+    }
 }
 
 /// Serves one request with the live run's parts; the requester hears every step and
@@ -162,11 +170,12 @@ pub(super) fn serve(request: SongRequest, voice: &mut Voice, parts: &Trained, ca
     let result = match spec.adapter {
         Some(_) => Err(Error::BadRequest("a live run generates with the adapter it trains, not a folder".into())),
         None => voice.song(parts).and_then(|song| {
-            make_song(&song, parts.adapter, &spec, &out, cancel, &mut |e| {
+            make_song(&song, parts.adapter, &spec, cancel, &mut |e| {
                 let _ = updates.send(Ok(e));
             })
         }),
-    };
+    }
+    .and_then(|audio| save_song(&out, &audio, &spec).map(|_| audio));
     let _ = updates.send(match result {
         Ok(audio) => Ok(written(out, &audio)),
         Err(Error::Cancelled) => Err("the run stopped before the song was made".into()),
@@ -211,7 +220,7 @@ pub fn generate_for_run(
     let spec = GenerateSpec { adapter, ..spec.clone() };
     let latents = generator.latents(&spec, on_event)?;
     let audio = generator.decode(&latents, on_event)?;
-    write_song(out, &audio, &spec)?;
+    save_song(out, &audio, &spec)?;
     Ok(written(out.to_path_buf(), &audio))
 }
 
@@ -244,8 +253,8 @@ mod tests {
         let audio = StereoAudio { sample_rate: 48_000, left: vec![0.1; 480], right: vec![-0.1; 480] };
         let spec = GenerateSpec { caption: "plucks".into(), seed: 3, adapter_scale: 0.5, ..Default::default() };
         let (good, bad) = (songs.join("song-100-seed3.wav"), songs.join("song-200-seed4.wav"));
-        write_song(&good, &audio, &spec).unwrap();
-        write_song(&bad, &audio, &spec).unwrap();
+        save_song(&good, &audio, &spec).unwrap();
+        save_song(&bad, &audio, &spec).unwrap();
         std::fs::write(bad.with_extension("json"), "{ not json").unwrap();
         // A song being written (its hidden temporary file) and other files are not songs.
         std::fs::write(songs.join(".song-300-seed5.wav.77.tmp"), b"RIFF").unwrap();
