@@ -296,33 +296,43 @@ impl Micro {
     /// Every tile of `shape` this CPU can run, fastest first. The portable tile serves
     /// both shapes.
     pub fn of_shape(shape: Shape) -> Vec<Self> {
-        let tall = shape == Shape::Tall;
-        let mut all = Vec::new();
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                all.push(Self {
-                    mr: if tall { 12 } else { 8 },
-                    nr: if tall { 32 } else { 48 },
-                    name: if tall { "avx512-tall" } else { "avx512" },
-                    run: if tall { x86::tall_tile_avx512 } else { x86::tile_avx512 },
-                    fma_loop: x86::fma_loop_avx512,
-                    lanes: 16,
-                });
-            }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                all.push(Self {
-                    mr: if tall { 6 } else { 4 },
-                    nr: if tall { 16 } else { 24 },
-                    name: if tall { "avx2-tall" } else { "avx2" },
-                    run: if tall { x86::tall_tile_avx2 } else { x86::tile_avx2 },
-                    fma_loop: x86::fma_loop_avx2,
-                    lanes: 8,
-                });
-            }
-        }
+        let mut all = Self::simd_tiles(shape);
         all.push(Self { mr: 8, nr: 12, name: "portable", run: tile_portable, fma_loop: fma_loop_portable, lanes: 4 });
         all
+    }
+
+    /// The x86 SIMD tiles of `shape` this CPU runs, fastest first.
+    #[cfg(target_arch = "x86_64")]
+    fn simd_tiles(shape: Shape) -> Vec<Self> {
+        let tall = shape == Shape::Tall;
+        let mut all = Vec::new();
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            all.push(Self {
+                mr: if tall { 12 } else { 8 },
+                nr: if tall { 32 } else { 48 },
+                name: if tall { "avx512-tall" } else { "avx512" },
+                run: if tall { x86::tall_tile_avx512 } else { x86::tile_avx512 },
+                fma_loop: x86::fma_loop_avx512,
+                lanes: 16,
+            });
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            all.push(Self {
+                mr: if tall { 6 } else { 4 },
+                nr: if tall { 16 } else { 24 },
+                name: if tall { "avx2-tall" } else { "avx2" },
+                run: if tall { x86::tall_tile_avx2 } else { x86::tile_avx2 },
+                fma_loop: x86::fma_loop_avx2,
+                lanes: 8,
+            });
+        }
+        all
+    }
+
+    /// None off x86: the portable tile is the one for NEON-width registers too.
+    #[cfg(not(target_arch = "x86_64"))]
+    fn simd_tiles(_shape: Shape) -> Vec<Self> {
+        Vec::new()
     }
 
     pub fn name(&self) -> &'static str {
