@@ -306,7 +306,11 @@ fn an_unreachable_hub_fails_at_once_and_says_how_to_use_a_mirror() {
     let url = format!("http://127.0.0.1:{port}");
     let client = Hub::new(&url, None, quick());
     let dir = tempfile::tempdir().unwrap();
-    let d = Downloader { hub: &client, cache: HubCache::new(dir.path().join("hub")), models_dir: dir.path().join("models") };
+    let d = Downloader {
+        hub: &client,
+        cache: HubCache::new(dir.path().join("hub")),
+        models_dir: dir.path().join("models"),
+    };
     let mut events = Vec::new();
     let msg = d.download(DitVariant::Turbo, &mut |e| events.push(e), &Cancel::never()).unwrap_err().to_string();
     println!("{msg}");
@@ -339,7 +343,10 @@ fn a_file_list_dropped_once_is_retried_and_the_download_verified() {
     assert_eq!(said.len(), 1, "{said:?}");
     assert_eq!((said[0].0.as_str(), said[0].2, said[0].3), (format!("the file list of {MAIN_REPO}").as_str(), 2, 5));
     assert_eq!(s.hub.requests().iter().filter(|(p, _)| p.starts_with("/api/")).count(), 2);
-    assert_eq!(events.iter().filter(|e| matches!(e, DownloadEvent::FileVerified { .. })).count(), fixture_files().len());
+    assert_eq!(
+        events.iter().filter(|e| matches!(e, DownloadEvent::FileVerified { .. })).count(),
+        fixture_files().len()
+    );
     verify_model(&model, &mut |_| {}).unwrap();
 }
 

@@ -220,7 +220,10 @@ impl Downloader<'_> {
             let Some(retry) = retries.failed() else {
                 let tries = retries.tries();
                 let kept = kept(have, file.size);
-                return Err(Error::download(what, format!("gave up after {tries} tries without progress ({reason}); {kept}")));
+                return Err(Error::download(
+                    what,
+                    format!("gave up after {tries} tries without progress ({reason}); {kept}"),
+                ));
             };
             on_event(DownloadEvent::retrying(&file.path, retry, reason));
             wait(retry.wait, cancel)?;

@@ -434,8 +434,12 @@ mod tests {
             NetFailure::Transient(r) => format!("transient: {r}"),
         };
         let refused = say(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into());
-        assert!(refused.starts_with("unreachable: cannot reach the hub at http://127.0.0.1:9 (") && refused.contains("HF_ENDPOINT"));
-        assert!(say(ureq::Error::HostNotFound).contains("unreachable: cannot reach the hub at http://127.0.0.1:9 (its name does not resolve)"));
+        assert!(
+            refused.starts_with("unreachable: cannot reach the hub at http://127.0.0.1:9 (")
+                && refused.contains("HF_ENDPOINT")
+        );
+        assert!(say(ureq::Error::HostNotFound)
+            .contains("unreachable: cannot reach the hub at http://127.0.0.1:9 (its name does not resolve)"));
         assert_eq!(say(ureq::Error::Timeout(ureq::Timeout::Connect)), "transient: no connection within 10 s");
         assert_eq!(say(ureq::Error::Timeout(ureq::Timeout::RecvResponse)), "transient: the hub sent nothing for 30 s");
         // A body read's io::Error carries ureq's timeout.
