@@ -5,11 +5,13 @@ For an adapter with alpha != r, and one with rsLoRA, trained for a few steps by 
 
 1. the PEFT file's header: `format: pt` and `lora_adapter_metadata` equal, key by key,
    to what diffusers' own `AceStepLoraLoaderMixin.save_lora_weights` writes for the
-   same LoRA config;
+   same LoRA config with dropout 0 (the runs train with dropout 0.1; see 2);
 2. diffusers: `AceStepLoraLoaderMixin.lora_state_dict` + `load_lora_into_transformer`
-   (what `AceStepPipeline.load_lora_weights` runs) into `AceStepTransformer1DModel`;
-   fused, its weights must equal `--format merged` to 1e-5, and its forward the
-   forward of the merged weights to 1e-5;
+   (what `AceStepPipeline.load_lora_weights` runs) into `AceStepTransformer1DModel`
+   already in eval mode, as a user's pipeline is (not put in eval mode again: the
+   loader adds its LoRA layers in training mode, so a dropout in the metadata would
+   run); two forwards must be identical and equal the forward of the merged weights
+   to 1e-5; fused, its weights must equal `--format merged` to 1e-5;
 3. PEFT as ACE-Step loads it, `PeftModel.from_pretrained(decoder, dir)`: ACE-Step's
    model code is not on PyPI, so the decoder is rebuilt as modules under ACE-Step's
    own names (`layers.N.{self,cross}_attn.{q,k,v,o}_proj`) holding the checkpoint's
@@ -125,8 +127,9 @@ def train_and_export(ostinato, work, name, lora):
 def diffusers_own_metadata(lora):
     """The header diffusers' own save writes for the same LoRA on its ACE-Step transformer."""
     model = AceStepTransformer1DModel(**dit_config()).eval()
+    # Dropout 0 whatever the run trained with: the metadata is for inference.
     config = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], target_modules=list(TARGETS.values()),
-                        use_rslora=lora["use_rslora"], lora_dropout=lora["dropout"])
+                        use_rslora=lora["use_rslora"], lora_dropout=0.0)
     model.add_adapter(config)
     with tempfile.TemporaryDirectory() as d:
         AceStepLoraLoaderMixin.save_lora_weights(
@@ -179,14 +182,23 @@ def check_case(ostinato, work, name, lora):
     check(not differing, f"lora_adapter_metadata: our {len(ours_meta)} keys equal diffusers' own save's ({differing or 'no difference'})")
     print(f"     keys diffusers also writes (peft's defaults): {sorted(set(theirs_meta) - set(ours_meta))}")
 
-    # 2. diffusers.
+    # 2. diffusers, into a model in eval mode (transformer() sets it) and left as loaded.
     x = inputs()
     reference = forward(transformer(ours), x)
     model = transformer(base)
     state, metadata = AceStepLoraLoaderMixin.lora_state_dict(peft_file, return_lora_metadata=True)
     AceStepLoraLoaderMixin.load_lora_into_transformer(state, transformer=model, metadata=metadata)
-    err = max_diff(forward(model, x), reference)
+    first, second = forward(model, x), forward(model, x)
+    check(torch.equal(first, second), f"diffusers + LoRA: two forwards identical (max abs {max_diff(first, second):.3e})")
+    err = max_diff(first, reference)
     check(err <= TOL, f"diffusers + LoRA forward vs merged weights' forward: max abs {err:.3e}")
+    trained = transformer(base)
+    again, _ = AceStepLoraLoaderMixin.lora_state_dict(peft_file, return_lora_metadata=True)
+    with_dropout = dict(metadata, **{"transformer.lora_dropout": lora["dropout"]})
+    AceStepLoraLoaderMixin.load_lora_into_transformer(again, transformer=trained, metadata=with_dropout)
+    a, b = forward(trained, x), forward(trained, x)
+    print(f"     (with the run's dropout {lora['dropout']} in the metadata: two forwards differ by {max_diff(a, b):.3e}, "
+          f"the merged weights' forward by {max_diff(a, reference):.3e})")
     model.fuse_lora(lora_scale=1.0)
     fused = {k.replace(".base_layer", ""): v for k, v in model.state_dict().items() if "lora_" not in k}
     err = max(max_diff(fused[diffusers_name(k)], v) for k, v in ours.items())
@@ -235,8 +247,9 @@ def main():
     work = tempfile.mkdtemp(prefix="ostinato-exports-")
     try:
         for name, lora in [
-            ("alpha-ne-r", dict(r=4, alpha=12.0, use_rslora=False, dropout=0.0)),
-            ("rslora", dict(r=4, alpha=12.0, use_rslora=True, dropout=0.0)),
+            # Dropout 0.1, ACE-Step's and Ostinato's default: the export must not carry it.
+            ("alpha-ne-r", dict(r=4, alpha=12.0, use_rslora=False, dropout=0.1)),
+            ("rslora", dict(r=4, alpha=12.0, use_rslora=True, dropout=0.1)),
         ]:
             check_case(args.ostinato, work, name, lora)
     finally:

@@ -2,6 +2,7 @@
 //! machine, and getting one. The engine's `load` module does the work.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Subcommand;
@@ -9,6 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use ostinato_engine::cancel::Cancel;
 use ostinato_engine::load::download::gb;
 use ostinato_engine::load::folder::hf_cache_dir;
+use ostinato_engine::load::patience::seconds;
 use ostinato_engine::load::places::config_dir;
 use ostinato_engine::load::{
     find_models, verify_model, AddedFolders, DitVariant, DownloadEvent, Downloader, FoundModel, Hub, HubCache,
@@ -154,9 +156,13 @@ fn show(bar: &ProgressBar, json: bool, event: &DownloadEvent) {
         println!("{}", serde_json::to_string(event).expect("events serialise"));
         return;
     }
+    // `suspend` + eprintln rather than `println`, which a hidden bar (stderr not a
+    // terminal) drops.
+    let say = |line: String| bar.suspend(|| eprintln!("{line}"));
     match event {
+        DownloadEvent::ListingFiles { repo, endpoint } => say(format!("asking {endpoint} for the files of {repo}")),
         DownloadEvent::Planned { variant, files, bytes, missing_bytes, cache } => {
-            bar.println(format!(
+            say(format!(
                 "{}: {files} files, {} ({} to fetch) into {}",
                 variant.name(),
                 gb(*bytes),
@@ -171,8 +177,8 @@ fn show(bar: &ProgressBar, json: bool, event: &DownloadEvent) {
         }
         DownloadEvent::FileStarted { path, .. } => bar.set_message(path.clone()),
         DownloadEvent::Progress { total_done, .. } => bar.set_position(*total_done),
-        DownloadEvent::Retrying { path, attempt, reason } => {
-            bar.println(format!("{path}: {reason}; retrying ({attempt})"))
+        DownloadEvent::Retrying { what, reason, next_try, tries, wait_ms } => {
+            say(format!("{what}: {reason}; try {next_try} of {tries} in {}", seconds(Duration::from_millis(*wait_ms))))
         }
         DownloadEvent::FileVerified { .. } | DownloadEvent::Finished { .. } => {}
     }

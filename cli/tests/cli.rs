@@ -1027,8 +1027,8 @@ fn runs_charts_writes_every_chart_of_a_trained_run_with_loss_by_noise_level() {
 mod hub_server;
 
 /// `ostinato models ...` with every place it looks (hub cache, config, home, working
-/// folder) inside `dir`, against the test hub.
-fn models_cmd(dir: &Path, hub: &hub_server::FakeHub, args: &[&str]) -> Command {
+/// folder) inside `dir`, against the hub at `endpoint`.
+fn models_cmd(dir: &Path, endpoint: &str, args: &[&str]) -> Command {
     let mut c = ostinato();
     c.arg("models")
         .args(args)
@@ -1036,7 +1036,7 @@ fn models_cmd(dir: &Path, hub: &hub_server::FakeHub, args: &[&str]) -> Command {
         .env("HOME", dir.join("home"))
         .env("XDG_DATA_HOME", dir.join("data"))
         .env("HF_HUB_CACHE", dir.join("hub"))
-        .env("HF_ENDPOINT", &hub.url)
+        .env("HF_ENDPOINT", endpoint)
         .env("OSTINATO_CONFIG_DIR", dir.join("config"))
         .env_remove("ACESTEP_CHECKPOINTS_DIR")
         .env_remove("HF_TOKEN")
@@ -1050,7 +1050,7 @@ fn models_download_list_verify_add_and_remove() {
     let dir = tmp.path();
     let hub = hub_server::FakeHub::start();
     hub.add_folder("ACE-Step/Ace-Step1.5", "0ddba11", &tiny_model(), "");
-    let run = |args: &[&str]| ok(models_cmd(dir, &hub, args).output().unwrap());
+    let run = |args: &[&str]| ok(models_cmd(dir, &hub.url, args).output().unwrap());
     let text = |out: Output| String::from_utf8_lossy(&out.stdout).into_owned();
 
     let empty = text(run(&["list"]));
@@ -1059,7 +1059,7 @@ fn models_download_list_verify_add_and_remove() {
     // Download: JSON events, the last one the model folder in the hub cache.
     let events = text(run(&["download", "turbo", "--json"]));
     let events: Vec<serde_json::Value> = events.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(events[0]["type"], "planned");
+    assert_eq!((&events[0]["type"], &events[1]["type"]), (&"listing_files".into(), &"planned".into()));
     assert!(events.iter().any(|e| e["type"] == "progress"));
     let last = events.last().unwrap();
     assert_eq!(last["type"], "finished");
@@ -1087,9 +1087,51 @@ fn models_download_list_verify_add_and_remove() {
     assert_eq!(text(run(&["list"])).lines().count(), 2, "header and the downloaded model");
 
     // A variant the hub does not have: the repository is named.
-    let out = models_cmd(dir, &hub, &["download", "sft"]).output().unwrap();
+    let out = models_cmd(dir, &hub.url, &["download", "sft"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("ACE-Step/acestep-v15-sft"), "{stderr}");
+}
+
+#[test]
+fn models_download_from_an_unreachable_hub_fails_at_once_and_names_hf_endpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A port of 127.0.0.1 with nothing listening.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}");
+    let out = models_cmd(tmp.path(), &url, &["download", "turbo"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stderr}");
+    assert!(!out.status.success());
+    assert!(stderr.contains(&format!("asking {url} for the files of ACE-Step/Ace-Step1.5")), "{stderr}");
+    assert!(stderr.contains(&format!("cannot reach the hub at {url} (")) && stderr.contains("HF_ENDPOINT"), "{stderr}");
+    assert!(!stderr.contains("try 2"), "not retried: {stderr}");
+}
+
+#[test]
+fn models_download_says_each_retry_in_text_and_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = hub_server::FakeHub::start();
+    hub.add_folder("ACE-Step/Ace-Step1.5", "0ddba11", &tiny_model(), "");
+    // The file list's first request is dropped: tried again after the engine's 2 s.
+    hub.fault_listing("ACE-Step/Ace-Step1.5", hub_server::Fault::HangUpOnce);
+    let out = ok(models_cmd(tmp.path(), &hub.url, &["download", "turbo"]).output().unwrap());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stderr}");
+    let said = stderr.lines().find(|l| l.starts_with("the file list of ACE-Step/Ace-Step1.5: "));
+    assert!(said.is_some_and(|l| l.ends_with("; try 2 of 5 in 2 s")), "{stderr}");
+
+    hub.fault_listing("ACE-Step/Ace-Step1.5", hub_server::Fault::HangUpOnce);
+    let out = ok(models_cmd(tmp.path(), &hub.url, &["download", "turbo", "--json"]).output().unwrap());
+    let events: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(events[0]["type"], "listing_files");
+    let retry = events.iter().find(|e| e["type"] == "retrying").expect("a retrying event");
+    assert_eq!(
+        (&retry["what"], &retry["next_try"], &retry["tries"], &retry["wait_ms"]),
+        (&"the file list of ACE-Step/Ace-Step1.5".into(), &2.into(), &5.into(), &2000.into())
+    );
+    assert!(retry["reason"].as_str().is_some_and(|r| !r.is_empty()), "{retry}");
+    assert_eq!(events.last().unwrap()["type"], "finished");
 }
 
 #[test]

@@ -191,6 +191,9 @@ impl LoraAdapter {
     /// from there and otherwise applies the adapter at alpha = r): the LoRA config
     /// under `transformer.`-prefixed keys with diffusers' module names, as JSON with
     /// sorted keys and two-space indent, as `json.dumps(.., indent=2, sort_keys=True)`.
+    /// Its dropout is 0: diffusers injects the LoRA layers in training mode into a
+    /// model the user already put in eval mode, so a dropout there would run at
+    /// inference (two identical forwards differ, and neither matches the merged weights).
     pub fn header_metadata(&self) -> HashMap<String, String> {
         let c = &self.config;
         let mut targets: Vec<String> = c.target_modules.iter().map(|t| diffusers_target(t)).collect();
@@ -201,7 +204,7 @@ impl LoraAdapter {
             ("fan_in_fan_out", false.into()),
             ("init_lora_weights", true.into()),
             ("lora_alpha", c.alpha.into()),
-            ("lora_dropout", c.dropout.into()),
+            ("lora_dropout", 0.0.into()),
             ("peft_type", "LORA".into()),
             ("r", c.r.into()),
             ("rank_pattern", serde_json::json!({})),
@@ -222,6 +225,9 @@ impl LoraAdapter {
             "task_type": "FEATURE_EXTRACTION",
             "r": c.r,
             "lora_alpha": c.alpha,
+            // The training setting stays here: PEFT loads it with `inference_mode`
+            // (dropout off), ACE-Step and PEFT users who train on keep it, and
+            // `load_peft` reads it back.
             "lora_dropout": c.dropout,
             "target_modules": c.target_modules,
             "bias": "none",

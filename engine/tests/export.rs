@@ -85,6 +85,25 @@ fn peft_header_carries_diffusers_metadata_and_format_pt() {
     }
 }
 
+/// diffusers' loader puts its LoRA layers in training mode into an eval-mode model, so
+/// the header's dropout would run at inference: it says 0. adapter_config.json (PEFT,
+/// loaded in inference mode) keeps the training setting.
+#[test]
+fn the_diffusers_metadata_has_no_dropout_and_the_peft_config_keeps_it() {
+    let (_, model) = open_model();
+    let config = LoraConfig { r: 4, alpha: 8.0, dropout: 0.1, ..Default::default() };
+    let a = adapter(&model, config);
+    let dir = tempfile::tempdir().unwrap();
+    a.save_peft(dir.path()).unwrap();
+    let meta = header(&dir.path().join("adapter_model.safetensors"));
+    let lora: serde_json::Value = serde_json::from_str(&meta[LORA_METADATA_KEY]).unwrap();
+    assert_eq!(lora["transformer.lora_dropout"].as_f64(), Some(0.0), "{lora}");
+    let peft: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("adapter_config.json")).unwrap()).unwrap();
+    assert_eq!(peft["lora_dropout"].as_f64(), Some(0.1), "{peft}");
+    assert_eq!(LoraAdapter::load_peft(dir.path(), &model).unwrap().config.dropout, 0.1);
+}
+
 #[cfg(unix)]
 #[test]
 fn every_exported_file_is_readable_by_others() {

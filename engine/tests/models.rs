@@ -12,6 +12,7 @@ use ostinato_engine::load::catalog::MAIN_REPO;
 use ostinato_engine::load::folder::{ModelFolder, Variant};
 use ostinato_engine::load::{
     find_models, verify_model, AddedFolders, DitVariant, DownloadEvent, Downloader, Hub, HubCache, ModelPlaces, Origin,
+    Patience,
 };
 use ostinato_engine::Error;
 
@@ -30,6 +31,16 @@ fn main_repo(hub: &FakeHub) {
     hub.add_repo_file(MAIN_REPO, "README.md", b"# ACE-Step 1.5\n".to_vec());
 }
 
+/// The tests' hub answers at once, so waits are short; a retry comes after 5 ms.
+fn quick() -> Patience {
+    Patience {
+        connect: Duration::from_secs(5),
+        idle: Duration::from_secs(5),
+        first_retry_after: Duration::from_millis(5),
+        tries: 5,
+    }
+}
+
 struct Setup {
     hub: FakeHub,
     client: Hub,
@@ -38,10 +49,13 @@ struct Setup {
 
 impl Setup {
     fn new() -> Self {
+        Self::with(quick())
+    }
+
+    fn with(patience: Patience) -> Self {
         let hub = FakeHub::start();
         main_repo(&hub);
-        let mut client = Hub::new(&hub.url, None);
-        client.retry_delay = Duration::from_millis(5);
+        let client = Hub::new(&hub.url, None, patience);
         Self { hub, client, dir: tempfile::tempdir().unwrap() }
     }
 
@@ -114,10 +128,12 @@ fn turbo_downloads_into_the_hub_cache_and_is_then_found_complete() {
     assert!(!snapshot.join("acestep-5Hz-lm-1.7B").exists() && !snapshot.join("README.md").exists());
     assert_eq!(std::fs::read_dir(repo.join("blobs")).unwrap().count(), files.len(), "no .incomplete left");
 
-    // Events: the plan, then per-file progress up to every byte, then the model.
+    // Events: the file list asked for, the plan, then per-file progress up to every
+    // byte, then the model.
+    assert_eq!(events[0], DownloadEvent::ListingFiles { repo: MAIN_REPO.into(), endpoint: s.hub.url.clone() });
     let total: u64 = files.iter().map(|f| std::fs::metadata(fixture().join(f)).unwrap().len()).sum();
     assert!(
-        matches!(&events[0], DownloadEvent::Planned { files: n, bytes, missing_bytes, .. } if *n == files.len() && *bytes == total && *missing_bytes == total)
+        matches!(&events[1], DownloadEvent::Planned { files: n, bytes, missing_bytes, .. } if *n == files.len() && *bytes == total && *missing_bytes == total)
     );
     let last_progress = events.iter().rev().find_map(|e| match e {
         DownloadEvent::Progress { total_done, total, .. } => Some((*total_done, *total)),
@@ -145,7 +161,7 @@ fn turbo_downloads_into_the_hub_cache_and_is_then_found_complete() {
     let before = s.hub.requests().len();
     let (again, events) = s.download(DitVariant::Turbo);
     assert_eq!(again.unwrap(), model);
-    assert!(matches!(events[0], DownloadEvent::Planned { missing_bytes: 0, .. }));
+    assert!(matches!(events[1], DownloadEvent::Planned { missing_bytes: 0, .. }));
     assert!(s.hub.requests()[before..].iter().all(|(p, _)| p.starts_with("/api/")));
 
     // A weight changed on disk afterwards (the header still fits) fails `verify`, by name.
@@ -167,7 +183,7 @@ fn a_dropped_connection_resumes_with_a_range_request() {
     assert_eq!(s.resolve_requests(TURBO_WEIGHTS), [None, Some((size / 3) as u64)]);
     assert!(events
         .iter()
-        .any(|e| matches!(e, DownloadEvent::Retrying { path, attempt: 1, .. } if path == TURBO_WEIGHTS)));
+        .any(|e| matches!(e, DownloadEvent::Retrying { what, next_try: 2, .. } if what == TURBO_WEIGHTS)));
     assert!(events.iter().any(|e| matches!(e, DownloadEvent::FileStarted { path, from, .. } if path == TURBO_WEIGHTS && *from == (size / 3) as u64)));
     assert_eq!(std::fs::read(model.join("model.safetensors")).unwrap(), s.hub.file(MAIN_REPO, TURBO_WEIGHTS));
     verify_model(&model, &mut |_| {}).unwrap();
@@ -209,12 +225,12 @@ fn a_quit_download_resumes_from_its_incomplete_blob() {
     model.unwrap();
     let half = (data.len() / 2) as u64;
     assert!(
-        matches!(events[0], DownloadEvent::Planned { missing_bytes, bytes, .. } if missing_bytes == bytes - verified - half)
+        matches!(events[1], DownloadEvent::Planned { missing_bytes, bytes, .. } if missing_bytes == bytes - verified - half)
     );
     assert_eq!(s.resolve_requests(TURBO_WEIGHTS).last(), Some(&Some(half)));
     assert!(!partial.exists());
     // Progress counts what this run fetched, up to exactly what it planned to.
-    let planned = match events[0] {
+    let planned = match events[1] {
         DownloadEvent::Planned { missing_bytes, .. } => missing_bytes,
         _ => unreachable!(),
     };
@@ -267,7 +283,84 @@ fn a_server_error_is_retried_then_succeeds() {
     assert_eq!(s.resolve_requests(cfg).len(), 2);
     assert!(events
         .iter()
-        .any(|e| matches!(e, DownloadEvent::Retrying { path, reason, .. } if path == cfg && reason.contains("500"))));
+        .any(|e| matches!(e, DownloadEvent::Retrying { what, reason, .. } if what == cfg && reason.contains("500"))));
+}
+
+/// The retries a download said: (what, reason, next try, tries).
+fn retries(events: &[DownloadEvent]) -> Vec<(String, String, u32, u32)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            DownloadEvent::Retrying { what, reason, next_try, tries, .. } => {
+                Some((what.clone(), reason.clone(), *next_try, *tries))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn an_unreachable_hub_fails_at_once_and_says_how_to_use_a_mirror() {
+    // A port of 127.0.0.1 with nothing listening: every connection is refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}");
+    let client = Hub::new(&url, None, quick());
+    let dir = tempfile::tempdir().unwrap();
+    let d = Downloader {
+        hub: &client,
+        cache: HubCache::new(dir.path().join("hub")),
+        models_dir: dir.path().join("models"),
+    };
+    let mut events = Vec::new();
+    let msg = d.download(DitVariant::Turbo, &mut |e| events.push(e), &Cancel::never()).unwrap_err().to_string();
+    println!("{msg}");
+    assert!(msg.contains(&format!("cannot reach the hub at {url} (")) && msg.contains("refused"), "{msg}");
+    assert!(msg.contains("set HF_ENDPOINT to the address of a mirror"), "{msg}");
+    // Asked once: no retry, no wait.
+    assert_eq!(events, [DownloadEvent::ListingFiles { repo: MAIN_REPO.into(), endpoint: url }]);
+}
+
+#[test]
+fn a_hub_that_never_answers_times_out_and_says_each_retry() {
+    let s = Setup::with(Patience { idle: Duration::from_millis(300), tries: 3, ..quick() });
+    s.hub.fault_listing(MAIN_REPO, Fault::NeverAnswers);
+    let (r, events) = s.download(DitVariant::Turbo);
+    let msg = r.unwrap_err().to_string();
+    println!("{msg}");
+    let silent = "the hub sent nothing for 0.3 s";
+    assert!(msg.contains(&format!("gave up after 3 tries: {silent}")), "{msg}");
+    let list = format!("the file list of {MAIN_REPO}");
+    assert_eq!(retries(&events), [(list.clone(), silent.into(), 2, 3), (list, silent.into(), 3, 3)]);
+}
+
+#[test]
+fn a_file_list_dropped_once_is_retried_and_the_download_verified() {
+    let s = Setup::new();
+    s.hub.fault_listing(MAIN_REPO, Fault::HangUpOnce);
+    let (model, events) = s.download(DitVariant::Turbo);
+    let model = model.unwrap();
+    let said = retries(&events);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!((said[0].0.as_str(), said[0].2, said[0].3), (format!("the file list of {MAIN_REPO}").as_str(), 2, 5));
+    assert_eq!(s.hub.requests().iter().filter(|(p, _)| p.starts_with("/api/")).count(), 2);
+    assert_eq!(
+        events.iter().filter(|e| matches!(e, DownloadEvent::FileVerified { .. })).count(),
+        fixture_files().len()
+    );
+    verify_model(&model, &mut |_| {}).unwrap();
+}
+
+#[test]
+fn a_stalled_file_times_out_and_resumes_where_it_stopped() {
+    let s = Setup::with(Patience { idle: Duration::from_secs(1), ..quick() });
+    let data = s.hub.file(MAIN_REPO, TURBO_WEIGHTS);
+    s.hub.fault(&format!("{MAIN_REPO}/{TURBO_WEIGHTS}"), Fault::StallAfter(data.len() / 2));
+    let (model, events) = s.download(DitVariant::Turbo);
+    let model = model.unwrap();
+    assert_eq!(retries(&events), [(TURBO_WEIGHTS.into(), "the hub sent nothing for 1 s".into(), 2, 5)]);
+    assert_eq!(s.resolve_requests(TURBO_WEIGHTS), [None, Some((data.len() / 2) as u64)]);
+    assert_eq!(std::fs::read(model.join("model.safetensors")).unwrap(), data);
+    assert!(events.iter().any(|e| matches!(e, DownloadEvent::FileVerified { path } if path == TURBO_WEIGHTS)));
 }
 
 #[test]
@@ -276,8 +369,7 @@ fn a_gated_repository_needs_the_token() {
     s.hub.fault(MAIN_REPO, Fault::Gated("hf_secret".into()));
     let msg = s.download(DitVariant::Turbo).0.unwrap_err().to_string();
     assert!(msg.contains("gated") && msg.contains("HF_TOKEN"), "{msg}");
-    let mut client = Hub::new(&s.hub.url, Some("hf_secret".into()));
-    client.retry_delay = Duration::from_millis(5);
+    let client = Hub::new(&s.hub.url, Some("hf_secret".into()), quick());
     let d = Downloader { hub: &client, cache: HubCache::new(s.cache()), models_dir: s.dir.path().join("models") };
     d.download(DitVariant::Turbo, &mut |_| {}, &Cancel::never()).unwrap();
 }

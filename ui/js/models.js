@@ -72,8 +72,11 @@ function onDownloadEvent(ev) {
       $('download-progress').value = ev.total_done;
       status(`${ev.path}: ${fmt.bytes(ev.done)} of ${fmt.bytes(ev.size)} · ${fmt.bytes(ev.total_done)} of ${fmt.bytes(ev.total)}`);
       break;
+    case 'listing_files':
+      status(`Asking ${ev.endpoint} for the files of ${ev.repo}…`);
+      break;
     case 'retrying':
-      status(`${ev.path}: ${ev.reason}; retrying (${ev.attempt})`);
+      status(`${ev.what}: ${ev.reason}; try ${ev.next_try} of ${ev.tries} in ${ev.wait_ms / 1000} s`);
       break;
     case 'finished':
       downloading(false);

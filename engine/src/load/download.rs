@@ -14,7 +14,8 @@ use serde::Serialize;
 
 use super::catalog::{DitVariant, Part, REVISION};
 use super::folder::ModelFolder;
-use super::hub::{denied_reason, Hub, HubCache, RemoteFile, Reply, MAX_TRIES};
+use super::hub::{denied_reason, Hub, HubCache, NetFailure, RemoteFile, Reply};
+use super::patience::{wait, Retries, Retry};
 use crate::cancel::Cancel;
 use crate::{Error, Result};
 
@@ -25,18 +26,33 @@ const PROGRESS_EVERY: u64 = 1 << 20;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum DownloadEvent {
+    /// The file list of `repo` is asked of the hub at `endpoint`.
+    ListingFiles { repo: String, endpoint: String },
     /// Every file of the variant, their bytes, and the bytes still to fetch.
     Planned { variant: DitVariant, files: usize, bytes: u64, missing_bytes: u64, cache: PathBuf },
     /// A file starts, or resumes at byte `from`.
     FileStarted { repo: String, path: String, size: u64, from: u64 },
     /// Bytes of this file, and of everything this download fetches.
     Progress { path: String, done: u64, size: u64, total_done: u64, total: u64 },
-    /// A request failed; it is tried again from where it stopped.
-    Retrying { path: String, attempt: u32, reason: String },
+    /// A request for `what` (a file's path, or `the file list of <repo>`) failed for
+    /// `reason`; try `next_try` of `tries` starts in `wait_ms`, from where it stopped.
+    Retrying { what: String, reason: String, next_try: u32, tries: u32, wait_ms: u64 },
     /// The file matched the hub's checksum and is in the cache.
     FileVerified { path: String },
     /// The model folder is complete and opens: train with `--model <model>`.
     Finished { model: PathBuf },
+}
+
+impl DownloadEvent {
+    fn retrying(what: &str, retry: Retry, reason: String) -> Self {
+        DownloadEvent::Retrying {
+            what: what.to_string(),
+            reason,
+            next_try: retry.next_try,
+            tries: retry.tries,
+            wait_ms: retry.wait.as_millis() as u64,
+        }
+    }
 }
 
 /// A file to have in the cache.
@@ -68,7 +84,10 @@ impl Downloader<'_> {
         let mut listings = BTreeMap::new();
         for part in &parts {
             if !listings.contains_key(part.repo) {
-                listings.insert(part.repo, self.hub.listing(part.repo, REVISION)?);
+                on_event(DownloadEvent::ListingFiles { repo: part.repo.into(), endpoint: self.hub.endpoint().into() });
+                let what = format!("the file list of {}", part.repo);
+                let mut on_retry = |retry, reason| on_event(DownloadEvent::retrying(&what, retry, reason));
+                listings.insert(part.repo, self.hub.listing(part.repo, REVISION, &mut on_retry, cancel)?);
             }
         }
         let mut jobs = Vec::new();
@@ -143,7 +162,7 @@ impl Downloader<'_> {
         let folder = partial.parent().expect("a blob has a folder");
         std::fs::create_dir_all(folder).map_err(|e| Error::io(folder, e))?;
         let url = self.hub.file_url(job.repo, job.commit, &file.path);
-        let (mut failures, mut delay) = (0, self.hub.retry_delay);
+        let mut retries = Retries::new(self.hub.patience());
         let mut have = self.partial_len(job).min(file.size);
         loop {
             if have == file.size {
@@ -172,7 +191,12 @@ impl Downloader<'_> {
                     match copied {
                         Ok(()) if have == file.size => continue,
                         Ok(()) => format!("the connection closed at byte {have} of {}", file.size),
-                        Err(Failure::Network(reason)) => reason,
+                        Err(Failure::Network(e)) => match self.hub.failure(e.into()) {
+                            NetFailure::Transient(reason) => reason,
+                            NetFailure::Unreachable(reason) => {
+                                return Err(Error::download(what, format!("{reason}; {}", kept(have, file.size))))
+                            }
+                        },
                         Err(Failure::Fatal(e)) => {
                             if !matches!(e, Error::Cancelled) {
                                 let _ = std::fs::remove_file(&partial);
@@ -184,23 +208,25 @@ impl Downloader<'_> {
                 Reply::NotFound => return Err(Error::download(what, format!("HTTP 404: not found at {url}"))),
                 Reply::Denied(s) => return Err(Error::download(what, denied_reason(s, self.hub.has_token()))),
                 Reply::Unexpected(s) => return Err(Error::download(what, format!("unexpected HTTP {s} from {url}"))),
+                Reply::Unreachable(reason) => {
+                    return Err(Error::download(what, format!("{reason}; {}", kept(have, file.size))))
+                }
                 Reply::Transient(reason) => reason,
             };
-            // A bounded retry: MAX_TRIES failures in a row without a new byte.
+            // A bounded retry: the patience's tries in a row without a new byte.
             if have > before {
-                (failures, delay) = (0, self.hub.retry_delay);
+                retries.progressed();
             }
-            failures += 1;
-            if failures >= MAX_TRIES {
+            let Some(retry) = retries.failed() else {
+                let tries = retries.tries();
+                let kept = kept(have, file.size);
                 return Err(Error::download(
                     what,
-                    format!("gave up after {MAX_TRIES} tries without progress ({reason}); {have} of {} bytes are kept: run the download again to resume", file.size),
+                    format!("gave up after {tries} tries without progress ({reason}); {kept}"),
                 ));
-            }
-            on_event(DownloadEvent::Retrying { path: file.path.clone(), attempt: failures, reason });
-            std::thread::sleep(delay);
-            cancel.check()?;
-            delay *= 2;
+            };
+            on_event(DownloadEvent::retrying(&file.path, retry, reason));
+            wait(retry.wait, cancel)?;
         }
         if let Err(why) = file.id.check_file(&partial)? {
             let _ = std::fs::remove_file(&partial);
@@ -252,9 +278,14 @@ struct Total {
     of: u64,
 }
 
+/// What a download that stopped leaves for the next.
+fn kept(have: u64, size: u64) -> String {
+    format!("{have} of {size} bytes are kept: run the download again to resume")
+}
+
 enum Failure {
-    /// The connection failed: worth a retry from where it stopped.
-    Network(String),
+    /// The connection failed: worth a retry from where it stopped (unless unreachable).
+    Network(std::io::Error),
     /// The disk, a cancel, or a server that sent more than the file holds.
     Fatal(Error),
 }
@@ -292,7 +323,7 @@ fn copy_body(
         let n = match body.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n as u64,
-            Err(e) => return Err(Failure::Network(e.to_string())),
+            Err(e) => return Err(Failure::Network(e)),
         };
         if *have + n > file.size {
             return Err(Failure::Fatal(Error::download(

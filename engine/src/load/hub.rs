@@ -11,11 +11,12 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde::Deserialize;
 use sha1::Digest;
 
+use super::patience::{seconds, wait, Patience, Retries, Retry};
+use crate::cancel::Cancel;
 use crate::{Error, Result};
 
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
@@ -128,14 +129,14 @@ struct ApiLfs {
     size: u64,
 }
 
-/// The hub's HTTP side: one agent (connections reused), the endpoint and the token.
+/// The hub's HTTP side: one agent (connections reused), the endpoint, the token, and
+/// how long requests wait and are retried.
 #[derive(Clone)]
 pub struct Hub {
     endpoint: String,
     token: Option<String>,
     agent: ureq::Agent,
-    /// Waited before the first retry of a failed request, doubled for each next one.
-    pub retry_delay: Duration,
+    patience: Patience,
 }
 
 /// What a request came back as.
@@ -145,36 +146,64 @@ pub enum Reply {
     NotFound,
     /// 401/403: a gated or private repository without (a good) token.
     Denied(u16),
-    /// A server error, a rate limit or a dropped connection: worth another try.
+    /// Nothing answers at the endpoint's address (refused, no route, a name that does
+    /// not resolve): offline, or the hub is blocked here. Not retried: the reason says
+    /// what to do.
+    Unreachable(String),
+    /// A server error, a rate limit, a timeout or a dropped connection: worth another try.
     Transient(String),
     /// Anything else the hub should not answer.
     Unexpected(u16),
 }
 
+/// Why a request or a body read got no bytes, in the user's terms.
+pub enum NetFailure {
+    /// See [`Reply::Unreachable`].
+    Unreachable(String),
+    /// See [`Reply::Transient`].
+    Transient(String),
+}
+
+impl From<NetFailure> for Reply {
+    fn from(f: NetFailure) -> Self {
+        match f {
+            NetFailure::Unreachable(reason) => Reply::Unreachable(reason),
+            NetFailure::Transient(reason) => Reply::Transient(reason),
+        }
+    }
+}
+
 impl Hub {
-    /// `HF_ENDPOINT` (default huggingface.co) and the user's token, if any.
+    /// `HF_ENDPOINT` (default huggingface.co), the user's token, if any, and the
+    /// default patience.
     pub fn from_env() -> Self {
         let endpoint = std::env::var("HF_ENDPOINT").ok().filter(|e| !e.trim().is_empty());
-        Self::new(endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT), token_from_env())
+        Self::new(endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT), token_from_env(), Patience::default())
     }
 
-    pub fn new(endpoint: &str, token: Option<String>) -> Self {
+    /// `patience`: the timeouts and retry pacing of every request (tests shorten them).
+    pub fn new(endpoint: &str, token: Option<String>, patience: Patience) -> Self {
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(30)))
-            .timeout_recv_response(Some(Duration::from_secs(60)))
-            // A stalled connection is dropped and resumed rather than waited on forever.
-            .timeout_per_read(Some(Duration::from_secs(60)))
+            .timeout_resolve(Some(patience.connect))
+            .timeout_connect(Some(patience.connect))
+            .timeout_recv_response(Some(patience.idle))
+            // A stalled body is dropped and resumed rather than waited on.
+            .timeout_per_read(Some(patience.idle))
             // The hub redirects LFS files to a signed CDN URL; the token stays on the hub.
             .redirect_auth_headers(ureq::config::RedirectAuthHeaders::SameHost)
             .user_agent(concat!("ostinato/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
-        Self { endpoint: endpoint.trim_end_matches('/').to_string(), token, agent, retry_delay: Duration::from_secs(2) }
+        Self { endpoint: endpoint.trim_end_matches('/').to_string(), token, agent, patience }
     }
 
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    pub fn patience(&self) -> Patience {
+        self.patience
     }
 
     pub fn has_token(&self) -> bool {
@@ -196,7 +225,7 @@ impl Hub {
             req = req.header("Range", format!("bytes={from}-"));
         }
         match req.call() {
-            Err(e) => Reply::Transient(e.to_string()),
+            Err(e) => self.failure(e).into(),
             Ok(resp) => match resp.status().as_u16() {
                 200..=299 => Reply::Ok(resp),
                 404 => Reply::NotFound,
@@ -207,21 +236,54 @@ impl Hub {
         }
     }
 
-    /// The repository at `revision`: its commit and files with sizes and ids.
-    pub fn listing(&self, repo: &str, revision: &str) -> Result<RepoListing> {
+    /// Why a request or a body read (its `io::Error` converts) failed.
+    pub fn failure(&self, e: ureq::Error) -> NetFailure {
+        use std::io::ErrorKind::{ConnectionRefused, HostUnreachable, NetworkDown, NetworkUnreachable};
+        let p = &self.patience;
+        match e {
+            ureq::Error::HostNotFound => NetFailure::Unreachable(self.unreachable("its name does not resolve")),
+            ureq::Error::Io(e)
+                if matches!(e.kind(), ConnectionRefused | HostUnreachable | NetworkUnreachable | NetworkDown) =>
+            {
+                NetFailure::Unreachable(self.unreachable(&e.to_string()))
+            }
+            ureq::Error::Timeout(ureq::Timeout::Resolve | ureq::Timeout::Connect) => {
+                NetFailure::Transient(format!("no connection within {}", seconds(p.connect)))
+            }
+            ureq::Error::Timeout(_) => NetFailure::Transient(format!("the hub sent nothing for {}", seconds(p.idle))),
+            e => NetFailure::Transient(e.to_string()),
+        }
+    }
+
+    fn unreachable(&self, cause: &str) -> String {
+        format!(
+            "cannot reach the hub at {} ({cause}): check the network connection, or, where the hub is \
+             blocked, set HF_ENDPOINT to the address of a mirror of it",
+            self.endpoint
+        )
+    }
+
+    /// The repository at `revision`: its commit and files with sizes and ids. A failed
+    /// try is said to `on_retry` (with its reason) and tried again after a wait.
+    pub fn listing(
+        &self,
+        repo: &str,
+        revision: &str,
+        on_retry: &mut dyn FnMut(Retry, String),
+        cancel: &Cancel,
+    ) -> Result<RepoListing> {
         let url = format!("{}/api/models/{repo}/revision/{}?blobs=true", self.endpoint, encode_path(revision));
         let what = format!("{repo} ({url})");
-        let mut delay = self.retry_delay;
-        let mut last = String::new();
-        for _ in 0..MAX_TRIES {
-            match self.get(&url, 0) {
-                Reply::Ok(resp) => {
-                    let text = resp
-                        .into_body()
-                        .read_to_string()
-                        .map_err(|e| Error::download(&what, format!("reading the file list: {e}")))?;
-                    return parse_listing(repo, &text).map_err(|reason| Error::download(&what, reason));
-                }
+        let mut retries = Retries::new(self.patience);
+        loop {
+            let reason = match self.get(&url, 0) {
+                Reply::Ok(resp) => match resp.into_body().read_to_string() {
+                    Ok(text) => return parse_listing(repo, &text).map_err(|reason| Error::download(&what, reason)),
+                    Err(e) => match self.failure(e) {
+                        NetFailure::Unreachable(reason) => return Err(Error::download(what, reason)),
+                        NetFailure::Transient(reason) => reason,
+                    },
+                },
                 Reply::NotFound => {
                     return Err(Error::download(
                         what,
@@ -230,17 +292,17 @@ impl Hub {
                 }
                 Reply::Denied(s) => return Err(Error::download(what, denied_reason(s, self.has_token()))),
                 Reply::Unexpected(s) => return Err(Error::download(what, format!("unexpected HTTP {s}"))),
-                Reply::Transient(reason) => last = reason,
-            }
-            std::thread::sleep(delay);
-            delay *= 2;
+                Reply::Unreachable(reason) => return Err(Error::download(what, reason)),
+                Reply::Transient(reason) => reason,
+            };
+            let Some(retry) = retries.failed() else {
+                return Err(Error::download(what, format!("gave up after {} tries: {reason}", retries.tries())));
+            };
+            on_retry(retry, reason);
+            wait(retry.wait, cancel)?;
         }
-        Err(Error::download(what, format!("gave up after {MAX_TRIES} tries: {last}")))
     }
 }
-
-/// How many times one request is tried when it fails without progress.
-pub const MAX_TRIES: u32 = 5;
 
 pub fn denied_reason(status: u16, has_token: bool) -> String {
     if has_token {
@@ -363,6 +425,29 @@ fn symlink_or_copy(target: &Path, resolved: &Path, at: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failures_say_whether_to_retry_and_what_to_do() {
+        let hub = Hub::new("http://127.0.0.1:9", None, Patience::default());
+        let say = |e: ureq::Error| match hub.failure(e) {
+            NetFailure::Unreachable(r) => format!("unreachable: {r}"),
+            NetFailure::Transient(r) => format!("transient: {r}"),
+        };
+        let refused = say(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into());
+        assert!(
+            refused.starts_with("unreachable: cannot reach the hub at http://127.0.0.1:9 (")
+                && refused.contains("HF_ENDPOINT")
+        );
+        assert!(say(ureq::Error::HostNotFound)
+            .contains("unreachable: cannot reach the hub at http://127.0.0.1:9 (its name does not resolve)"));
+        assert_eq!(say(ureq::Error::Timeout(ureq::Timeout::Connect)), "transient: no connection within 10 s");
+        assert_eq!(say(ureq::Error::Timeout(ureq::Timeout::RecvResponse)), "transient: the hub sent nothing for 30 s");
+        // A body read's io::Error carries ureq's timeout.
+        let read = std::io::Error::other(ureq::Error::Timeout(ureq::Timeout::PerRead));
+        assert_eq!(say(read.into()), "transient: the hub sent nothing for 30 s");
+        let reset = say(std::io::Error::from(std::io::ErrorKind::ConnectionReset).into());
+        assert!(reset.starts_with("transient: "), "{reset}");
+    }
 
     #[test]
     fn blob_ids_check_sha256_and_git_sha1() {

@@ -1,8 +1,9 @@
 //! Loading, above the model and the codecs: where a run's model comes from (`source`:
 //! a model folder or the built-in demo model) and what comes with it; ACE-Step 1.5
 //! models found on disk (ACE-Step's `checkpoints/`, the Hugging Face cache, folders the
-//! user added) and downloaded from the hub into its cache; the model folder itself
-//! (`folder`); and the memory footprint a model will need (`footprint`).
+//! user added) and downloaded from the hub into its cache (`patience`: how long that
+//! waits and retries); the model folder itself (`folder`); and the memory footprint a
+//! model will need (`footprint`).
 
 pub mod catalog;
 pub mod demo;
@@ -11,6 +12,7 @@ pub mod download;
 pub mod folder;
 pub mod footprint;
 pub mod hub;
+pub mod patience;
 pub mod places;
 pub mod source;
 pub mod verify;
@@ -19,5 +21,6 @@ pub use catalog::DitVariant;
 pub use discover::{find_models, FoundModel, Origin};
 pub use download::{DownloadEvent, Downloader};
 pub use hub::{Hub, HubCache};
+pub use patience::Patience;
 pub use places::{AddedFolders, ModelPlaces};
 pub use verify::{verify_model, Verified};

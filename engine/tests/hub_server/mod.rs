@@ -25,6 +25,19 @@ pub enum Fault {
     ServerErrorOnce,
     /// 401 unless the request carries `Authorization: Bearer <token>` (the listing too).
     Gated(String),
+    /// The first request's connection is closed without a response.
+    HangUpOnce,
+    /// Every request is read and never answered: its connection stays open until the
+    /// client hangs up.
+    NeverAnswers,
+    /// The first response sends this many bytes of the body, then nothing more until
+    /// the client hangs up.
+    StallAfter(usize),
+}
+
+/// The fault key of a repository's file list.
+fn listing_key(repo: &str) -> String {
+    format!("{repo} file list")
 }
 
 #[derive(Default)]
@@ -122,6 +135,11 @@ impl FakeHub {
         self.state.lock().unwrap().faults.insert(key.into(), fault);
     }
 
+    /// A fault for the file list of `repo` (`HangUpOnce` or `NeverAnswers`).
+    pub fn fault_listing(&self, repo: &str, fault: Fault) {
+        self.fault(&listing_key(repo), fault);
+    }
+
     /// (url path, Range start) of every request so far.
     pub fn requests(&self) -> Vec<(String, Option<u64>)> {
         self.state.lock().unwrap().log.clone()
@@ -163,6 +181,11 @@ fn respond(
     stream.flush()
 }
 
+/// Holds the connection open, unanswered, until the client hangs up.
+fn wait_for_hang_up(stream: &mut TcpStream) -> std::io::Result<()> {
+    std::io::copy(stream, &mut std::io::sink()).map(drop)
+}
+
 fn serve(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut line = String::new();
@@ -191,6 +214,17 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     if let Some(rest) = path.strip_prefix("/api/models/") {
         let parts: Vec<&str> = rest.splitn(4, '/').collect();
         let repo = format!("{}/{}", parts[0], parts.get(1).unwrap_or(&""));
+        match s.faults.get(&listing_key(&repo)) {
+            Some(Fault::HangUpOnce) => {
+                s.faults.remove(&listing_key(&repo));
+                return Ok(());
+            }
+            Some(Fault::NeverAnswers) => {
+                drop(s);
+                return wait_for_hang_up(&mut stream);
+            }
+            _ => {}
+        }
         if let Some(Fault::Gated(token)) = s.faults.get(&repo) {
             if auth.as_deref() != Some(&format!("Bearer {token}")) {
                 return respond(&mut stream, "401 Unauthorized", &[], b"{}", 2);
@@ -257,6 +291,20 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         Some(Fault::DropAfter(n)) => {
             s.faults.remove(&key);
             send = n;
+        }
+        Some(Fault::HangUpOnce) => {
+            s.faults.remove(&key);
+            return Ok(());
+        }
+        Some(Fault::NeverAnswers) => {
+            drop(s);
+            return wait_for_hang_up(&mut stream);
+        }
+        Some(Fault::StallAfter(n)) => {
+            s.faults.remove(&key);
+            drop(s);
+            respond(&mut stream, "200 OK", &[], &body, n)?;
+            return wait_for_hang_up(&mut stream);
         }
         _ => {}
     }
