@@ -792,6 +792,22 @@ fn each_checkpoint_is_written_and_logged_once() {
     assert_eq!(checkpoints_logged(&run_dir), [2, 4, 6]);
 }
 
+/// A new run whose event log cannot be opened fails leaving nothing that holds its name.
+#[test]
+fn a_new_run_whose_log_cannot_be_opened_leaves_its_name_free() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(tmp.path(), "unlogged");
+    let run_dir = tmp.path().join("runs/unlogged");
+    // A folder where the log goes: opening it fails.
+    std::fs::create_dir_all(run_dir.join("events.jsonl")).unwrap();
+    let err = Run::start(c.clone()).unwrap().join().unwrap_err().to_string();
+    assert!(err.contains("events.jsonl"), "{err}");
+    assert!(!run_dir.join("run.toml").exists(), "nothing holds the name");
+    std::fs::remove_dir(run_dir.join("events.jsonl")).unwrap();
+    let handle = Run::start(RunConfig { stop_at_step: Some(1), ..c }).unwrap();
+    assert!(matches!(handle.join().unwrap(), RunEnd::Stopped { steps: 1, .. }));
+}
+
 /// `config` holding out the drum clip and validating every 2 steps; every checkpoint kept.
 fn validated(dir: &Path, name: &str) -> RunConfig {
     RunConfig {
