@@ -638,6 +638,9 @@ fn a_full_disk_names_the_file_and_says_its_cause_once() {
     let error = stderr.lines().find(|l| l.starts_with("error: ")).expect("an error line");
     assert!(error.contains(&disk.0.display().to_string()), "the path is named: {error}");
     assert_eq!(error.matches("os error 28").count(), 1, "the cause once: {error}");
+    // Failed before its first checkpoint: resumable, from the start, once there is room.
+    let listed = runs_json(&disk.0.join("runs"));
+    assert_eq!((&listed[0]["status"], &listed[0]["resumable"]), (&"failed".into(), &true.into()), "{listed}");
 }
 
 fn wait_for_steps(run: &Path, steps: usize) {
