@@ -101,7 +101,7 @@ impl RunControl {
     }
 
     /// Stop at the next step boundary (during dataset preparation: before the next
-    /// file or encoder chunk): checkpoint, final adapter (once a step is trained),
+    /// file or encoder chunk): checkpoint and final adapter (once a step is trained),
     /// `stopped`.
     pub fn stop(&self) {
         self.0.requests.lock().expect("control lock").stop = true;
@@ -193,7 +193,8 @@ impl Run {
         Ok(spawn(config, run_dir, origin, lock, plan))
     }
 
-    /// Continues a paused, stopped or crashed run from its newest readable checkpoint.
+    /// Continues a paused, stopped or crashed run from its newest readable checkpoint,
+    /// or from the start when it has none (it ended before its first).
     pub fn resume(run_dir: &Path) -> Result<RunHandle> {
         Self::resume_with(run_dir, None)
     }
