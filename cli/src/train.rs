@@ -24,6 +24,8 @@ pub fn train(args: TrainArgs) -> anyhow::Result<i32> {
         Fit::Auto => fit::fit_auto(&mut config).context("cannot fit the run to this machine")?,
         Fit::Off => fit::plan(&config)?,
     };
+    // A plan that does not fit is refused before it is shown as the run's.
+    fit::check(&plan).context("cannot start the run")?;
     let changes = match plan.changes.is_empty() {
         true => String::new(),
         false => format!(" (fit auto: {})", plan.changes.join(", ")),

@@ -514,6 +514,36 @@ fn train_writes_previews_and_reports_them() {
     );
 }
 
+/// A runs folder inside the audio folder: each run's folder (its previews) is left out
+/// of the next run's songs, and the dataset issues say so.
+#[test]
+fn a_runs_folder_inside_the_audio_folder_is_not_trained_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let runs = songs.join("runs");
+    let run = |name: &str| {
+        let mut c = ostinato();
+        c.args(["train", songs.to_str().unwrap(), "--demo", "--name", name, "--json", "--max-steps", "1"])
+            .args(["--runs-dir", runs.to_str().unwrap(), "--crop-seconds", "3", "--rank", "4"])
+            .args(["--preview-every-steps", "1", "--preview-seconds", "2"])
+            .env("XDG_CACHE_HOME", tmp.path().join("cache"));
+        let out = ok(c.output().unwrap());
+        let events: Vec<serde_json::Value> =
+            String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        events
+    };
+    run("first");
+    assert!(runs.join("first/previews/step-000001.wav").is_file());
+    let events = run("second");
+    let started = events.iter().find(|e| e["type"] == "run_started").expect("run_started");
+    assert_eq!(started["dataset"]["usable"], 3, "the three songs, no preview: {started}");
+    let issue = events
+        .iter()
+        .find(|e| e["type"] == "dataset_issue" && e["file"].as_str().unwrap().ends_with("runs/first"))
+        .expect("the first run's folder is named");
+    assert!(issue["reason"].as_str().unwrap().contains("a run's folder"), "{issue}");
+}
+
 fn tiny_model() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/real/model")
 }
@@ -608,6 +638,9 @@ fn a_full_disk_names_the_file_and_says_its_cause_once() {
     let error = stderr.lines().find(|l| l.starts_with("error: ")).expect("an error line");
     assert!(error.contains(&disk.0.display().to_string()), "the path is named: {error}");
     assert_eq!(error.matches("os error 28").count(), 1, "the cause once: {error}");
+    // Failed before its first checkpoint: resumable, from the start, once there is room.
+    let listed = runs_json(&disk.0.join("runs"));
+    assert_eq!((&listed[0]["status"], &listed[0]["resumable"]), (&"failed".into(), &true.into()), "{listed}");
 }
 
 fn wait_for_steps(run: &Path, steps: usize) {
@@ -723,6 +756,7 @@ fn runs_json_is_truthful_about_checkpoints_and_damaged_logs() {
     run("a-damaged", &format!("garbage\n{stopped}"), true);
     run("b-checkpointed", stopped, true);
     run("c-no-checkpoint", stopped, false);
+    run("d-finished", "{\"v\":1,\"type\":\"finished\",\"adapter_path\":\"a\",\"steps\":1}\n", true);
     let listed = runs_json(&runs);
     let got: Vec<_> = listed
         .as_array()
@@ -732,7 +766,13 @@ fn runs_json_is_truthful_about_checkpoints_and_damaged_logs() {
         .collect();
     assert_eq!(
         got,
-        [("a-damaged", "damaged", true), ("b-checkpointed", "stopped", true), ("c-no-checkpoint", "stopped", false)]
+        [
+            ("a-damaged", "damaged", true),
+            ("b-checkpointed", "stopped", true),
+            // Resumed from the start.
+            ("c-no-checkpoint", "stopped", true),
+            ("d-finished", "finished", false),
+        ]
     );
     let reason = listed[0]["reason"].as_str().unwrap();
     assert!(reason.contains("events.jsonl:1:"), "{reason}");
@@ -1152,6 +1192,9 @@ fn a_run_predicted_past_memory_is_refused_and_fit_auto_says_what_it_chose() {
     for part in ["predicted peak", "the run would not fit", "143.36 billion trainable parameters", "--rank"] {
         assert!(stderr.contains(part), "missing `{part}` in: {stderr}");
     }
+    // The prediction is shown once, as the refusal: never first as a plan about to run.
+    assert!(!stderr.contains("memory: predicted peak"), "{stderr}");
+    assert_eq!(stderr.matches("predicted peak").count(), 1, "{stderr}");
     assert!(!runs.join("huge").exists(), "a refused run leaves no folder");
 
     // With room to spare fit auto turns checkpointing off (faster) and says so.

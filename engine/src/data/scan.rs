@@ -1,5 +1,6 @@
 //! Find the audio files in a folder: recursive, following symlinks once (a loop is
-//! visited once), skipping hidden entries; anything else is reported with a reason.
+//! visited once), skipping hidden entries and runs' folders; anything else is reported
+//! with a reason.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -12,6 +13,10 @@ pub const AUDIO_EXTENSIONS: &[&str] =
 
 /// Sidecars (captions, lyrics, metadata) sit beside the audio and are not reported.
 const SIDECAR_EXTENSIONS: &[&str] = &["txt", "json", "csv"];
+
+/// The file that makes a folder a run's (a run writes it first). A run's previews and
+/// songs are not for training, also where a runs folder sits inside the audio folder.
+const RUN_FILE: &str = "run.toml";
 
 #[derive(Debug, Default)]
 pub struct ScanOutcome {
@@ -67,7 +72,9 @@ pub fn scan_folder(folder: &Path) -> Result<ScanOutcome> {
                     continue;
                 }
             };
-            if meta.is_dir() {
+            if meta.is_dir() && path.join(RUN_FILE).is_file() {
+                out.skipped.push((path, "a run's folder (its previews and songs are not for training)".into()));
+            } else if meta.is_dir() {
                 if let Ok(real) = path.canonicalize() {
                     if visited.insert(real) {
                         stack.push(path);
@@ -120,6 +127,22 @@ mod tests {
         assert!(skipped.iter().any(|(f, r)| *f == "cover.jpg" && r.contains(".jpg")));
         assert!(skipped.iter().any(|(f, _)| *f == "README"));
         assert!(skipped.iter().any(|(f, r)| *f == "dangling.wav" && r.contains("broken link")));
+    }
+
+    #[test]
+    fn a_runs_folder_inside_is_skipped_run_by_run_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        fs::create_dir_all(d.join("runs/first/previews")).unwrap();
+        fs::write(d.join("runs/first/run.toml"), b"").unwrap();
+        for f in ["song.wav", "runs/first/previews/step-000001.wav", "runs/first/songs.wav"] {
+            fs::write(d.join(f), b"x").unwrap();
+        }
+        let s = scan_folder(d).unwrap();
+        assert_eq!(s.audio, [d.join("song.wav")]);
+        assert_eq!(s.skipped.len(), 1, "{:?}", s.skipped);
+        assert_eq!(s.skipped[0].0, d.join("runs/first"));
+        assert!(s.skipped[0].1.contains("a run's folder"), "{}", s.skipped[0].1);
     }
 
     #[test]

@@ -283,8 +283,20 @@ impl RunConfig {
 
     /// A stable hash of the settings that determine the training trajectory; resume
     /// refuses a checkpoint written under different ones. `stop_at_step` is excluded:
-    /// it only says where to stop; so are the previews, which change nothing trained.
+    /// it only says where to stop; so are the previews, which change nothing trained,
+    /// and where the run is (its runs folder and name: a copied or renamed run resumes).
     pub fn trajectory_hash(&self) -> String {
+        Self { name: String::new(), ..self.clone() }.named_trajectory_hash()
+    }
+
+    /// Whether a checkpoint of trajectory hash `hash` was trained with these settings.
+    /// Older checkpoints hashed the run's name too: they match in the folder of that name.
+    pub fn matches_trajectory(&self, hash: &str) -> bool {
+        hash == self.trajectory_hash() || hash == self.named_trajectory_hash()
+    }
+
+    /// The trajectory hash with the run's name in it.
+    fn named_trajectory_hash(&self) -> String {
         let mut c = self.clone();
         c.stop_at_step = None;
         (c.preview_every_steps, c.preview_seconds, c.preview_caption) = (None, None, None);
@@ -323,6 +335,21 @@ mod tests {
         let c = RunConfig { lr: 1e-3, ..a.clone() };
         assert_eq!(a.trajectory_hash(), b.trajectory_hash());
         assert_ne!(a.trajectory_hash(), c.trajectory_hash());
+    }
+
+    #[test]
+    fn the_hash_ignores_where_the_run_is_and_older_named_hashes_still_match() {
+        let a = RunConfig { name: "r".into(), runs_dir: "/runs".into(), ..Default::default() };
+        let moved = RunConfig { name: "copy".into(), runs_dir: "/elsewhere".into(), ..a.clone() };
+        assert_eq!(a.trajectory_hash(), moved.trajectory_hash());
+        assert!(moved.matches_trajectory(&a.trajectory_hash()));
+        // What older checkpoints hold: the settings with the name, without the runs folder.
+        let older = |c: &RunConfig| {
+            let toml = RunConfig { runs_dir: PathBuf::new(), ..c.clone() }.to_toml();
+            blake3::hash(toml.as_bytes()).to_hex()[..16].to_string()
+        };
+        assert!(a.matches_trajectory(&older(&a)));
+        assert!(!a.matches_trajectory(&older(&RunConfig { lr: 1e-3, ..a.clone() })));
     }
 
     #[test]

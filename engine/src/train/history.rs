@@ -1,5 +1,5 @@
 //! Past and present runs in a runs directory, summarised from their files alone
-//! (`run.toml`, `events.jsonl`, `checkpoints/`, `final/`, the live marker's lock), so
+//! (`run.toml`, `events.jsonl`, `final/`, the live marker's lock), so
 //! any front end can list them without the engine running them.
 
 use std::path::{Path, PathBuf};
@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::lock;
-use super::state::list_checkpoints;
 use crate::events::read_events;
 use crate::run_state::RunState;
 pub use crate::run_state::RunStatus;
@@ -27,8 +26,9 @@ pub struct RunSummary {
     /// The step and loss of the lowest validation loss (`best/adapter`), once measured.
     pub best_step: Option<u64>,
     pub best_loss: Option<f64>,
-    /// Whether [`Run::resume`](crate::train::Run::resume) can continue it: it has a
-    /// checkpoint, is not finished, and is not in the hands of a live process.
+    /// Whether [`Run::resume`](crate::train::Run::resume) can continue it: it is not
+    /// finished and not in the hands of a live process. One without a checkpoint (stopped
+    /// or killed before its first) resumes from the start.
     pub resumable: bool,
     /// Why the run failed (its `failed` event) or is damaged.
     pub reason: Option<String>,
@@ -73,8 +73,7 @@ pub fn summarise(dir: &Path) -> RunSummary {
         adapter: Some(dir.join("final/adapter")).filter(|p| p.is_dir()),
         best_step: state.best.map(|b| b.0),
         best_loss: state.best.map(|b| b.1),
-        resumable: !matches!(status, RunStatus::Running | RunStatus::Paused | RunStatus::Finished)
-            && has_checkpoint(dir),
+        resumable: !matches!(status, RunStatus::Running | RunStatus::Paused | RunStatus::Finished),
         reason: damaged.or(state.reason),
         updated_unix: modified_unix(&log).or_else(|| modified_unix(&dir.join("run.toml"))),
     }
@@ -91,11 +90,6 @@ fn on_disk(told: RunStatus, live: bool) -> RunStatus {
         (RunStatus::Idle | RunStatus::Running, false) => RunStatus::Interrupted,
         (other, false) => other,
     }
-}
-
-/// Whether `resume` has a checkpoint to continue from.
-fn has_checkpoint(dir: &Path) -> bool {
-    list_checkpoints(dir).is_ok_and(|c| !c.is_empty())
 }
 
 fn modified_unix(path: &Path) -> Option<u64> {
@@ -221,19 +215,24 @@ mod tests {
         assert!(s.resumable);
     }
 
+    /// Resume starts a run without a checkpoint from the start: such a run is resumable
+    /// too, unless it finished.
     #[test]
-    fn resumable_only_with_a_checkpoint() {
+    fn resumable_with_or_without_a_checkpoint_until_finished() {
         let tmp = tempfile::tempdir().unwrap();
         let stopped = Event::Stopped { step: 0, adapter_path: None };
         let stopped = bare_run(tmp.path(), "stopped-at-0", &[stopped]);
         let crashed = bare_run(tmp.path(), "crashed-in-step-1", &[]);
-        let failed = bare_run(tmp.path(), "failed", &[Event::Failed { step: 0, reason: "no usable audio".into() }]);
-        for dir in [&stopped, &crashed, &failed] {
-            assert!(!summarise(dir).resumable, "{}", dir.display());
+        let failed =
+            bare_run(tmp.path(), "failed", &[step(1, 0.9), Event::Failed { step: 1, reason: "disk full".into() }]);
+        let finished = Event::Finished { adapter_path: "a".into(), steps: 1, final_loss: None, reason: None };
+        let finished = bare_run(tmp.path(), "finished", &[step(1, 0.9), finished]);
+        for (dir, resumable) in [(&stopped, true), (&crashed, true), (&failed, true), (&finished, false)] {
+            assert_eq!(summarise(dir).resumable, resumable, "{}", dir.display());
             checkpoint(dir);
-            assert!(summarise(dir).resumable, "{}", dir.display());
+            assert_eq!(summarise(dir).resumable, resumable, "{}", dir.display());
         }
-        assert_eq!(summarise(&failed).reason.as_deref(), Some("no usable audio"));
+        assert_eq!(summarise(&failed).reason.as_deref(), Some("disk full"));
     }
 
     #[test]

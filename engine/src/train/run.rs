@@ -23,7 +23,7 @@ use super::optim::AdamW;
 use super::preview::Previews;
 use super::schedule::LrScheduler;
 use super::songs::{self, SongRequest, SongUpdate, Trained, Voice};
-use super::state::{self, BestValidation, TrainingState};
+use super::state::{self, BestValidation, Checkpoint, TrainingState};
 use super::step::{StepOutcome, StepSettings, Trainer};
 use super::validation::{self, Validator};
 use crate::cancel::Cancel;
@@ -37,6 +37,7 @@ use crate::load::source::LoadedModel;
 use crate::lora::LoraAdapter;
 use crate::metrics::{MemoryProbe, RateMeter};
 use crate::model::timesteps::TimestepSampling;
+use crate::model::DitModel;
 use crate::{Error, Result};
 
 /// How a run ended.
@@ -100,7 +101,7 @@ impl RunControl {
     }
 
     /// Stop at the next step boundary (during dataset preparation: before the next
-    /// file or encoder chunk): checkpoint, final adapter (once a step is trained),
+    /// file or encoder chunk): checkpoint and final adapter (once a step is trained),
     /// `stopped`.
     pub fn stop(&self) {
         self.0.requests.lock().expect("control lock").stop = true;
@@ -192,7 +193,8 @@ impl Run {
         Ok(spawn(config, run_dir, origin, lock, plan))
     }
 
-    /// Continues a paused, stopped or crashed run from its newest readable checkpoint.
+    /// Continues a paused, stopped or crashed run from its newest readable checkpoint,
+    /// or from the start when it has none (it ended before its first).
     pub fn resume(run_dir: &Path) -> Result<RunHandle> {
         Self::resume_with(run_dir, None)
     }
@@ -291,7 +293,14 @@ fn train(
     control: &Control,
     tx: Sender<Event>,
 ) -> Result<RunEnd> {
-    let mut sink = Sink { log: EventLog::open(run_dir.join("events.jsonl"))?, tx, lock: Some(lock) };
+    let log = match EventLog::open(run_dir.join("events.jsonl")) {
+        Ok(log) => log,
+        Err(e) => {
+            origin.discard(run_dir);
+            return Err(e);
+        }
+    };
+    let mut sink = Sink { log, tx, lock: Some(lock) };
     let (result, steps) =
         match Loop::setup(config, run_dir, origin == Origin::Resumed, plan, &control.cancel, &mut sink) {
             Ok(mut training) => {
@@ -349,6 +358,9 @@ struct Loop {
     validator: Option<Validator>,
     trainer: Trainer,
     state: TrainingState,
+    /// The state on disk: the newest checkpoint's, or the start's, which resume makes
+    /// again without one.
+    saved: TrainingState,
     total_steps: u64,
     batches_per_epoch: usize,
     previews: Option<Previews>,
@@ -404,23 +416,18 @@ impl Loop {
         let updates_per_epoch = batches_per_epoch.div_ceil(config.grad_accum) as u64;
         let total_steps = (updates_per_epoch * config.epochs).min(config.max_steps.unwrap_or(u64::MAX));
 
-        // 3. Adapter, optimizer and counters: fresh, or from the newest checkpoint.
-        let config_hash = config.trajectory_hash();
-        let (adapter, optimizer_state, state) = if resuming {
-            let (ckpt, warnings) = state::load_latest(run_dir, &dit)?;
-            for message in warnings {
-                sink.emit(Event::Warning { message });
+        // 3. Adapter, optimizer and counters: from the newest checkpoint, or fresh.
+        let resumed = match resuming {
+            // A stop while preparing leaves no clips to check the checkpoint against.
+            true => resume_point(run_dir, &dit, config, (!cancel.is_cancelled()).then_some(data.len()), sink)?,
+            false => None,
+        };
+        let (adapter, optimizer_state, state) = match resumed {
+            Some(ckpt) => (ckpt.adapter, Some(ckpt.optimizer_state), ckpt.state),
+            None => {
+                let adapter = LoraAdapter::new(config.lora.clone(), &dit, config.seed)?;
+                (adapter, None, fresh_state(config, config.trajectory_hash(), dtype, data.len()))
             }
-            if ckpt.state.config_hash != config_hash {
-                return Err(Error::BadFile {
-                    path: run_dir.join("run.toml"),
-                    reason: "the settings differ from those the checkpoint was trained with".into(),
-                });
-            }
-            (ckpt.adapter, Some(ckpt.optimizer_state), ckpt.state)
-        } else {
-            let adapter = LoraAdapter::new(config.lora.clone(), &dit, config.seed)?;
-            (adapter, None, fresh_state(config, config_hash, dtype, data.len()))
         };
         let vars = adapter.vars();
         let optimizer = match optimizer_state {
@@ -457,6 +464,7 @@ impl Loop {
             data,
             validator,
             trainer,
+            saved: state.clone(),
             state,
             total_steps,
             batches_per_epoch,
@@ -472,7 +480,11 @@ impl Loop {
         let mut rate = RateMeter::new(20);
         while self.state.epoch < self.config.epochs {
             while self.state.batch_in_epoch < self.batches_per_epoch {
-                // Step boundary: a preview, the end, a stop point, or a request from the front end.
+                // Step boundary: a checkpoint, a preview, the end, a stop point, or a request
+                // from the front end.
+                if self.save_due() {
+                    self.checkpoint(sink)?;
+                }
                 let step = self.trainer.applied_steps();
                 self.preview_if_due(sink);
                 self.serve_songs(control.take_songs());
@@ -515,9 +527,6 @@ impl Loop {
                                 return self.finish(sink, Some(reason));
                             }
                         }
-                        if self.config.save_every_steps.is_some_and(|n| n > 0 && step.is_multiple_of(n)) {
-                            self.checkpoint(sink)?;
-                        }
                     }
                     StepOutcome::Skipped { reason, consecutive, loss_scale, give_up } => {
                         sink.emit(Event::StepSkipped {
@@ -535,7 +544,7 @@ impl Loop {
                     }
                 }
             }
-            self.end_epoch(sink)?;
+            self.end_epoch(sink);
         }
         self.finish(sink, None)
     }
@@ -563,7 +572,7 @@ impl Loop {
         Ok(group)
     }
 
-    fn end_epoch(&mut self, sink: &mut Sink) -> Result<()> {
+    fn end_epoch(&mut self, sink: &mut Sink) {
         let s = &mut self.state;
         sink.emit(Event::EpochEnd {
             epoch: s.epoch,
@@ -575,12 +584,17 @@ impl Loop {
         s.epoch_loss_sum = 0.0;
         s.epoch_loss_count = 0;
         s.epoch_order = epoch_order(self.config.seed, s.epoch, self.data.len());
-        let epoch = s.epoch;
-        if self.config.save_every_epochs.is_some_and(|n| n > 0 && epoch.is_multiple_of(n)) && epoch < self.config.epochs
-        {
-            self.checkpoint(sink)?;
-        }
-        Ok(())
+    }
+
+    /// Whether the periodic saves ask for a checkpoint at this step boundary: after
+    /// every `save_every_steps`-th update, and as every `save_every_epochs`-th epoch
+    /// begins, once per update.
+    fn save_due(&self) -> bool {
+        let (step, epoch) = (self.trainer.applied_steps(), self.state.epoch);
+        let by_steps = self.config.save_every_steps.is_some_and(|n| step.is_multiple_of(n));
+        let by_epochs =
+            self.config.save_every_epochs.is_some_and(|n| self.state.batch_in_epoch == 0 && epoch.is_multiple_of(n));
+        step > self.saved.step && (by_steps || by_epochs)
     }
 
     /// Blocks while paused (after checkpointing); true when a stop was requested.
@@ -616,11 +630,16 @@ impl Loop {
         Ok(false)
     }
 
-    fn checkpoint(&mut self, sink: &mut Sink) -> Result<PathBuf> {
+    /// Saves the state at this step boundary unless it is on disk already: a stop, a
+    /// pause or the end where a save just was, or the start (nothing tried yet).
+    fn checkpoint(&mut self, sink: &mut Sink) -> Result<()> {
         self.state.step = self.trainer.applied_steps();
         self.state.attempts = self.trainer.attempts;
         self.state.loss_scaler = self.trainer.scaler.clone();
         self.state.skips = self.trainer.skips.clone();
+        if self.state == self.saved {
+            return Ok(());
+        }
         let path = state::save_checkpoint(
             &self.run_dir,
             &self.state,
@@ -628,12 +647,14 @@ impl Loop {
             self.trainer.optimizer.state_tensors()?,
             self.config.keep_checkpoints,
         )?;
-        sink.emit(Event::CheckpointSaved { step: self.state.step, path: path.clone() });
-        Ok(path)
+        self.saved = self.state.clone();
+        sink.emit(Event::CheckpointSaved { step: self.state.step, path });
+        Ok(())
     }
 
-    /// Checkpoints (a run stopped at step 0 stays resumable) and writes the final
-    /// adapter once a step is trained: before that it would be the untrained start.
+    /// Checkpoints (a run stopped before its first step needs none: it resumes from the
+    /// start) and writes the final adapter once a step is trained: before that it would
+    /// be the untrained start.
     fn stop(&mut self, sink: &mut Sink) -> Result<RunEnd> {
         self.checkpoint(sink)?;
         let steps = self.trainer.applied_steps();
@@ -738,6 +759,59 @@ fn load_dataset(
         Err(Error::Cancelled) => Ok(PreparedDataset::empty(&config.data)),
         prepared => prepared,
     }
+}
+
+/// The checkpoint a resumed run goes on from, or `None` to start from the start as a
+/// new run does: when it stopped or died before its first checkpoint, or its newest one
+/// is from before the first attempt (older engines wrote one at a stop while the dataset
+/// was prepared, with no clips in it). `clips`: the clips prepared (`None` when a stop
+/// cut the preparation short), which a checkpoint must have been trained on.
+fn resume_point(
+    run_dir: &Path,
+    dit: &DitModel,
+    config: &RunConfig,
+    clips: Option<usize>,
+    sink: &mut Sink,
+) -> Result<Option<Checkpoint>> {
+    if state::list_checkpoints(run_dir)?.is_empty() {
+        return Ok(None);
+    }
+    let (mut ckpt, warnings) = state::load_latest(run_dir, dit)?;
+    for message in warnings {
+        sink.emit(Event::Warning { message });
+    }
+    if !config.matches_trajectory(&ckpt.state.config_hash) {
+        return Err(Error::BadFile {
+            path: run_dir.join("run.toml"),
+            reason: "the settings differ from those the checkpoint was trained with".into(),
+        });
+    }
+    // Its successors carry this engine's hash (older ones held the run's name).
+    ckpt.state.config_hash = config.trajectory_hash();
+    if ckpt.state.attempts == 0 {
+        return Ok(None);
+    }
+    if let Some(clips) = clips {
+        check_clips(&ckpt.state, clips, &config.data.folder)?;
+    }
+    Ok(Some(ckpt))
+}
+
+/// A checkpoint goes on only with the clips it was trained on: its epoch order must be
+/// an order of them (songs added or removed since would index past them).
+fn check_clips(state: &TrainingState, clips: usize, folder: &Path) -> Result<()> {
+    let mut order = state.epoch_order.clone();
+    order.sort_unstable();
+    if order.into_iter().eq(0..clips) {
+        return Ok(());
+    }
+    Err(Error::BadFile {
+        path: folder.to_path_buf(),
+        reason: format!(
+            "{clips} clips to train on, but the checkpoint was trained on {}: put the songs back as they were, or start a new run",
+            state.epoch_order.len()
+        ),
+    })
 }
 
 /// The counters of a run before its first step.
