@@ -366,7 +366,7 @@ fn history_lists_runs_and_refuses_paths_outside_the_runs_dir() {
             ),
         )
         .unwrap();
-        // A run is resumable from a checkpoint only.
+        // A stopped run, with the checkpoint it resumes from.
         std::fs::create_dir_all(run.join("checkpoints/step-000012")).unwrap();
         run
     };

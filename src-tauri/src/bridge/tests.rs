@@ -268,7 +268,7 @@ fn lists_runs_newest_first_with_the_current_one_active() {
         &[step_line(9, 0.3), json!({"v": 1, "type": "finished", "adapter_path": "x", "steps": 9, "final_loss": 0.3})],
         "",
     );
-    // Resumable runs have a checkpoint to resume from.
+    // The unfinished runs, each with a checkpoint to resume from.
     for (id, step) in [("a-paused", 5), ("b-crashed", 7)] {
         std::fs::create_dir_all(runs.join(id).join(format!("checkpoints/step-{step:06}"))).unwrap();
     }
