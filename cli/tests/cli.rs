@@ -1109,7 +1109,10 @@ fn generate_settings_out_of_range_are_named_before_any_work() {
     let adapter = tmp.path().join("adapter");
     random_adapter(&ostinato_engine::load::source::ModelSource::Demo, &adapter, &["q_proj"]);
     let a = adapter.to_str().unwrap();
-    fails_with(&mut generate(&out, &["--steps", "100000"]), "setting `steps`: 100000 is out of range: it must be 1 to 200");
+    fails_with(
+        &mut generate(&out, &["--steps", "100000"]),
+        "setting `steps`: 100000 is out of range: it must be 1 to 200",
+    );
     fails_with(&mut generate(&out, &["--steps", "0"]), "setting `steps`");
     for scale in ["1e30", "4.5", "-1", "NaN"] {
         let flag = format!("--adapter-scale={scale}");

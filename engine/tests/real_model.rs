@@ -14,7 +14,9 @@ use ostinato_engine::codec::qwen3::Qwen3Encoder;
 use ostinato_engine::codec::tokenizer::{Padding, TextTokenizer};
 use ostinato_engine::codec::vae::{LatentChoice, TILE_FRAMES};
 use ostinato_engine::codec::{SongMeta, StereoAudio};
-use ostinato_engine::data::preprocessed::{read_preprocessed_dir, read_sample, write_preprocessed, Manifest, SampleMaker};
+use ostinato_engine::data::preprocessed::{
+    read_preprocessed_dir, read_sample, write_preprocessed, Manifest, SampleMaker,
+};
 use ostinato_engine::data::TrainingSample;
 use ostinato_engine::load::folder::{ModelFolder, Variant, LYRIC_TOKENS, TEXT_TOKENS};
 use ostinato_engine::load::source::ModelSource;

@@ -306,7 +306,8 @@ mod tests {
 
     #[test]
     fn steps_and_adapter_scale_have_ranges_named_by_their_fields() {
-        let spec = |steps: Option<usize>, adapter_scale: f64| GenerateSpec { steps, adapter_scale, ..Default::default() };
+        let spec =
+            |steps: Option<usize>, adapter_scale: f64| GenerateSpec { steps, adapter_scale, ..Default::default() };
         for ok in [spec(None, 1.0), spec(Some(1), 0.0), spec(Some(MAX_STEPS), MAX_ADAPTER_SCALE)] {
             assert_eq!(field_of(&ok), None, "{ok:?}");
         }
