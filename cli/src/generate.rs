@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use ostinato_engine::generate::wav::{check_writable, write_wav};
-use ostinato_engine::generate::{read_latents, write_latents};
+use ostinato_engine::generate::{decode_latents, read_latents, write_latents};
 use ostinato_engine::generate::{GenerateEvent, GenerateSpec, Generator};
 use ostinato_engine::load::source::ModelSource;
 
@@ -55,6 +55,7 @@ pub fn generate(
     latents_out: Option<&Path>,
     json: bool,
 ) -> anyhow::Result<()> {
+    spec.validate()?;
     check_writable(out)?;
     if let Some(p) = latents_out {
         check_writable(p)?;
@@ -80,7 +81,7 @@ pub fn decode(latents: &Path, source: &ModelSource, out: &Path) -> anyhow::Resul
     check_writable(out)?;
     let decoder = source.latent_decoder(&candle_core::Device::Cpu).context("cannot load the model's decoder")?;
     let z = read_latents(latents, decoder.latent_channels())?;
-    let audio = decoder.decode(&z)?;
+    let audio = decode_latents(decoder.as_ref(), &z)?;
     write_wav(out, &audio)?;
     println!(
         "wrote {} ({:.1} s, {} Hz stereo, 32-bit float)",

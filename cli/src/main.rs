@@ -181,7 +181,7 @@ pub struct GenerateArgs {
     pub duration: f64,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Sampling steps (default: 8 for turbo models, 32 for base/SFT).
+    /// Sampling steps, at most 200 (default: 8 for turbo models, 32 for base/SFT).
     #[arg(long)]
     pub steps: Option<usize>,
     /// Timestep shift (default 3).
@@ -193,7 +193,7 @@ pub struct GenerateArgs {
     /// A PEFT adapter folder (adapter_config.json + adapter_model.safetensors).
     #[arg(long)]
     pub adapter: Option<PathBuf>,
-    /// The adapter's strength: 0 is the base model, 1 the adapter as trained.
+    /// The adapter's strength, 0 to 4: 0 is the base model, 1 the adapter as trained.
     #[arg(long, default_value_t = 1.0, requires = "adapter")]
     pub adapter_scale: f64,
     #[arg(long)]

@@ -321,6 +321,73 @@ fn preprocess_then_train_on_the_preprocessed_folder() {
     assert_eq!(step_losses(&tmp.path().join("runs/pre")).len(), 3);
 }
 
+/// `preprocess <songs> --out <out>`, with the tiny ACE-Step model or the demo's.
+fn preprocess(songs: &Path, out: &Path, model: Option<&Path>) -> Command {
+    let mut c = ostinato();
+    c.args(["preprocess", songs.to_str().unwrap(), "--out", out.to_str().unwrap(), "--crop-seconds", "2"]);
+    if let Some(model) = model {
+        c.args(["--model", model.to_str().unwrap()]);
+    }
+    c
+}
+
+#[test]
+fn a_preprocessed_folder_trains_only_with_the_model_that_made_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let (by_tiny, by_demo) = (tmp.path().join("pre-tiny"), tmp.path().join("pre-demo"));
+    ok(preprocess(&songs, &by_tiny, Some(&tiny_model())).output().unwrap());
+    ok(preprocess(&songs, &by_demo, None).output().unwrap());
+    let (tiny_encoder, demo_encoder) = ("`oobleck-vae:", "`mel-demo-v1:");
+
+    // The tiny model's samples under the demo model: the folder and both ids named.
+    let stderr = fails_with(
+        &mut train(tmp.path(), &by_tiny, "tiny-on-demo", &["--max-steps", "1"]),
+        &format!("{}: was preprocessed with another model", by_tiny.display()),
+    );
+    assert!(stderr.contains(tiny_encoder) && stderr.contains(demo_encoder), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // The demo's samples under the tiny model, likewise.
+    let mut on_tiny = ostinato();
+    on_tiny
+        .args(["train", by_demo.to_str().unwrap(), "--model", tiny_model().to_str().unwrap()])
+        .args(["--runs-dir", tmp.path().join("runs").to_str().unwrap(), "--name", "demo-on-tiny"])
+        .args(["--rank", "2", "--max-steps", "1"])
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"));
+    let stderr = fails_with(&mut on_tiny, &format!("{}: was preprocessed with another model", by_demo.display()));
+    assert!(stderr.contains(tiny_encoder) && stderr.contains(demo_encoder), "{stderr}");
+
+    // Without a manifest (as ACE-Step's own folders come) each sample's widths are
+    // checked: the file and the tensor named.
+    std::fs::remove_file(by_tiny.join("manifest.json")).unwrap();
+    let stderr = fails_with(
+        &mut train(tmp.path(), &by_tiny, "no-manifest", &["--max-steps", "1"]),
+        "`target_latents`: 8 latent channels, but this run's model has 64",
+    );
+    assert!(stderr.contains(&by_tiny.display().to_string()) && !stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn preprocess_never_writes_into_the_song_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let listing = || {
+        let mut names: Vec<_> = std::fs::read_dir(&songs).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        names
+    };
+    let before = listing();
+    let link = tmp.path().join("link");
+    std::os::unix::fs::symlink(&songs, &link).unwrap();
+    for out in [songs.clone(), songs.join("pre"), songs.join("new/deeper"), tmp.path().join("x/../songs/pre"), link] {
+        fails_with(&mut preprocess(&songs, &out, None), "is inside the song folder");
+    }
+    assert_eq!(listing(), before, "the song folder is as it was");
+    // Beside it is fine.
+    ok(preprocess(&songs, &tmp.path().join("songs-pre"), None).output().unwrap());
+}
+
 #[test]
 fn trains_an_acestep_model_folder_end_to_end() {
     // The tiny random ACE-Step model the real-model fixtures were made with: every
@@ -429,6 +496,21 @@ fn negative_numbers_are_values_and_errors_name_the_setting() {
     }
     fails_with(ostinato().args(["train", songs.to_str().unwrap(), "--alpha", "-8"]), "setting `lora.alpha`");
     fails_with(ostinato().args(["train", songs.to_str().unwrap(), "--dropout", "1.5"]), "setting `lora.dropout`");
+}
+
+#[test]
+fn a_rank_above_an_adapted_layers_width_is_refused_naming_the_layer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let runs = tmp.path().join("runs");
+    let mut wide = ostinato();
+    wide.args(["train", songs.to_str().unwrap(), "--demo", "--rank", "5000", "--name", "wide"])
+        .args(["--runs-dir", runs.to_str().unwrap()])
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"));
+    // The demo's layers are 256 wide, its key and value projections 128.
+    let stderr = fails_with(&mut wide, "setting `lora.r`: rank 5000 is more than 128");
+    assert!(stderr.contains("k_proj` (256 -> 128): choose at most 128"), "{stderr}");
+    assert!(!tmp.path().join("runs/wide").exists(), "a refused run leaves no folder");
 }
 
 /// `--cfg-dropout` reaches run.toml, run_started and the start line; unset, the demo's
@@ -979,6 +1061,106 @@ fn bad_generate_and_decode_input_gives_clear_errors_and_writes_nothing() {
     assert!(!out.exists(), "nothing is written on failure");
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.iter().all(|n| !n.to_string_lossy().ends_with(".tmp")), "{left:?}");
+}
+
+/// The adapter saved in `dir` with every tensor passed through `change`.
+fn rewrite_adapter(dir: &Path, change: impl Fn(&str, candle_core::Tensor) -> candle_core::Tensor) {
+    let file = dir.join("adapter_model.safetensors");
+    let tensors: std::collections::HashMap<String, candle_core::Tensor> =
+        candle_core::safetensors::load(&file, &candle_core::Device::Cpu)
+            .unwrap()
+            .into_iter()
+            .map(|(k, t)| {
+                let t = change(&k, t);
+                (k, t)
+            })
+            .collect();
+    candle_core::safetensors::save(&tensors, &file).unwrap();
+}
+
+/// Latents `[20, channels]` of 0.5 with `odd` at frame 3, channel 5, as `decode` reads them.
+fn latents_file(path: &Path, channels: usize, odd: f32) {
+    let mut values = vec![0.5; 20 * channels];
+    values[3 * channels + 5] = odd;
+    let t = candle_core::Tensor::from_vec(values, (20, channels), &candle_core::Device::Cpu).unwrap();
+    candle_core::safetensors::save(&[("latents".to_string(), t)].into_iter().collect(), path).unwrap();
+}
+
+#[test]
+fn non_finite_songs_are_errors_naming_their_cause_and_nothing_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("song.wav");
+    let demo = ostinato_engine::load::source::ModelSource::Demo;
+
+    // One NaN in an adapter: refused as it is loaded, the file and the tensor named.
+    let nan = tmp.path().join("nan-adapter");
+    random_adapter(&demo, &nan, &["q_proj"]);
+    let poisoned = "base_model.model.layers.1.self_attn.q_proj.lora_B.weight";
+    rewrite_adapter(&nan, |key, t| {
+        if key != poisoned {
+            return t;
+        }
+        let mut v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        v[7] = f32::NAN;
+        candle_core::Tensor::from_vec(v, t.shape(), t.device()).unwrap()
+    });
+    let stderr = fails_with(
+        &mut generate(&out, &["--adapter", nan.to_str().unwrap()]),
+        "layers.1.self_attn.q_proj.lora_B.weight`: 1 of 512 values are not finite",
+    );
+    assert!(stderr.contains(&nan.join("adapter_model.safetensors").display().to_string()), "{stderr}");
+
+    // Finite but huge: the first sampling step overflows; the step and the adapter named.
+    let huge = tmp.path().join("huge-adapter");
+    random_adapter(&demo, &huge, &["q_proj", "k_proj", "v_proj", "o_proj"]);
+    rewrite_adapter(&huge, |_, t| (t * 1e30).unwrap());
+    fails_with(
+        &mut generate(&out, &["--adapter", huge.to_str().unwrap()]),
+        "sampling step 1 of 8: the latents after the DiT's prediction (the adapter at scale 1): ",
+    );
+
+    // Latents with one NaN (which the demo's decoder turned into silence): `decode`
+    // names the file and the tensor.
+    let z = tmp.path().join("z.safetensors");
+    latents_file(&z, 64, f32::NAN);
+    let decode = |z: &Path, model: &[&str]| {
+        let mut c = ostinato();
+        c.args(["decode", z.to_str().unwrap(), "--out", out.to_str().unwrap()]).args(model);
+        c
+    };
+    fails_with(
+        &mut decode(&z, &["--demo"]),
+        &format!("{}: `latents`: 1 of 1280 values are not finite (NaN or infinite)", z.display()),
+    );
+    // One huge but finite latent, which the VAE decodes into tens of thousands of NaN
+    // samples: the decoder named.
+    latents_file(&z, 8, 1e30);
+    fails_with(&mut decode(&z, &["--model", tiny_model().to_str().unwrap()]), "the decoder's audio: ");
+
+    assert!(!out.exists(), "no song is written");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.iter().all(|n| !n.to_string_lossy().ends_with(".tmp")), "{left:?}");
+}
+
+#[test]
+fn generate_settings_out_of_range_are_named_before_any_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("song.wav");
+    let adapter = tmp.path().join("adapter");
+    random_adapter(&ostinato_engine::load::source::ModelSource::Demo, &adapter, &["q_proj"]);
+    let a = adapter.to_str().unwrap();
+    fails_with(
+        &mut generate(&out, &["--steps", "100000"]),
+        "setting `steps`: 100000 is out of range: it must be 1 to 200",
+    );
+    fails_with(&mut generate(&out, &["--steps", "0"]), "setting `steps`");
+    for scale in ["1e30", "4.5", "-1", "NaN"] {
+        let flag = format!("--adapter-scale={scale}");
+        fails_with(&mut generate(&out, &["--adapter", a, &flag]), "setting `adapter_scale`");
+    }
+    assert!(!out.exists());
+    // The ends of the ranges are songs.
+    ok(generate(&out, &["--steps", "1", "--adapter", a, "--adapter-scale", "4"]).output().unwrap());
 }
 
 #[test]

@@ -105,6 +105,11 @@ pub enum Error {
     #[error("generate: {0}")]
     BadRequest(String),
 
+    /// NaN or infinity where numbers were due: `what` names the tensor (and the step
+    /// that made it, or the file it came from).
+    #[error("{what}: {problem}")]
+    NonFinite { what: String, problem: String },
+
     /// A model download, or the hub it comes from: `what` names the repository and the
     /// file (or the folder) at fault.
     #[error("{what}: {reason}")]

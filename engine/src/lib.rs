@@ -10,6 +10,7 @@ pub mod device;
 pub mod error;
 pub mod events;
 pub mod export;
+pub mod finite;
 pub mod generate;
 pub mod heap;
 pub(crate) mod kernels;

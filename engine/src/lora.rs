@@ -14,9 +14,10 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::error::SettingErrors;
+use crate::load::footprint::layer_linears;
 use crate::model::lora_linear::lora_linear;
 use crate::model::weights::diffusers_name;
-use crate::model::{DitModel, LinearAdapter};
+use crate::model::{DitConfig, DitModel, LinearAdapter};
 use crate::tensor_io::save_tensors_with_metadata;
 use crate::{Error, Result};
 
@@ -139,6 +140,10 @@ impl LoraAdapter {
                 let t = tensors.get(&key).ok_or_else(|| bad(format!("missing tensor `{key}`")))?;
                 if t.dims() != shape {
                     return Err(bad(format!("tensor `{key}` has shape {:?}, expected {:?}", t.dims(), shape)));
+                }
+                // One NaN would make every song silence or NaN.
+                if let Some(problem) = crate::finite::problem(t)? {
+                    return Err(bad(format!("tensor `{key}`: {problem}")));
                 }
                 Ok(Var::from_tensor(&t.to_dtype(DType::F32)?.to_device(model.device())?)?)
             };
@@ -317,10 +322,32 @@ pub fn validate_config(config: &LoraConfig) -> Result<()> {
 /// Notes every LoRA setting out of its range, named as in run.toml (`lora.r`, ...).
 pub fn check_config(config: &LoraConfig, errors: &mut SettingErrors) {
     let LoraConfig { r, alpha, dropout, .. } = *config;
-    // No ceiling: whether a large rank fits is the memory plan's verdict (train::fit).
+    // No fixed ceiling: the adapted layers bound it (`check_rank`, the model known), and
+    // whether a large rank fits is the memory plan's verdict (train::fit).
     errors.check(r >= 1, "lora.r", || format!("the rank must be at least 1 (got {r})"));
     errors.check(alpha.is_finite() && alpha > 0.0, "lora.alpha", || format!("{alpha} must be a positive number"));
     errors.check((0.0..1.0).contains(&dropout), "lora.dropout", || format!("{dropout} must be in [0, 1)"));
+}
+
+/// The rank against the layers `config` adapts in the DiT `dit` describes: above a
+/// layer's smaller dimension, B·A (at most that rank) gains nothing and the extra
+/// parameters only cost memory and time, so the setting is refused naming that layer.
+pub fn check_rank(config: &LoraConfig, dit: &DitConfig) -> Result<()> {
+    let narrowest = layer_linears(dit)
+        .into_iter()
+        .filter(|(name, _, _)| config.targets(name))
+        .min_by_key(|(_, inp, out)| (*inp).min(*out));
+    match narrowest {
+        Some((name, inp, out)) if config.r > inp.min(out) => {
+            let most = inp.min(out);
+            let r = config.r;
+            Err(Error::setting(
+                "lora.r",
+                format!("rank {r} is more than {most}, the smaller dimension of `{name}` ({inp} -> {out}): choose at most {most}"),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn peft_config_from_file(path: &Path) -> Result<LoraConfig> {
@@ -429,6 +456,26 @@ mod tests {
         assert!(c.targets("layers.3.cross_attn.o_proj"));
         assert!(!c.targets("layers.0.mlp.up_proj"));
         assert!(!c.targets("layers.0.self_attn.xq_proj"));
+    }
+
+    #[test]
+    fn a_rank_above_the_narrowest_adapted_layer_is_refused_naming_it() {
+        // The demo DiT: 256 wide, its k/v projections 256 -> 128 (two KV heads of 64).
+        let dit = crate::load::demo::demo_config();
+        let with = |r: usize, targets: &[&str]| {
+            let target_modules = targets.iter().map(|t| t.to_string()).collect();
+            check_rank(&LoraConfig { r, target_modules, ..Default::default() }, &dit)
+        };
+        with(128, &["q_proj", "k_proj"]).unwrap();
+        let err = with(129, &["q_proj", "k_proj"]).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "setting `lora.r`: rank 129 is more than 128, the smaller dimension of \
+             `layers.0.cross_attn.k_proj` (256 -> 128): choose at most 128"
+        );
+        // Without the narrow layers the bound is the hidden size.
+        with(256, &["q_proj", "o_proj"]).unwrap();
+        assert!(with(5000, &["q_proj"]).unwrap_err().to_string().contains("choose at most 256"));
     }
 
     #[test]

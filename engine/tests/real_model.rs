@@ -14,7 +14,9 @@ use ostinato_engine::codec::qwen3::Qwen3Encoder;
 use ostinato_engine::codec::tokenizer::{Padding, TextTokenizer};
 use ostinato_engine::codec::vae::{LatentChoice, TILE_FRAMES};
 use ostinato_engine::codec::{SongMeta, StereoAudio};
-use ostinato_engine::data::preprocessed::{read_preprocessed_dir, read_sample, write_preprocessed, Manifest};
+use ostinato_engine::data::preprocessed::{
+    read_preprocessed_dir, read_sample, write_preprocessed, Manifest, SampleMaker,
+};
 use ostinato_engine::data::TrainingSample;
 use ostinato_engine::load::folder::{ModelFolder, Variant, LYRIC_TOKENS, TEXT_TOKENS};
 use ostinato_engine::load::source::ModelSource;
@@ -347,7 +349,8 @@ fn model_folder_end_to_end_matches_reference_preprocessing() {
     let files =
         write_preprocessed(dir.path(), std::slice::from_ref(&sample), &Manifest::new(vae.id(), cond.id())).unwrap();
     assert_eq!(files, [dir.path().join("clip.safetensors")]);
-    let back = read_preprocessed_dir(dir.path()).unwrap();
+    let model = SampleMaker { encoder: &vae, conditioner: &cond, condition_width: folder.dit.encoder_hidden_size };
+    let back = read_preprocessed_dir(dir.path(), &model).unwrap();
     assert_eq!(back.len(), 1);
     assert_eq!(max_diff(&back[0].encoder_hidden_states, &sample.encoder_hidden_states), 0.0);
     assert_eq!(max_diff(&back[0].context_latents, &sample.context_latents), 0.0);

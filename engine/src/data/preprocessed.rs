@@ -3,7 +3,7 @@
 //! a folder of ACE-Step's own `.pt` files (through the safe torch reader).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
@@ -110,14 +110,15 @@ pub fn is_preprocessed_dir(dir: &Path) -> bool {
     sample_files(dir).map(|f| !f.is_empty()).unwrap_or(false)
 }
 
+/// `dir`'s manifest, when it holds one of ours.
+fn read_manifest(dir: &Path) -> Option<Manifest> {
+    let text = std::fs::read_to_string(dir.join(MANIFEST)).ok()?;
+    serde_json::from_str::<Manifest>(&text).ok().filter(|m| m.format == FORMAT)
+}
+
 fn sample_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let manifest = dir.join(MANIFEST);
-    if let Ok(text) = std::fs::read_to_string(&manifest) {
-        if let Ok(m) = serde_json::from_str::<Manifest>(&text) {
-            if m.format == FORMAT {
-                return Ok(m.samples.iter().map(|e| dir.join(&e.file)).collect());
-            }
-        }
+    if let Some(m) = read_manifest(dir) {
+        return Ok(m.samples.iter().map(|e| dir.join(&e.file)).collect());
     }
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| Error::io(dir, e))?
@@ -129,9 +130,20 @@ fn sample_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// What a run's model makes of a song, which the samples it trains on must match.
+pub struct SampleMaker<'a> {
+    pub encoder: &'a dyn LatentEncoder,
+    pub conditioner: &'a dyn Conditioner,
+    /// Width of the condition rows the DiT takes (`encoder_hidden_size`).
+    pub condition_width: usize,
+}
+
 /// Reads every sample of `dir`: the manifest's list, else every `*.safetensors` and
 /// `*.pt` file (ACE-Step's preprocessed tensors). Tensors come back f32 on the CPU.
-pub fn read_preprocessed_dir(dir: &Path) -> Result<Vec<TrainingSample>> {
+/// Samples another model made are refused: our manifest's encoder and conditioner ids
+/// must be `model`'s, and every sample's latent and condition widths its sizes.
+pub fn read_preprocessed_dir(dir: &Path, model: &SampleMaker) -> Result<Vec<TrainingSample>> {
+    check_manifest(dir, model)?;
     let files = sample_files(dir)?;
     if files.is_empty() {
         return Err(Error::BadFile {
@@ -139,7 +151,53 @@ pub fn read_preprocessed_dir(dir: &Path) -> Result<Vec<TrainingSample>> {
             reason: "no preprocessed samples (*.safetensors or *.pt)".into(),
         });
     }
-    files.iter().map(|f| read_sample(f)).collect()
+    files.iter().map(|f| read_sample(f).and_then(|s| check_widths(&s, model).map(|()| s))).collect()
+}
+
+/// Our manifest's ids against the model's: a folder another model made would train on
+/// latents and conditions this model does not make (or fail deep inside a step).
+fn check_manifest(dir: &Path, model: &SampleMaker) -> Result<()> {
+    let Some(manifest) = read_manifest(dir) else { return Ok(()) };
+    let pairs = [
+        ("latent encoder", manifest.encoder, model.encoder.id()),
+        ("conditioner", manifest.conditioner, model.conditioner.id()),
+    ];
+    let differ: Vec<String> = pairs
+        .into_iter()
+        .filter(|(_, made, ours)| made != ours)
+        .map(|(what, made, ours)| format!("its {what} is `{made}`, this run's model's is `{ours}`"))
+        .collect();
+    if differ.is_empty() {
+        return Ok(());
+    }
+    Err(Error::BadFile {
+        path: dir.to_path_buf(),
+        reason: format!(
+            "was preprocessed with another model: {}; preprocess the songs again with this run's model",
+            differ.join("; ")
+        ),
+    })
+}
+
+/// A sample's latent channels and condition width against the model's (ACE-Step's own
+/// `.pt` folders carry no manifest to compare).
+fn check_widths(sample: &TrainingSample, model: &SampleMaker) -> Result<()> {
+    let widths = [
+        ("target_latents", sample.target_latents.dim(1)?, model.encoder.latent_channels(), "latent channels"),
+        ("encoder_hidden_states", sample.encoder_hidden_states.dim(1)?, model.condition_width, "condition width"),
+    ];
+    for (key, found, expected, what) in widths {
+        if found != expected {
+            return Err(Error::ModelFile {
+                path: sample.source.clone(),
+                key: key.into(),
+                reason: format!(
+                    "{found} {what}, but this run's model has {expected}: the sample was made for another model"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// One preprocessed sample file, shapes checked.
@@ -186,6 +244,7 @@ pub fn read_sample(path: &Path) -> Result<TrainingSample> {
 
 /// Encodes every usable song of `spec.folder` once (no crops drawn at random: the
 /// centre crop, if any) and writes the folder `train` accepts in place of audio.
+/// `out` may not be the song folder or inside it: the songs are only ever read.
 pub fn preprocess(
     spec: &super::DataSpec,
     encoder: &dyn LatentEncoder,
@@ -193,6 +252,16 @@ pub fn preprocess(
     out: &Path,
     report: &mut dyn FnMut(super::DataEvent),
 ) -> Result<Vec<PathBuf>> {
+    let songs = std::fs::canonicalize(&spec.folder).map_err(|e| Error::io(&spec.folder, e))?;
+    if resolved(out)?.starts_with(&songs) {
+        return Err(Error::BadFile {
+            path: out.to_path_buf(),
+            reason: format!(
+                "is inside the song folder {}, which is never written to: choose an output folder outside it",
+                spec.folder.display()
+            ),
+        });
+    }
     let tmp_cache = out.join(".cache");
     let cache = super::LatentCache::new(&tmp_cache)?;
     // Not cancellable: the CLI leaves Ctrl-C to its default (stop at once), and a
@@ -202,4 +271,24 @@ pub fn preprocess(
     let written = write_preprocessed(out, &samples, &Manifest::new(encoder.id(), conditioner.id()));
     std::fs::remove_dir_all(&tmp_cache).map_err(|e| Error::io(&tmp_cache, e))?;
     written
+}
+
+/// `path` made absolute with its links and `..` resolved, as creating it would: each
+/// existing prefix canonical, the rest (which holds no links yet) taken as written.
+fn resolved(path: &Path) -> Result<PathBuf> {
+    let absolute = std::path::absolute(path).map_err(|e| Error::io(path, e))?;
+    let mut real = PathBuf::new();
+    for part in absolute.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                real.pop();
+            }
+            part => real.push(part),
+        }
+        if let Ok(canonical) = std::fs::canonicalize(&real) {
+            real = canonical;
+        }
+    }
+    Ok(real)
 }

@@ -17,8 +17,12 @@ pub fn read_latents(path: &Path, channels: usize) -> Result<Tensor> {
         .find_map(|k| tensors.get(*k).map(|t| (*k, t)))
         .ok_or_else(|| bad("no `latents` or `target_latents` tensor".into()))?;
     match t.dims() {
-        &[frames, c] if c == channels && frames > 0 => Ok(t.to_dtype(DType::F32)?),
-        d => Err(bad(format!("`{key}` has shape {d:?}, expected [frames, {channels}]"))),
+        &[frames, c] if c == channels && frames > 0 => {}
+        d => return Err(bad(format!("`{key}` has shape {d:?}, expected [frames, {channels}]"))),
+    }
+    match crate::finite::problem(t)? {
+        None => Ok(t.to_dtype(DType::F32)?),
+        Some(problem) => Err(bad(format!("`{key}`: {problem}"))),
     }
 }
 

@@ -108,6 +108,11 @@ pub fn sample(
         };
         let t_next = schedule.get(k + 1).copied().unwrap_or(0.0);
         x = (&x - (v * (t - t_next) as f64)?)?;
+        // Caught at the step that made it: NaN would otherwise run on to the end and
+        // be decoded into a song of NaN.
+        crate::finite::ensure_tensor(&x, || {
+            format!("sampling step {} of {}: the latents after the DiT's prediction", k + 1, schedule.len())
+        })?;
     }
     Ok(x)
 }

@@ -24,6 +24,13 @@ pub const TURBO_STEPS: usize = 8;
 pub const BASE_STEPS: usize = 32;
 pub const BASE_GUIDANCE: f64 = 7.0;
 pub const DEFAULT_SHIFT: f64 = 3.0;
+/// The most sampling steps a song may ask for: ACE-Step 1.5's own ceiling (its UI: "Turbo:
+/// max 8, Base: max 200"). Past it a song takes hours on a CPU and sounds no better.
+pub const MAX_STEPS: usize = 200;
+/// The strongest adapter scale: 0 is the base model, 1 the adapter as trained, up to 4
+/// exaggerates it. Negative scales (the adapter subtracted) are not offered, and far
+/// past 4 the DiT's activations overflow into NaN.
+pub const MAX_ADAPTER_SCALE: f64 = 4.0;
 
 /// One song to make.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -62,6 +69,22 @@ impl Default for GenerateSpec {
             adapter: None,
             adapter_scale: 1.0,
         }
+    }
+}
+
+impl GenerateSpec {
+    /// The settings' ranges that need no model (duration, guidance and shift are
+    /// judged with it), each error named by its field.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(steps) = self.steps.filter(|s| !(1..=MAX_STEPS).contains(s)) {
+            return Err(Error::setting("steps", format!("{steps} is out of range: it must be 1 to {MAX_STEPS}")));
+        }
+        let scale = self.adapter_scale;
+        if !(0.0..=MAX_ADAPTER_SCALE).contains(&scale) {
+            let range = format!("0 (the base model) to {MAX_ADAPTER_SCALE} (1 is the adapter as trained)");
+            return Err(Error::setting("adapter_scale", format!("{scale} is out of range: it must be {range}")));
+        }
+        Ok(())
     }
 }
 
@@ -198,13 +221,11 @@ impl SongModel<'_> {
         cancel: &Cancel,
         on_event: &mut dyn FnMut(GenerateEvent),
     ) -> Result<Tensor> {
+        spec.validate()?;
         let frames = self.frames_for(spec.duration_seconds)?;
         let steps = spec.steps.unwrap_or(if self.turbo { TURBO_STEPS } else { BASE_STEPS });
         let shift = spec.shift.unwrap_or(DEFAULT_SHIFT);
         let schedule = sampler::timesteps(steps, shift)?;
-        if !spec.adapter_scale.is_finite() {
-            return Err(Error::BadRequest(format!("adapter scale {} is not a number", spec.adapter_scale)));
-        }
         let guidance = self.guidance(spec)?;
 
         // ACE-Step's text2music request: the caption, the lyrics ("[Instrumental]" when
@@ -245,13 +266,58 @@ impl SongModel<'_> {
                 on_event(GenerateEvent::Step { step: k + 1, steps });
                 Ok(())
             },
-        )?;
+        )
+        .map_err(|e| match e {
+            Error::NonFinite { what, problem } if ctx.is_some() => {
+                Error::NonFinite { what: format!("{what} (the adapter at scale {})", spec.adapter_scale), problem }
+            }
+            e => e,
+        })?;
         Ok(x0.squeeze(0)?)
     }
 
     /// Decodes latents `[T, C]` to audio.
     pub fn decode(&self, latents: &Tensor, on_event: &mut dyn FnMut(GenerateEvent)) -> Result<StereoAudio> {
         on_event(GenerateEvent::Decoding { frames: latents.dim(0)? });
-        self.decoder.decode(latents)
+        decode_latents(self.decoder, latents)
+    }
+}
+
+/// `latents` `[T, C]` decoded to audio, both sides checked: NaN or infinity in the
+/// latents or in the decoder's output is an error saying which, never a song of NaN.
+pub fn decode_latents(decoder: &dyn LatentDecoder, latents: &Tensor) -> Result<StereoAudio> {
+    crate::finite::ensure_tensor(latents, || "the latents to decode".into())?;
+    let audio = decoder.decode(latents)?;
+    crate::finite::ensure_audio(&audio, || "the decoder's audio".into())?;
+    Ok(audio)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(spec: &GenerateSpec) -> Option<String> {
+        match spec.validate() {
+            Ok(()) => None,
+            Err(Error::Setting { field, .. }) => Some(field),
+            Err(e) => panic!("not a setting error: {e}"),
+        }
+    }
+
+    #[test]
+    fn steps_and_adapter_scale_have_ranges_named_by_their_fields() {
+        let spec =
+            |steps: Option<usize>, adapter_scale: f64| GenerateSpec { steps, adapter_scale, ..Default::default() };
+        for ok in [spec(None, 1.0), spec(Some(1), 0.0), spec(Some(MAX_STEPS), MAX_ADAPTER_SCALE)] {
+            assert_eq!(field_of(&ok), None, "{ok:?}");
+        }
+        for steps in [0, MAX_STEPS + 1, 100_000] {
+            assert_eq!(field_of(&spec(Some(steps), 1.0)).as_deref(), Some("steps"), "{steps}");
+        }
+        for scale in [-0.5, MAX_ADAPTER_SCALE + 0.01, 1e30, f64::NAN, f64::INFINITY] {
+            assert_eq!(field_of(&spec(None, scale)).as_deref(), Some("adapter_scale"), "{scale}");
+        }
+        let err = spec(Some(100_000), 1.0).validate().unwrap_err().to_string();
+        assert_eq!(err, "setting `steps`: 100000 is out of range: it must be 1 to 200");
     }
 }

@@ -10,8 +10,10 @@ use std::path::{Path, PathBuf};
 use crate::codec::StereoAudio;
 use crate::{Error, Result};
 
-/// The bytes of a stereo 32-bit float WAV of `audio`.
+/// The bytes of a stereo 32-bit float WAV of `audio`; audio holding NaN or infinity
+/// is refused (no player plays it).
 pub fn float_wav_bytes(audio: &StereoAudio) -> Result<Vec<u8>> {
+    crate::finite::ensure_audio(audio, || "the audio to write".into())?;
     let spec = hound::WavSpec {
         channels: 2,
         sample_rate: audio.sample_rate,
@@ -99,6 +101,18 @@ mod tests {
         assert_eq!(back.right, audio.right);
         let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
         assert_eq!(leftovers.len(), 1, "no temporary file is left: {leftovers:?}");
+    }
+
+    #[test]
+    fn audio_with_nan_or_infinity_is_refused_and_nothing_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.wav");
+        for bad in [f32::NAN, f32::INFINITY] {
+            let audio = StereoAudio { sample_rate: 48_000, left: vec![0.0, 0.5], right: vec![bad, 0.25] };
+            let err = write_wav(&path, &audio).unwrap_err().to_string();
+            assert!(err.contains("the audio to write: 1 of 4 values are not finite"), "{err}");
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
     #[test]

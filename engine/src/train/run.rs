@@ -28,7 +28,7 @@ use super::step::{StepOutcome, StepSettings, Trainer};
 use super::validation::{self, Validator};
 use crate::cancel::Cancel;
 use crate::codec::{Conditioner, LatentEncoder};
-use crate::data::preprocessed::{is_preprocessed_dir, read_preprocessed_dir};
+use crate::data::preprocessed::{is_preprocessed_dir, read_preprocessed_dir, SampleMaker};
 use crate::data::{prepare_dataset, DataEvent, FileUse, Issue, PreparedDataset};
 use crate::device;
 use crate::events::{DatasetSummary, Event, EventLog, MemoryFeatures};
@@ -177,6 +177,7 @@ impl Run {
         // A run predicted past the machine's memory does not start.
         let plan = fit::plan(&config)?;
         fit::check(&plan)?;
+        crate::lora::check_rank(&config.lora, &config.model.shape()?.dit)?;
         let run_dir = config.run_dir();
         let origin = Origin::New { created_dir: create_run_dir(&run_dir)? };
         let lock = RunLock::acquire(&run_dir)?;
@@ -396,7 +397,8 @@ impl Loop {
         let cfg_dropout = config.cfg_dropout.unwrap_or(default_cfg_dropout);
         let dropout = CfgDropout::for_ratio(cfg_dropout, &null_condition)?;
         let turbo = matches!(default_timesteps, TimestepSampling::Turbo { .. });
-        let data = load_dataset(config, encoder.as_ref(), conditioner.as_ref(), cancel, sink)?;
+        let condition_width = dit.config().encoder_hidden_size;
+        let data = load_dataset(config, encoder.as_ref(), conditioner.as_ref(), condition_width, cancel, sink)?;
 
         // Held-out clips leave the training set before anything depends on its size.
         let (data, held_out) = match data.is_empty() {
@@ -746,11 +748,13 @@ fn load_dataset(
     config: &RunConfig,
     encoder: &dyn LatentEncoder,
     conditioner: &dyn Conditioner,
+    condition_width: usize,
     cancel: &Cancel,
     sink: &mut Sink,
 ) -> Result<PreparedDataset> {
     if is_preprocessed_dir(&config.data.folder) {
-        let samples = read_preprocessed_dir(&config.data.folder)?;
+        let model = SampleMaker { encoder, conditioner, condition_width };
+        let samples = read_preprocessed_dir(&config.data.folder, &model)?;
         return PreparedDataset::preprocessed(&config.data, samples, encoder.frames_per_second());
     }
     let cache = config.latent_cache()?;
