@@ -112,8 +112,8 @@ pub fn is_preprocessed_dir(dir: &Path) -> bool {
 
 fn sample_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let manifest = dir.join(MANIFEST);
-    if let Ok(text) = std::fs::read_to_string(&manifest) {
-        if let Ok(m) = serde_json::from_str::<Manifest>(&text) {
+    if let Ok(bytes) = super::regular::read_regular(&manifest) {
+        if let Ok(m) = serde_json::from_slice::<Manifest>(&bytes) {
             if m.format == FORMAT {
                 return Ok(m.samples.iter().map(|e| dir.join(&e.file)).collect());
             }
