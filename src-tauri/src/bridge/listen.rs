@@ -107,7 +107,8 @@ impl AppState {
     }
 
     /// The dataset song `name` (relative to the scanned folder) as WAV bytes: as it is
-    /// in its file, or (`heard`) as the model hears it, its cached latents decoded.
+    /// in its file (the part training uses), or (`heard`) as the model hears it, its
+    /// cached latents decoded.
     pub fn dataset_audio(&self, name: &str, heard: bool) -> Result<Vec<u8>, BridgeError> {
         let (folder, known) = {
             let g = self.lock();
