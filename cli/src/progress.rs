@@ -12,9 +12,28 @@ use ostinato_engine::metrics::LossSmoother;
 use ostinato_engine::run_state::{preparation_fraction, RunState};
 use ostinato_engine::train::fit;
 
-/// In `Lines` mode a step gets a line at most this often (epochs, checkpoints and
-/// everything else always get theirs).
-const STEP_LINE_EVERY: Duration = Duration::from_secs(10);
+/// In `Lines` mode, what comes fast gets a line at most this often: a step, an
+/// epoch's end, the seconds encoded of a file. A log reader wants the run's pace, not
+/// one line per second of audio or per epoch of a tiny dataset. Each file's start,
+/// the last epoch and step, checkpoints and everything else always get theirs.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Lets a kind of line through at most once per `LOG_EVERY`.
+#[derive(Debug, Default)]
+struct Throttle {
+    last: Option<Instant>,
+}
+
+impl Throttle {
+    /// Whether a line is due at `now` (always when `force`); if so, counts it as shown.
+    fn due(&mut self, now: Instant, force: bool) -> bool {
+        let due = force || self.last.is_none_or(|t| now.duration_since(t) >= LOG_EVERY);
+        if due {
+            self.last = Some(now);
+        }
+        due
+    }
+}
 
 /// How a run's progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +70,10 @@ pub struct Progress {
     smoother: LossSmoother,
     /// The run as its events so far tell it: the bar and the result are drawn from it.
     state: RunState,
-    last_step_line: Option<Instant>,
+    step_lines: Throttle,
+    epoch_lines: Throttle,
+    /// Lines of the seconds encoded of the current file (a file's start resets it).
+    encoding_lines: Throttle,
 }
 
 fn mib(bytes: u64) -> String {
@@ -107,10 +129,23 @@ impl Progress {
     pub fn new(mode: Mode) -> Self {
         let bar = if mode == Mode::Bar { ProgressBar::new_spinner() } else { ProgressBar::hidden() };
         bar.enable_steady_tick(Duration::from_millis(200));
-        Self { mode, bar, smoother: LossSmoother::new(0.9), state: RunState::default(), last_step_line: None }
+        Self {
+            mode,
+            bar,
+            smoother: LossSmoother::new(0.9),
+            state: RunState::default(),
+            step_lines: Throttle::default(),
+            epoch_lines: Throttle::default(),
+            encoding_lines: Throttle::default(),
+        }
     }
 
     pub fn show(&mut self, event: &Event) {
+        self.show_at(event, Instant::now());
+    }
+
+    /// Shows `event`, arrived at `now`.
+    fn show_at(&mut self, event: &Event, now: Instant) {
         if self.mode == Mode::Json {
             println!("{}", to_json_line(event));
             return;
@@ -120,7 +155,7 @@ impl Progress {
             self.note(line);
         }
         if self.mode == Mode::Lines {
-            if let Some(line) = self.log_line(event) {
+            if let Some(line) = self.log_line(event, now) {
                 self.note(line);
             }
         }
@@ -158,19 +193,21 @@ impl Progress {
         }
     }
 
-    /// What a log shows besides the notes: what the bar shows live on a terminal.
-    fn log_line(&mut self, event: &Event) -> Option<String> {
+    /// What a log shows besides the notes: what the bar shows live on a terminal, as
+    /// often as a log reader wants it (see `LOG_EVERY`).
+    fn log_line(&mut self, event: &Event, now: Instant) -> Option<String> {
         match event {
             Event::DatasetProgress { done, total, file, seconds_done, seconds_total } => {
-                Some(dataset_progress(*done, *total, &file.display().to_string(), seconds_done.zip(*seconds_total)).0)
+                let seconds = seconds_done.zip(*seconds_total);
+                // A file's start (or the end of them all) always; its tiles now and then.
+                let due = self.encoding_lines.due(now, seconds.is_none());
+                due.then(|| dataset_progress(*done, *total, &file.display().to_string(), seconds).0)
             }
             Event::Step { step, epoch, loss, samples_per_sec, memory_now_bytes, eta_s, .. } => {
                 let last = self.state.total_steps() == Some(*step);
-                let due = self.last_step_line.is_none_or(|t| t.elapsed() >= STEP_LINE_EVERY);
-                if !(due || last) {
+                if !self.step_lines.due(now, last) {
                     return None;
                 }
-                self.last_step_line = Some(Instant::now());
                 let of = self.state.total_steps().map(|t| format!("/{t}")).unwrap_or_default();
                 let eta = eta_s.map(|s| format!(", ETA {s:.0} s")).unwrap_or_default();
                 Some(format!(
@@ -180,6 +217,10 @@ impl Progress {
                 ))
             }
             Event::EpochEnd { epoch, step, mean_loss } => {
+                let last = self.state.total_steps() == Some(*step);
+                if !self.epoch_lines.due(now, last) {
+                    return None;
+                }
                 let loss = mean_loss.map(|l| format!(", mean loss {l:.4}")).unwrap_or_default();
                 Some(format!("epoch {} ended at step {step}{loss}", epoch + 1))
             }
@@ -284,6 +325,7 @@ fn on_off(on: bool) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ostinato_engine::events::MemoryFeatures;
     use std::path::PathBuf;
 
     #[test]
@@ -294,6 +336,85 @@ mod tests {
         let (line, fraction) = dataset_progress(2, 4, "c.wav", None);
         assert_eq!((line.as_str(), fraction), ("preparing dataset 2/4: c.wav", 0.5));
         assert_eq!(dataset_progress(0, 0, "x", None).1, 1.0);
+    }
+
+    /// A log gets each file's start and, of what comes fast, a line per `LOG_EVERY`:
+    /// the demo's 240 s song encoded tile by tile in 3 s is one line (it was 242), its
+    /// 448 epochs in 105 s eleven lines and the last (it was 448).
+    #[test]
+    fn a_log_gets_each_file_and_a_line_per_interval_of_what_comes_fast() {
+        let mut progress = Progress::new(Mode::Lines);
+        let start = Instant::now();
+        let mut lines = Vec::new();
+        let show = |progress: &mut Progress, lines: &mut Vec<String>, e: Event, at_s: f64| {
+            progress.state.apply(&e);
+            lines.extend(progress.log_line(&e, start + Duration::from_secs_f64(at_s)));
+        };
+        let tile = |file: &str, done: u64, s: f64| Event::DatasetProgress {
+            done,
+            total: 2,
+            file: file.into(),
+            seconds_done: Some(s),
+            seconds_total: Some(240.0),
+        };
+        let begin = |file: &str, done: u64| Event::DatasetProgress {
+            done,
+            total: 2,
+            file: file.into(),
+            seconds_done: None,
+            seconds_total: None,
+        };
+        show(&mut progress, &mut lines, begin("a.wav", 0), 0.0);
+        for s in 1..=242 {
+            show(&mut progress, &mut lines, tile("a.wav", 0, s as f64), s as f64 / 80.0);
+        }
+        assert_eq!(lines, ["preparing dataset 0/2: a.wav"]);
+        // A slow file: a line of its seconds every ten seconds.
+        show(&mut progress, &mut lines, begin("b.wav", 1), 4.0);
+        for s in 1..=60 {
+            show(&mut progress, &mut lines, tile("b.wav", 1, s as f64), 4.0 + s as f64);
+        }
+        assert_eq!(lines.len(), 1 + 1 + 6, "{lines:#?}");
+        assert_eq!(lines[2], "preparing dataset 1/2: b.wav, 10 of 240 s encoded");
+
+        lines.clear();
+        let total = 448;
+        show(&mut progress, &mut lines, run_started(total), 70.0);
+        for epoch in 0..total {
+            let at = 70.0 + 105.0 * (epoch + 1) as f64 / total as f64;
+            show(&mut progress, &mut lines, Event::EpochEnd { epoch, step: epoch + 1, mean_loss: None }, at);
+        }
+        assert_eq!(lines.len(), 11 + 1, "{lines:#?}");
+        assert_eq!(lines.last().unwrap(), "epoch 448 ended at step 448");
+    }
+
+    fn run_started(total_steps: u64) -> Event {
+        Event::RunStarted {
+            config: serde_json::json!({}),
+            device: "cpu".into(),
+            precision: "f32".into(),
+            memory: MemoryFeatures {
+                gradient_checkpointing: false,
+                block_input_grad_path: false,
+                latent_cache: false,
+                predicted_peak_bytes: None,
+                machine: None,
+            },
+            trainable_params: 1,
+            total_params: 1,
+            cfg_dropout: 0.0,
+            timestep_levels: None,
+            dataset: DatasetSummary {
+                files: 1,
+                usable: 1,
+                skipped: 0,
+                cache_hits: 0,
+                cache_misses: 1,
+                total_seconds: 240.0,
+                seconds_in_files: None,
+            },
+            total_steps,
+        }
     }
 
     fn step(step: u64, loss: f64, elapsed_s: f64) -> Event {

@@ -1,35 +1,50 @@
 //! Decode any supported file to f32 stereo (symphonia), resample to the model's rate
 //! (rubato, band-limited FFT resampler), and cut to a maximum length or a crop.
+//!
+//! Decoding keeps only the part of a song training uses (the cut or the crop) and
+//! stops there: a ten-hour file costs no more memory than a 240 s one. The file's
+//! length then comes from its header, or from counting its packets without decoding.
 
-use std::fs::File;
-use std::io::Read;
+use std::ops::RangeInclusive;
 use std::path::Path;
 
 use rubato::{FftFixedIn, Resampler};
 use symphonia::core::audio::SampleBuffer;
-use symphonia::core::codecs::{DecoderOptions, CODEC_TYPE_NULL};
+use symphonia::core::codecs::{Decoder, DecoderOptions, CODEC_TYPE_NULL};
 use symphonia::core::errors::Error as SymError;
-use symphonia::core::formats::FormatOptions;
+use symphonia::core::formats::{FormatOptions, FormatReader, Packet};
 use symphonia::core::io::MediaSourceStream;
 use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
+use symphonia::core::units::TimeBase;
 
+use super::guard::guarded;
+use super::regular::open_regular;
 use crate::codec::StereoAudio;
 
 /// Below this peak a file counts as silent (-80 dBFS): nothing to learn from.
 const SILENCE_PEAK: f32 = 1e-4;
 /// Shorter files are not music to learn from.
 pub const MIN_SECONDS: f64 = 1.0;
+/// Sample rates a song may have: from 8 kHz (telephone audio, the least that still
+/// carries a tune) to 384 kHz (the most any recording format or converter uses).
+/// Outside it the header is damaged: a "1 Hz" song of 240 000 samples would be
+/// trained as 66 hours of audio, and 0 Hz has no time at all.
+pub const SAMPLE_RATES: RangeInclusive<u32> = 8_000..=384_000;
 /// Decode errors tolerated before a file counts as corrupt (a stray bad frame in a
 /// long MP3 is common and harmless).
 const MAX_DECODE_ERRORS: usize = 3;
 /// Audio missing between two packets beyond this is damage, not a skipped bad frame.
 const MAX_GAP_SECONDS: f64 = 1.0;
 
-/// A decoded file, and the length its container states (when it states one).
+/// The part of a file a decode kept, and how long the whole file is.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decoded {
+    /// The part asked for (the cut or the crop), at the file's own rate.
     pub audio: StereoAudio,
+    /// Frames in the whole file: decoded to its end, or, when decoding stopped at the
+    /// cut, as its header states or as its packets count.
+    pub frames_in_file: u64,
     /// Frames the header promises (`n_frames`), at the audio's own rate.
     pub stated_frames: Option<u64>,
     /// An Ogg stream whose end-of-stream page is missing: the file was cut short,
@@ -39,128 +54,246 @@ pub struct Decoded {
 }
 
 impl Decoded {
-    /// Why the file looks cut short, when far fewer frames decode than the header
+    /// Seconds in the whole file (not only the part kept).
+    pub fn seconds_in_file(&self) -> f64 {
+        self.frames_in_file as f64 / f64::from(self.audio.sample_rate)
+    }
+
+    /// Why the file looks cut short, when far fewer frames are found than the header
     /// states: more than 1 s or 1% missing, whichever is more. Codec padding and
     /// estimated lengths differ by milliseconds; a cut download loses far more.
     pub fn shortfall(&self) -> Option<String> {
         if self.unterminated {
             return Some(format!(
                 "truncated: the Ogg stream has no end page, only {:.1} s decode",
-                self.audio.duration_seconds()
+                self.seconds_in_file()
             ));
         }
         let stated = self.stated_frames?;
-        let decoded = self.audio.frames() as u64;
+        let found = self.frames_in_file;
         let rate = self.audio.sample_rate;
         let tolerance = (stated / 100).max(u64::from(rate));
-        (decoded.saturating_add(tolerance) < stated).then(|| {
+        (found.saturating_add(tolerance) < stated).then(|| {
             format!(
                 "truncated or damaged: the header states {:.1} s, only {:.1} s decode",
                 stated as f64 / f64::from(rate),
-                self.audio.duration_seconds()
+                self.seconds_in_file()
             )
         })
     }
 }
 
-/// Decodes a file to stereo at its own sample rate (see `decode_file`).
+/// Decodes a whole file to stereo at its own sample rate: for files of known, modest
+/// length (the app's own previews and songs). A song of the dataset is decoded with
+/// `decode_file` and its cut.
 pub fn decode(path: &Path) -> Result<StereoAudio, String> {
-    decode_file(path).map(|d| d.audio)
+    decode_file(path, Cut::Head { max_seconds: f64::INFINITY }).map(|d| d.audio)
 }
 
-/// Decodes a file to stereo at its own sample rate, with the length its header
-/// states. Mono is duplicated to both channels; with more than two channels the
-/// first two (front left/right in every standard layout) are kept. A file that ends
-/// early keeps what decodes (see `Decoded::shortfall`). The error is a reason for
-/// the user, without the path.
-pub fn decode_file(path: &Path) -> Result<Decoded, String> {
-    let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
-    let len = file.metadata().map_err(|e| format!("cannot read: {e}"))?.len();
-    if len == 0 {
-        return Err("empty file (0 bytes)".into());
-    }
-    let mut hint = Hint::new();
-    if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
-        hint.with_extension(ext);
-    }
-    let stream = MediaSourceStream::new(Box::new(file), Default::default());
-    let format_opts = FormatOptions { enable_gapless: true, ..Default::default() };
-    let probed = symphonia::default::get_probe()
-        .format(&hint, stream, &format_opts, &MetadataOptions::default())
-        .map_err(|e| format!("not a readable audio file ({e})"))?;
-    let mut format = probed.format;
-    let track = format.tracks().iter().find(|t| t.codec_params.codec != CODEC_TYPE_NULL).ok_or("no audio track")?;
-    let track_id = track.id;
-    let time_base = track.codec_params.time_base;
-    let expected_frames = track.codec_params.n_frames;
-    let mut sample_rate = track.codec_params.sample_rate;
-    let mut decoder = symphonia::default::get_codecs()
-        .make(&track.codec_params, &DecoderOptions::default())
-        .map_err(|e| format!("unsupported codec ({e})"))?;
-
-    let (mut left, mut right) = (Vec::new(), Vec::new());
-    let mut errors = 0usize;
-    let mut first_packet_s = None;
-    loop {
-        let packet = match format.next_packet() {
-            Ok(p) => p,
-            Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
-            Err(SymError::ResetRequired) => break,
-            Err(e) => return Err(format!("corrupt audio data ({e})")),
+/// Decodes the part of a file `cut` keeps, to stereo at the file's own sample rate,
+/// with the whole file's length. Mono is duplicated to both channels; with more than
+/// two channels the first two (front left/right in every standard layout) are kept.
+/// A file that ends early keeps what decodes (see `Decoded::shortfall`). The error is
+/// a reason for the user, without the path; a decoder that panics on the file gives
+/// one too.
+pub fn decode_file(path: &Path, cut: Cut) -> Result<Decoded, String> {
+    guarded(|| {
+        let mut reader = Reader::open(path)?;
+        let rate = reader.sample_rate;
+        // A crop's place depends on the length: the header's, else a count first.
+        let frames_in_file = match (cut, reader.stated_frames) {
+            (Cut::Crop { .. }, None) => Some(Reader::open(path)?.count_to_end()?),
+            (Cut::Crop { .. }, stated) => stated,
+            (Cut::Head { .. }, _) => None,
         };
-        if packet.track_id() != track_id {
-            continue;
+        let window = cut.window(rate, frames_in_file.unwrap_or(u64::MAX));
+        let audio = reader.decode(window)?;
+        let frames_in_file = match (reader.ended, frames_in_file.or(reader.stated_frames)) {
+            (true, _) => reader.position,
+            (false, Some(known)) => known,
+            (false, None) => reader.count_to_end()?,
+        };
+        Ok(Decoded {
+            audio,
+            frames_in_file,
+            stated_frames: reader.stated_frames,
+            // symphonia states an Ogg stream's length only once it found the last page.
+            unterminated: reader.stated_frames.is_none() && is_ogg(path),
+        })
+    })
+}
+
+/// A file being read: its audio track, where reading stands.
+struct Reader {
+    format: Box<dyn FormatReader>,
+    decoder: Box<dyn Decoder>,
+    track_id: u32,
+    time_base: Option<TimeBase>,
+    sample_rate: u32,
+    stated_frames: Option<u64>,
+    /// Frames read so far (decoded, or counted from packet durations).
+    position: u64,
+    /// The stream's end was reached.
+    ended: bool,
+    decode_errors: usize,
+    first_packet_s: Option<f64>,
+}
+
+impl Reader {
+    fn open(path: &Path) -> Result<Self, String> {
+        let file = open_regular(path).map_err(|e| format!("cannot open: {e}"))?;
+        let len = file.metadata().map_err(|e| format!("cannot read: {e}"))?.len();
+        if len == 0 {
+            return Err("empty file (0 bytes)".into());
         }
-        if let (Some(tb), Some(rate)) = (time_base, sample_rate) {
-            let t = tb.calc_time(packet.ts());
-            let at = t.seconds as f64 + t.frac;
-            let decoded_s = left.len() as f64 / f64::from(rate);
-            let gap = at - *first_packet_s.get_or_insert(at) - decoded_s;
-            // The reader resynced over damage: audio is missing in the middle, and
-            // what decodes is not the song.
-            if gap > MAX_GAP_SECONDS {
-                return Err(format!("corrupt audio data ({gap:.1} s missing after {decoded_s:.1} s)"));
-            }
+        let mut hint = Hint::new();
+        if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
+            hint.with_extension(ext);
         }
-        let decoded = match decoder.decode(&packet) {
-            Ok(d) => d,
-            Err(SymError::DecodeError(e)) => {
-                errors += 1;
-                if errors > MAX_DECODE_ERRORS {
-                    return Err(format!("corrupt audio data ({e})"));
-                }
+        let stream = MediaSourceStream::new(Box::new(file), Default::default());
+        let format_opts = FormatOptions { enable_gapless: true, ..Default::default() };
+        let probed = symphonia::default::get_probe()
+            .format(&hint, stream, &format_opts, &MetadataOptions::default())
+            .map_err(|e| format!("not a readable audio file ({e})"))?;
+        let format = probed.format;
+        let track = format.tracks().iter().find(|t| t.codec_params.codec != CODEC_TYPE_NULL).ok_or("no audio track")?;
+        let params = &track.codec_params;
+        let sample_rate = params.sample_rate.ok_or("unknown sample rate")?;
+        check_rate(sample_rate)?;
+        let decoder = symphonia::default::get_codecs()
+            .make(params, &DecoderOptions::default())
+            .map_err(|e| format!("unsupported codec ({e})"))?;
+        Ok(Reader {
+            track_id: track.id,
+            time_base: params.time_base,
+            sample_rate,
+            stated_frames: params.n_frames,
+            format,
+            decoder,
+            position: 0,
+            ended: false,
+            decode_errors: 0,
+            first_packet_s: None,
+        })
+    }
+
+    /// The next packet of the audio track; None at the end of the stream.
+    fn next_packet(&mut self) -> Result<Option<Packet>, String> {
+        loop {
+            let packet = match self.format.next_packet() {
+                Ok(p) => p,
+                Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+                Err(SymError::ResetRequired) => break,
+                Err(e) => return Err(format!("corrupt audio data ({e})")),
+            };
+            if packet.track_id() != self.track_id {
                 continue;
             }
-            Err(SymError::IoError(_)) => break,
-            Err(e) => return Err(format!("cannot decode ({e})")),
-        };
-        let spec = *decoded.spec();
-        sample_rate = Some(spec.rate);
-        let mut buf = SampleBuffer::<f32>::new(decoded.capacity() as u64, spec);
-        buf.copy_interleaved_ref(decoded);
-        let channels = spec.channels.count();
-        if channels == 0 {
-            return Err("audio has no channels".into());
+            if let Some(tb) = self.time_base {
+                let t = tb.calc_time(packet.ts());
+                let at = t.seconds as f64 + t.frac;
+                let read_s = self.position as f64 / f64::from(self.sample_rate);
+                let gap = at - *self.first_packet_s.get_or_insert(at) - read_s;
+                // The reader resynced over damage: audio is missing in the middle, and
+                // what decodes is not the song.
+                if gap > MAX_GAP_SECONDS {
+                    return Err(format!("corrupt audio data ({gap:.1} s missing after {read_s:.1} s)"));
+                }
+            }
+            return Ok(Some(packet));
         }
-        for frame in buf.samples().chunks_exact(channels) {
-            left.push(frame[0]);
-            right.push(frame[if channels > 1 { 1 } else { 0 }]);
-        }
+        self.ended = true;
+        Ok(None)
     }
 
-    let sample_rate = sample_rate.ok_or("unknown sample rate")?;
-    Ok(Decoded {
-        audio: StereoAudio { sample_rate, left, right },
-        stated_frames: expected_frames,
-        // symphonia states an Ogg stream's length only once it found the last page.
-        unterminated: expected_frames.is_none() && is_ogg(path),
-    })
+    /// Decodes the frames `window` (from the file's start), dropping those before it
+    /// and stopping at its end (or the file's).
+    fn decode(&mut self, window: std::ops::Range<u64>) -> Result<StereoAudio, String> {
+        let (mut left, mut right) = (Vec::new(), Vec::new());
+        let mut buf: Option<SampleBuffer<f32>> = None;
+        while self.position < window.end {
+            let Some(packet) = self.next_packet()? else { break };
+            let decoded = match self.decoder.decode(&packet) {
+                Ok(d) => d,
+                Err(SymError::DecodeError(e)) => {
+                    self.decode_errors += 1;
+                    if self.decode_errors > MAX_DECODE_ERRORS {
+                        return Err(format!("corrupt audio data ({e})"));
+                    }
+                    continue;
+                }
+                Err(SymError::IoError(_)) => {
+                    self.ended = true;
+                    break;
+                }
+                Err(e) => return Err(format!("cannot decode ({e})")),
+            };
+            let spec = *decoded.spec();
+            if spec.rate != self.sample_rate {
+                return Err(format!("the sample rate changes from {} Hz to {} Hz", self.sample_rate, spec.rate));
+            }
+            let channels = spec.channels.count();
+            if channels == 0 {
+                return Err("audio has no channels".into());
+            }
+            let frames = decoded.frames() as u64;
+            let (first, last) = (self.position, self.position + frames);
+            self.position = last;
+            if last <= window.start {
+                continue;
+            }
+            let buf = match &mut buf {
+                Some(b) if b.capacity() >= decoded.capacity() * channels => b,
+                _ => buf.insert(SampleBuffer::new(decoded.capacity() as u64, spec)),
+            };
+            buf.copy_interleaved_ref(decoded);
+            let keep = window.start.saturating_sub(first) as usize..(window.end.min(last) - first) as usize;
+            for frame in buf.samples().chunks_exact(channels).take(keep.end).skip(keep.start) {
+                left.push(frame[0]);
+                right.push(frame[if channels > 1 { 1 } else { 0 }]);
+            }
+        }
+        Ok(StereoAudio { sample_rate: self.sample_rate, left, right })
+    }
+
+    /// Reads on to the end without decoding, counting frames from the packets'
+    /// durations: the file's length, for a file whose header does not state it.
+    fn count_to_end(&mut self) -> Result<u64, String> {
+        while let Some(packet) = self.next_packet()? {
+            self.position += self.frames_of(packet.dur);
+        }
+        Ok(self.position)
+    }
+
+    /// A packet duration (in the track's time base) in frames.
+    fn frames_of(&self, dur: u64) -> u64 {
+        match self.time_base {
+            Some(tb) => {
+                let frames =
+                    u128::from(dur) * u128::from(tb.numer) * u128::from(self.sample_rate) / u128::from(tb.denom);
+                u64::try_from(frames).unwrap_or(u64::MAX)
+            }
+            None => dur,
+        }
+    }
+}
+
+/// A sample rate outside `SAMPLE_RATES` as a reason.
+fn check_rate(rate: u32) -> Result<(), String> {
+    match SAMPLE_RATES.contains(&rate) {
+        true => Ok(()),
+        false => Err(format!(
+            "sample rate {rate} Hz is not one audio uses (from {} to {} Hz): a damaged header?",
+            SAMPLE_RATES.start(),
+            SAMPLE_RATES.end()
+        )),
+    }
 }
 
 /// Whether the file is an Ogg stream (it starts with a page's "OggS").
 fn is_ogg(path: &Path) -> bool {
     let mut magic = [0u8; 4];
-    let read = File::open(path).and_then(|mut f| f.read_exact(&mut magic));
+    let read = open_regular(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
     read.is_ok() && &magic == b"OggS"
 }
 
@@ -234,15 +367,18 @@ impl Cut {
         }
     }
 
-    pub fn apply(&self, audio: &StereoAudio) -> StereoAudio {
-        let rate = audio.sample_rate as f64;
+    /// The frames `[start, end)` the cut keeps of a song of `frames` frames at `rate`
+    /// (for a head cut, `frames` may be unknown: `u64::MAX`).
+    pub fn window(&self, rate: u32, frames: u64) -> std::ops::Range<u64> {
+        let rate = f64::from(rate);
+        // Saturating casts: an infinite cut is the whole file.
         match *self {
-            Cut::Head { max_seconds } => audio.slice(0, (max_seconds * rate) as usize),
+            Cut::Head { max_seconds } => 0..((max_seconds * rate) as u64).min(frames),
             Cut::Crop { seconds, offset } => {
-                let len = (seconds * rate) as usize;
-                let room = audio.frames().saturating_sub(len);
-                let start = (room as f64 * offset.clamp(0.0, 1.0)).round() as usize;
-                audio.slice(start, len)
+                let len = ((seconds * rate) as u64).min(frames);
+                let room = frames - len;
+                let start = (room as f64 * offset.clamp(0.0, 1.0)).round() as u64;
+                start..start + len
             }
         }
     }
@@ -253,6 +389,8 @@ mod tests {
     use super::*;
     use crate::data::testutil::{sine, write_file};
     use crate::data::wav::{wav_bytes, SampleFormat};
+
+    const HEAD: Cut = Cut::Head { max_seconds: 240.0 };
 
     /// Frequency by counting zero crossings; amplitude by RMS * sqrt(2).
     fn freq_and_amp(x: &[f32], rate: u32) -> (f64, f64) {
@@ -302,6 +440,42 @@ mod tests {
         }
     }
 
+    /// A cut or a crop decodes only its own frames, exactly those of the whole file
+    /// decoded, and still tells the whole file's length (from the header, or counted
+    /// from the packets where the header states none).
+    #[test]
+    fn a_cut_decodes_its_frames_and_tells_the_length_of_the_file() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/data/testdata");
+        // An Ogg stream without its last page states no length: it is counted.
+        let tmp = tempfile::tempdir().unwrap();
+        let ogg = std::fs::read(dir.join("tone.ogg")).unwrap();
+        let last_page = ogg.windows(4).rposition(|w| w == b"OggS").unwrap();
+        let unstated = write_file(tmp.path(), "unstated.ogg", &ogg[..last_page]);
+        assert_eq!(decode_file(&unstated, HEAD).unwrap().stated_frames, None);
+        let names = ["tone.mp3", "tone.ogg", "tone_aac.m4a", "tone_alac.m4a"];
+        for path in names.iter().map(|n| dir.join(n)).chain([unstated]) {
+            let name = path.file_name().unwrap().to_string_lossy();
+            let whole = decode(&path).unwrap();
+            for cut in [Cut::Head { max_seconds: 1.0 }, Cut::Crop { seconds: 1.0, offset: 0.5 }] {
+                let d = decode_file(&path, cut).unwrap_or_else(|e| panic!("{name}: {e}"));
+                // The header's count and the decoder's differ by codec padding (AAC's
+                // priming: 15 ms), never more.
+                let off = d.frames_in_file.abs_diff(whole.frames() as u64);
+                assert!(
+                    off <= u64::from(whole.sample_rate) / 50,
+                    "{name} {cut:?}: {} frames in the file",
+                    d.frames_in_file
+                );
+                // A crop is placed by the length the header states, when it states one.
+                let window = cut.window(whole.sample_rate, d.frames_in_file);
+                let want = whole.slice(window.start as usize, (window.end - window.start) as usize);
+                assert_eq!(d.audio.frames(), whole.sample_rate as usize, "{name} {cut:?}");
+                assert!(d.audio == want, "{name} {cut:?}: not the frames of the whole file");
+                assert_eq!(d.unterminated, d.stated_frames.is_none(), "{name}");
+            }
+        }
+    }
+
     /// Cut short: a WAV whose data chunk states 3 s, an Ogg without its last pages.
     /// What decodes is kept, and the shortfall is named.
     #[test]
@@ -309,20 +483,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let full = wav_bytes(8000, SampleFormat::Int(16), &[sine(440.0, 0.5, 8000, 24_000)]);
         let wav = write_file(dir.path(), "cut.wav", &full[..full.len() / 2]);
-        let d = decode_file(&wav).unwrap();
+        let d = decode_file(&wav, HEAD).unwrap();
         assert!((d.audio.duration_seconds() - 1.5).abs() < 0.01);
         let why = d.shortfall().expect("a shortfall");
         assert!(why.contains("3.0 s") && why.contains("1.5 s"), "{why}");
         let whole = write_file(dir.path(), "whole.wav", &full);
-        assert_eq!(decode_file(&whole).unwrap().shortfall(), None);
+        assert_eq!(decode_file(&whole, HEAD).unwrap().shortfall(), None);
 
         let ogg = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/data/testdata/tone.ogg")).unwrap();
         let whole = write_file(dir.path(), "whole.ogg", &ogg);
-        assert_eq!(decode_file(&whole).unwrap().shortfall(), None);
+        assert_eq!(decode_file(&whole, HEAD).unwrap().shortfall(), None);
         // Without its last page (symphonia refuses a file cut mid-page outright).
         let last_page = ogg.windows(4).rposition(|w| w == b"OggS").unwrap();
         let cut = write_file(dir.path(), "cut.ogg", &ogg[..last_page]);
-        let d = decode_file(&cut).unwrap_or_else(|e| panic!("cut.ogg: {e}"));
+        let d = decode_file(&cut, HEAD).unwrap_or_else(|e| panic!("cut.ogg: {e}"));
         assert!(d.audio.duration_seconds() < 1.2, "{} s", d.audio.duration_seconds());
         let why = d.shortfall().expect("a shortfall");
         assert!(why.contains("truncated") && why.contains("no end page"), "{why}");
@@ -349,13 +523,13 @@ mod tests {
     }
 
     #[test]
-    fn cuts() {
-        let a = StereoAudio { sample_rate: 10, left: (0..100).map(|i| i as f32).collect(), right: vec![0.0; 100] };
-        assert_eq!(Cut::Head { max_seconds: 2.0 }.apply(&a).left, (0..20).map(|i| i as f32).collect::<Vec<_>>());
-        assert_eq!(Cut::Head { max_seconds: 20.0 }.apply(&a).frames(), 100);
-        let c = Cut::Crop { seconds: 3.0, offset: 0.5 }.apply(&a);
-        assert_eq!(c.left[0], 35.0);
-        assert_eq!(c.frames(), 30);
-        assert_eq!(Cut::Crop { seconds: 30.0, offset: 0.9 }.apply(&a).frames(), 100);
+    fn cut_windows() {
+        let head = |max_seconds| Cut::Head { max_seconds };
+        assert_eq!(head(2.0).window(10, 100), 0..20);
+        assert_eq!(head(20.0).window(10, 100), 0..100);
+        assert_eq!(head(2.0).window(10, u64::MAX), 0..20);
+        assert_eq!(head(f64::INFINITY).window(10, 100), 0..100);
+        assert_eq!(Cut::Crop { seconds: 3.0, offset: 0.5 }.window(10, 100), 35..65);
+        assert_eq!(Cut::Crop { seconds: 30.0, offset: 0.9 }.window(10, 100), 0..100);
     }
 }

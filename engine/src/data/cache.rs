@@ -26,7 +26,7 @@ pub struct LatentCache {
 /// BLAKE3 of a file's bytes, hex.
 pub fn file_hash(path: &Path) -> std::io::Result<String> {
     let mut h = blake3::Hasher::new();
-    h.update_reader(std::fs::File::open(path)?)?;
+    h.update_reader(super::regular::open_regular(path)?)?;
     Ok(h.finalize().to_hex().to_string())
 }
 

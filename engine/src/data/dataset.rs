@@ -114,18 +114,9 @@ pub fn encode_item(
     rng: &mut dyn RngCore,
 ) -> Result<TrainingSample> {
     let bad = |reason| Error::BadAudio { path: item.source.clone(), reason };
-    let decoded = decode_checked(&item.source).map_err(bad)?;
-    let cut = cut_for(spec, Some(rng.random::<f64>()));
+    let decoded = audio::decode_file(&item.source, spec.cut(Some(rng.random::<f64>()))).map_err(bad)?;
     let song = Song { source: &item.source, audio: &decoded.audio, meta: &item.meta };
-    encode_song(&song, cut, encoder, conditioner, &Cancel::never(), &mut |_, _| {})
-}
-
-/// The cut for a spec: a crop at `offset` (the centre when None), else the head.
-fn cut_for(spec: &DataSpec, offset: Option<f64>) -> Cut {
-    match spec.crop_seconds {
-        Some(seconds) => Cut::Crop { seconds: seconds.min(spec.max_duration_seconds), offset: offset.unwrap_or(0.5) },
-        None => Cut::Head { max_seconds: spec.max_duration_seconds },
-    }
+    encode_song(&song, encoder, conditioner, &Cancel::never(), &mut |_, _| {})
 }
 
 /// How `cut` shortens a song of `seconds`, in words; None when it keeps it whole.
@@ -142,23 +133,22 @@ fn cut_note(cut: Cut, seconds: f64, random: bool) -> Option<String> {
     }
 }
 
-/// A decoded song and what its sidecars say.
+/// The part of a song training uses, decoded, and what its sidecars say.
 struct Song<'a> {
     source: &'a Path,
     audio: &'a StereoAudio,
     meta: &'a SongMeta,
 }
 
-/// Cut (at the source rate: less to resample), resample, encode, condition.
+/// Resample (the cut was decoded at the source rate: less to resample), encode, condition.
 fn encode_song(
     song: &Song,
-    cut: Cut,
     encoder: &dyn LatentEncoder,
     conditioner: &dyn Conditioner,
     cancel: &Cancel,
     progress: &mut dyn FnMut(f64, f64),
 ) -> Result<TrainingSample> {
-    let piece = audio::resample(&cut.apply(song.audio), encoder.sample_rate())
+    let piece = audio::resample(song.audio, encoder.sample_rate())
         .map_err(|reason| Error::BadAudio { path: song.source.to_path_buf(), reason })?;
     let target_latents = encoder.encode_cancellable(&piece, cancel, progress)?;
     let frames = target_latents.dim(0)?;
@@ -316,7 +306,7 @@ impl<'a> Preparer<'a> {
 
     fn used(&mut self, item: DatasetItem) {
         let seconds = item.meta.duration_seconds;
-        let cut = cut_for(self.spec, None);
+        let cut = self.spec.cut(None);
         (self.report)(DataEvent::Used(FileUse {
             file: item.source.clone(),
             seconds_used: item.seconds_used,
@@ -335,12 +325,13 @@ impl<'a> Preparer<'a> {
         if let Some(item) = self.cache_hit(path, key.as_ref()) {
             return Ok(Ok(item));
         }
-        let decoded = match decode_checked(path) {
+        let cut = self.spec.cut(None);
+        let decoded = match decode_checked(path, cut) {
             Ok(d) => d,
             Err(reason) => return Ok(Err(reason)),
         };
         warnings.extend(decoded.shortfall().map(|w| (path.to_path_buf(), w)));
-        meta.duration_seconds = decoded.audio.duration_seconds();
+        meta.duration_seconds = decoded.seconds_in_file();
         let song = Song { source: path, audio: &decoded.audio, meta: &meta };
         let cached = match (self.cache, key) {
             (Some(cache), Some(key)) => match self.encode_and_store(cache, &key, &song)? {
@@ -349,7 +340,7 @@ impl<'a> Preparer<'a> {
             },
             _ => None,
         };
-        let seconds_used = cut_for(self.spec, None).seconds_of(meta.duration_seconds);
+        let seconds_used = cut.seconds_of(meta.duration_seconds);
         Ok(Ok(DatasetItem { source: path.to_path_buf(), meta, seconds_used, cached }))
     }
 
@@ -375,7 +366,7 @@ impl<'a> Preparer<'a> {
         self.data.cache_hits += 1;
         Some(DatasetItem {
             source: path.to_path_buf(),
-            seconds_used: cut_for(self.spec, None).seconds_of(meta.duration_seconds),
+            seconds_used: self.spec.cut(None).seconds_of(meta.duration_seconds),
             meta,
             cached: Some(sample),
         })
@@ -389,7 +380,6 @@ impl<'a> Preparer<'a> {
         key: &EntryKey,
         song: &Song,
     ) -> Result<std::result::Result<TrainingSample, String>> {
-        let cut = cut_for(self.spec, None);
         let (done, total) = self.position;
         let report = &mut self.report;
         let mut tile = |encoded: f64, seconds: f64| {
@@ -401,7 +391,7 @@ impl<'a> Preparer<'a> {
                 seconds: Some((encoded, seconds)),
             })
         };
-        let sample = match encode_song(song, cut, self.encoder, self.conditioner, self.cancel, &mut tile) {
+        let sample = match encode_song(song, self.encoder, self.conditioner, self.cancel, &mut tile) {
             Ok(s) => s,
             Err(Error::BadAudio { reason, .. }) => return Ok(Err(reason)),
             Err(e) => return Err(e),
@@ -421,12 +411,13 @@ mod tests {
     use crate::codec::condition::HashConditioner;
     use crate::codec::encode::MelEncoder;
     use crate::codec::StereoAudio;
-    use crate::data::testutil::{aiff_bytes, flac_bytes, noise_bytes, sine, write_file};
+    use crate::data::testutil::{aiff_bytes, flac_bytes, mkfifo, noise_bytes, sine, write_file};
     use crate::data::wav::{wav_bytes, SampleFormat};
     use crate::data::{TagMode, TriggerTag};
     use rand::SeedableRng;
     use std::collections::BTreeMap;
     use std::ffi::OsStr;
+    use std::io::Write;
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -622,7 +613,8 @@ mod tests {
     /// can use it, else why not.
     fn inspected(folder: &Path) -> BTreeMap<PathBuf, Option<String>> {
         let inspection = inspect_folder(folder).unwrap();
-        let songs = inspection.songs.iter().map(|s| (s.path.clone(), s.check().err()));
+        let spec = DataSpec::new(folder);
+        let songs = inspection.songs.iter().map(|s| (s.path.clone(), s.check(&spec).err()));
         songs.chain(inspection.skipped.into_iter().map(|(file, reason)| (file, Some(reason)))).collect()
     }
 
@@ -769,10 +761,11 @@ mod tests {
         let cached = prepare(&spec, Some(&cache)).0.unwrap();
         let sample = cached.items[0].cached.as_ref().unwrap();
         let item = &data.items[0];
-        let decoded = decode_checked(&item.source).unwrap();
-        let song = Song { source: &item.source, audio: &decoded.audio, meta: &item.meta };
-        let crop = Cut::Crop { seconds: 1.0, offset: 0.5 };
-        let centre = encode_song(&song, crop, &enc, &cond, &Cancel::never(), &mut |_, _| {}).unwrap();
+        // The middle second, cut from the whole song decoded.
+        let whole = audio::decode(&item.source).unwrap();
+        let middle = whole.slice(whole.frames() / 2 - 22_050, 44_100);
+        let song = Song { source: &item.source, audio: &middle, meta: &item.meta };
+        let centre = encode_song(&song, &enc, &cond, &Cancel::never(), &mut |_, _| {}).unwrap();
         assert_eq!(sample.target_latents.to_vec2::<f32>().unwrap(), centre.target_latents.to_vec2::<f32>().unwrap());
     }
 
@@ -840,6 +833,106 @@ mod tests {
         assert_eq!((data.len(), data.skipped()), (1, 0));
         let meta = &data.items[0].meta;
         assert_eq!((meta.caption.as_str(), meta.bpm), ("slow intro", None));
+    }
+
+    /// A folder holding a named pipe called like a song, and one called like another
+    /// song's caption: preparation neither waits on them nor reads them.
+    #[test]
+    fn named_pipes_are_reported_not_waited_on() {
+        let src = tempfile::tempdir().unwrap();
+        let d = src.path();
+        mkfifo(&d.join("y.wav"));
+        good_wav(d, "s.wav", 1.5, 440.0);
+        mkfifo(&d.join("s.caption.txt"));
+        let (data, events) = prepare(&DataSpec::new(d), None);
+        assert_eq!(data.unwrap().len(), 1);
+        let skipped = issue_for(&events, b"y.wav").expect("y.wav skipped");
+        assert!(skipped.contains("named pipe (FIFO), not a regular file"), "{skipped}");
+        let warning = warning_for(&events, b"s.caption.txt").expect("a warning for the caption pipe");
+        assert!(warning.contains("named pipe") && warning.contains("the song is used"), "{warning}");
+    }
+
+    /// A header stating 0 Hz (symphonia panics on it), 1 Hz, or 1 MHz: that file is
+    /// skipped with a reason; the run goes on with the rest.
+    #[test]
+    fn an_impossible_sample_rate_skips_the_file_not_the_run() {
+        let src = tempfile::tempdir().unwrap();
+        let d = src.path();
+        good_wav(d, "good.wav", 1.5, 440.0);
+        let tone = [sine(440.0, 0.5, 8000, 8000)];
+        for (name, rate) in [("zero.wav", 0), ("one.wav", 1), ("mega.wav", 1_000_000)] {
+            let mut bytes = wav_bytes(8000, SampleFormat::Int(16), &tone);
+            bytes[24..28].copy_from_slice(&u32::to_le_bytes(rate));
+            write_file(d, name, &bytes);
+        }
+        let (data, events) = prepare(&DataSpec::new(d), None);
+        assert_eq!(data.unwrap().len(), 1);
+        // symphonia's WAV reader panics on 0 Hz before any rate is seen: its message.
+        let zero = issue_for(&events, b"zero.wav").expect("zero.wav skipped");
+        assert_eq!(zero, "the decoder failed on this file (TimeBase cannot have 0 numerator or denominator)");
+        for (name, rate) in [(&b"one.wav"[..], "1 Hz"), (b"mega.wav", "1000000 Hz")] {
+            let why = issue_for(&events, name).unwrap_or_else(|| panic!("{} used", String::from_utf8_lossy(name)));
+            assert!(why.starts_with(&format!("sample rate {rate} is not one audio uses")), "{why}");
+        }
+    }
+
+    /// Where `a_long_file_fits_in_memory_meant_for_the_cut` puts its folder for the child.
+    const LONG_FOLDER: &str = "OSTINATO_TEST_LONG_FOLDER";
+    /// Memory the child may allocate beyond what it holds when it starts: far more
+    /// than 240 s at 8 kHz (15 MB decoded), far less than an hour (230 MB).
+    const CHILD_BUDGET: u64 = 96 << 20;
+
+    /// An hour of audio (8 kHz 8-bit mono: 29 MB on disk, 230 MB decoded) prepared
+    /// by a child process whose data memory is capped at `CHILD_BUDGET`: decoding
+    /// stops at the 240 s cut, and the song is still named with its hour.
+    #[test]
+    fn a_long_file_fits_in_memory_meant_for_the_cut() {
+        let src = tempfile::tempdir().unwrap();
+        let mut file = std::io::BufWriter::new(std::fs::File::create(src.path().join("hour.wav")).unwrap());
+        let second = wav_bytes(8000, SampleFormat::Int(8), &[sine(220.0, 0.5, 8000, 8000)]);
+        let data_at = second.windows(4).position(|w| w == b"data").unwrap() + 8;
+        let data_len = (second.len() - data_at) as u32 * 3600;
+        let mut header = second[..data_at].to_vec();
+        header[4..8].copy_from_slice(&(data_at as u32 - 8 + data_len).to_le_bytes());
+        header[data_at - 4..].copy_from_slice(&data_len.to_le_bytes());
+        file.write_all(&header).unwrap();
+        for _ in 0..3600 {
+            file.write_all(&second[data_at..]).unwrap();
+        }
+        file.into_inner().unwrap().sync_all().unwrap();
+
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "data::dataset::tests::long_file_child", "--ignored", "--nocapture"])
+            .env(LONG_FOLDER, src.path())
+            .output()
+            .unwrap();
+        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && said.contains("1 passed"), "{:?}\n{said}", out.status);
+    }
+
+    /// The child of `a_long_file_fits_in_memory_meant_for_the_cut`.
+    #[test]
+    #[ignore = "run by a_long_file_fits_in_memory_meant_for_the_cut, under a memory limit"]
+    fn long_file_child() {
+        let folder = std::env::var_os(LONG_FOLDER).expect("the folder of the parent test");
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmData:"))
+            .unwrap()
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .unwrap();
+        let limit = kib * 1024 + CHILD_BUDGET;
+        let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_DATA, &rlimit) }, 0);
+        let (data, events) = prepare(&DataSpec::new(folder), None);
+        assert_eq!(data.unwrap().seconds_used(), 240.0);
+        let hour = use_of(&events, "hour.wav").unwrap();
+        assert_eq!((hour.seconds_used, hour.seconds_in_file), (240.0, 3600.0));
+        assert!(hour.note.as_deref().is_some_and(|n| n.contains("cut to 240 s")), "{hour:?}");
     }
 
     /// The demo encoder, counting its calls.

@@ -5,9 +5,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::audio::{self, Decoded};
+use super::audio::{self, Cut, Decoded};
 use super::scan::scan_folder;
 use super::sidecar::Sidecars;
+use super::DataSpec;
 use crate::codec::SongMeta;
 use crate::error::Result;
 
@@ -30,9 +31,11 @@ pub struct SongFile {
 }
 
 impl SongFile {
-    /// Decodes the file: its audio when training can use it, else why it is skipped.
-    pub fn check(&self) -> std::result::Result<Decoded, String> {
-        decode_checked(&self.path)
+    /// Decodes the part of the file training under `spec` uses (the cut, the middle
+    /// crop): it, with the file's length, when training can use it, else why the
+    /// file is skipped.
+    pub fn check(&self, spec: &DataSpec) -> std::result::Result<Decoded, String> {
+        decode_checked(&self.path, spec.cut(None))
     }
 }
 
@@ -53,9 +56,10 @@ pub fn inspect_folder(folder: &Path) -> Result<FolderInspection> {
     Ok(FolderInspection { songs, skipped: scanned.skipped })
 }
 
-/// The file decoded, or (in words, without the path) why training cannot use it.
-pub(crate) fn decode_checked(path: &Path) -> std::result::Result<Decoded, String> {
-    let decoded = audio::decode_file(path)?;
+/// The part `cut` keeps of the file decoded, or (in words, without the path) why
+/// training cannot use it.
+pub(crate) fn decode_checked(path: &Path, cut: Cut) -> std::result::Result<Decoded, String> {
+    let decoded = audio::decode_file(path, cut)?;
     audio::check_usable(&decoded.audio)?;
     Ok(decoded)
 }

@@ -8,8 +8,10 @@
 pub mod audio;
 pub mod cache;
 pub mod dataset;
+mod guard;
 pub mod inspect;
 pub mod preprocessed;
+pub mod regular;
 pub mod scan;
 pub mod sidecar;
 pub mod synth;
@@ -91,6 +93,17 @@ impl DataSpec {
                 Err(crate::Error::BadDataSpec(format!("{field} is {seconds}, must be at least {}", audio::MIN_SECONDS)))
             }
             None => Ok(()),
+        }
+    }
+
+    /// The part of a song training uses: a crop at `offset` (a fraction of the free
+    /// room; None: the centre), else the head up to `max_duration_seconds`.
+    pub fn cut(&self, offset: Option<f64>) -> audio::Cut {
+        match self.crop_seconds {
+            Some(seconds) => {
+                audio::Cut::Crop { seconds: seconds.min(self.max_duration_seconds), offset: offset.unwrap_or(0.5) }
+            }
+            None => audio::Cut::Head { max_seconds: self.max_duration_seconds },
         }
     }
 

@@ -112,8 +112,8 @@ pub fn is_preprocessed_dir(dir: &Path) -> bool {
 
 /// `dir`'s manifest, when it holds one of ours.
 fn read_manifest(dir: &Path) -> Option<Manifest> {
-    let text = std::fs::read_to_string(dir.join(MANIFEST)).ok()?;
-    serde_json::from_str::<Manifest>(&text).ok().filter(|m| m.format == FORMAT)
+    let bytes = super::regular::read_regular(&dir.join(MANIFEST)).ok()?;
+    serde_json::from_slice::<Manifest>(&bytes).ok().filter(|m| m.format == FORMAT)
 }
 
 fn sample_files(dir: &Path) -> Result<Vec<PathBuf>> {

@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
+use super::regular::not_regular;
 use crate::error::{Error, Result};
 
 /// Extensions symphonia decodes with the features we build it with.
@@ -72,6 +73,7 @@ pub fn scan_folder(folder: &Path) -> Result<ScanOutcome> {
                     continue;
                 }
             };
+            let sidecar = extension(&path).is_some_and(|e| SIDECAR_EXTENSIONS.contains(&e.as_str()));
             if meta.is_dir() && path.join(RUN_FILE).is_file() {
                 out.skipped.push((path, "a run's folder (its previews and songs are not for training)".into()));
             } else if meta.is_dir() {
@@ -80,6 +82,9 @@ pub fn scan_folder(folder: &Path) -> Result<ScanOutcome> {
                         stack.push(path);
                     }
                 }
+            } else if let Some(why) = not_regular(&meta).filter(|_| !sidecar) {
+                // A pipe or device is never opened: reading it waits forever.
+                out.skipped.push((path, why));
             } else if is_audio(&path) {
                 out.audio.push(path);
             } else {
@@ -117,13 +122,16 @@ mod tests {
         fs::write(d.join("README"), b"x").unwrap();
         std::os::unix::fs::symlink(d, d.join("album/loop")).unwrap();
         std::os::unix::fs::symlink(d.join("missing.wav"), d.join("dangling.wav")).unwrap();
+        crate::data::testutil::mkfifo(&d.join("pipe.wav"));
+        crate::data::testutil::mkfifo(&d.join("pipe.caption.txt"));
 
         let s = scan_folder(d).unwrap();
         let rel: Vec<_> = s.audio.iter().map(|p| p.strip_prefix(d).unwrap().to_path_buf()).collect();
         assert_eq!(rel, ["a.wav", "album/c.mp3", "album/disc2/d.m4a", "b.FLAC"].map(PathBuf::from));
         let skipped: Vec<_> =
             s.skipped.iter().map(|(p, r)| (p.file_name().unwrap().to_str().unwrap(), r.as_str())).collect();
-        assert_eq!(skipped.len(), 3, "{skipped:?}");
+        assert_eq!(skipped.len(), 4, "{skipped:?}");
+        assert!(skipped.iter().any(|(f, r)| *f == "pipe.wav" && r.contains("named pipe")));
         assert!(skipped.iter().any(|(f, r)| *f == "cover.jpg" && r.contains(".jpg")));
         assert!(skipped.iter().any(|(f, _)| *f == "README"));
         assert!(skipped.iter().any(|(f, r)| *f == "dangling.wav" && r.contains("broken link")));

@@ -4,7 +4,8 @@
 //! CSV in its folder (filename, caption, bpm, key, ...), `<stem>.json`, a legacy
 //! `<stem>.txt` (lyrics), `<stem>.lyrics.txt`, `<stem>.caption.txt`. A sidecar that
 //! cannot be read, or a value in one that does not fit its field, is reported and
-//! ignored (the other fields still count); the song still trains.
+//! ignored (the other fields still count); the song still trains. Text that is not
+//! UTF-8 is read with its bad bytes replaced, and reported too.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -12,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use super::regular::{open_regular, read_regular};
 use super::{TagMode, TriggerTag};
 use crate::codec::{SongMeta, INSTRUMENTAL};
 
@@ -40,6 +42,19 @@ impl Fields {
         }
     }
 
+    /// The text field called `name` (lower-case); None for bpm and unknown names.
+    fn text_field(&mut self, name: &str) -> Option<&mut Option<String>> {
+        Some(match name {
+            "caption" => &mut self.caption,
+            "lyrics" => &mut self.lyrics,
+            "keyscale" | "key" | "key_scale" => &mut self.keyscale,
+            "timesignature" | "time_signature" => &mut self.timesignature,
+            "language" => &mut self.language,
+            "genre" => &mut self.genre,
+            _ => return None,
+        })
+    }
+
     /// Sets a field from a text value by (lower-case) name; unknown names are ignored.
     /// A value that does not fit its field leaves it unset, and the error says so.
     fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
@@ -47,21 +62,28 @@ impl Fields {
         if value.is_empty() {
             return Ok(());
         }
-        let text = Some(value.to_string());
-        match name {
-            "caption" => self.caption = text,
-            "lyrics" => self.lyrics = text,
-            "bpm" => {
-                let bpm = parse_bpm(value).map_err(|why| format!("field \"{name}\" = \"{value}\" {why}: ignored"))?;
-                self.bpm = Some(bpm);
-            }
-            "keyscale" | "key" | "key_scale" => self.keyscale = text,
-            "timesignature" | "time_signature" => self.timesignature = text,
-            "language" => self.language = text,
-            "genre" => self.genre = text,
-            _ => {}
+        if name == "bpm" {
+            let bpm = parse_bpm(value).map_err(|why| format!("field \"{name}\" = \"{value}\" {why}: ignored"))?;
+            self.bpm = Some(bpm);
+        } else if let Some(field) = self.text_field(name) {
+            *field = Some(value.to_string());
         }
         Ok(())
+    }
+
+    /// Sets a field from a JSON value: text, or a number where one makes sense (a
+    /// tempo, a time signature written `4`). Any other value of a known field is an
+    /// error; unknown names are ignored.
+    fn set_json(&mut self, name: &str, value: &Value) -> Result<(), String> {
+        let known = name == "bpm" || self.text_field(name).is_some();
+        let takes_number = matches!(name, "bpm" | "timesignature" | "time_signature");
+        match value {
+            Value::String(s) => self.set(name, s),
+            Value::Number(n) if takes_number => self.set(name, &n.to_string()),
+            Value::Null => Ok(()),
+            other if known => Err(format!("field \"{name}\" = {other} is not text: ignored")),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -102,8 +124,8 @@ impl Sidecars {
             dir.join(s)
         };
         let json = beside(".json");
-        if let Some(text) = read_text(&json, issues) {
-            match json_fields(&text) {
+        if let Some(bytes) = read_sidecar(&json, issues) {
+            match json_fields(&bytes) {
                 Ok((j, problems)) => {
                     f = j.over(f);
                     issues.extend(problems.into_iter().map(|p| (json.clone(), p)));
@@ -111,10 +133,11 @@ impl Sidecars {
                 Err(e) => issues.push((json, format!("{e}: file ignored"))),
             }
         }
-        for (suffix, is_caption) in [(".txt", false), (".lyrics.txt", false), (".caption.txt", true)] {
-            if let Some(text) = read_text(&beside(suffix), issues) {
-                let text = Some(text.trim().to_string()).filter(|t| !t.is_empty());
-                if is_caption {
+        for (suffix, field) in [(".txt", "lyrics"), (".lyrics.txt", "lyrics"), (".caption.txt", "caption")] {
+            let path = beside(suffix);
+            if let Some(bytes) = read_sidecar(&path, issues) {
+                let text = Some(utf8_text(&bytes, &path, field, issues).trim().to_string()).filter(|t| !t.is_empty());
+                if field == "caption" {
                     f.caption = text.or(f.caption);
                 } else {
                     f.lyrics = text.or(f.lyrics);
@@ -134,10 +157,11 @@ impl Sidecars {
     }
 }
 
-/// A sidecar's text, or None when there is none (unreadable ones are reported).
-fn read_text(path: &Path, issues: &mut Issues) -> Option<String> {
-    match std::fs::read(path) {
-        Ok(bytes) => Some(String::from_utf8_lossy(&bytes).into_owned()),
+/// A sidecar's bytes, or None when there is none (unreadable ones, and pipes or
+/// devices named like one, are reported).
+fn read_sidecar(path: &Path, issues: &mut Issues) -> Option<Vec<u8>> {
+    match read_regular(path) {
+        Ok(bytes) => Some(bytes),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => {
             issues.push((path.to_path_buf(), format!("cannot read sidecar ({e}): ignored")));
@@ -146,20 +170,25 @@ fn read_text(path: &Path, issues: &mut Issues) -> Option<String> {
     }
 }
 
-/// The fields of a JSON sidecar, and why any of them was ignored.
-fn json_fields(text: &str) -> Result<(Fields, Vec<String>), String> {
-    let value: Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON ({e})"))?;
+/// A text sidecar's `field`, with bad UTF-8 replaced (and reported: a caption in
+/// Latin-1 is still mostly the caption).
+fn utf8_text(bytes: &[u8], path: &Path, field: &str, issues: &mut Issues) -> String {
+    if let Err(e) = std::str::from_utf8(bytes) {
+        let at = e.valid_up_to();
+        let why =
+            format!("field \"{field}\" is not UTF-8 text (a bad byte at {at}): read with it replaced by \u{FFFD}");
+        issues.push((path.to_path_buf(), why));
+    }
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The fields of a JSON sidecar, and why any of them was ignored. (JSON text must be
+/// UTF-8: bad bytes make the whole file invalid.)
+fn json_fields(bytes: &[u8]) -> Result<(Fields, Vec<String>), String> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("invalid JSON ({e})"))?;
     let obj = value.as_object().ok_or("JSON sidecar is not an object")?;
     let mut f = Fields::default();
-    let mut problems = Vec::new();
-    for (k, v) in obj {
-        let text = match v {
-            Value::String(s) => s.clone(),
-            Value::Number(n) => n.to_string(),
-            _ => continue,
-        };
-        problems.extend(f.set(&k.to_ascii_lowercase(), &text).err());
-    }
+    let problems = obj.iter().filter_map(|(k, v)| f.set_json(&k.to_ascii_lowercase(), v).err()).collect();
     Ok((f, problems))
 }
 
@@ -185,8 +214,8 @@ fn read_csvs(dir: &Path, issues: &mut Issues) -> HashMap<String, Fields> {
 
 /// Adds a CSV's rows to `rows`; the values it ignored, and why.
 fn read_csv(path: &Path, rows: &mut HashMap<String, Fields>) -> Result<Vec<String>, String> {
-    let mut reader =
-        csv::ReaderBuilder::new().flexible(true).from_path(path).map_err(|e| format!("cannot read CSV: {e}"))?;
+    let file = open_regular(path).map_err(|e| format!("cannot read CSV: {e}"))?;
+    let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(file);
     let headers: Vec<String> = reader
         .headers()
         .map_err(|e| format!("invalid CSV: {e}"))?
@@ -329,9 +358,10 @@ mod tests {
         let b = sc.read(&d.join("b.wav"), &mut issues);
         assert_eq!(a, SongMeta::default());
         assert_eq!(b.caption, "caf\u{FFFD} latin-1 caption");
-        assert_eq!(issues.len(), 2, "{issues:?}");
+        assert_eq!(issues.len(), 3, "{issues:?}");
         assert!(issues[0].0.ends_with("a.json") && issues[0].1.contains("invalid JSON"));
         assert!(issues[1].0.ends_with("b.json") && issues[1].1.contains("fast"));
+        assert!(issues[2].0.ends_with("b.caption.txt") && issues[2].1.contains("not UTF-8"));
     }
 
     #[test]
@@ -356,6 +386,41 @@ mod tests {
                 r#"field "bpm" = "fast" is not a number: ignored"#,
             ]
         );
+    }
+
+    /// Text that is not UTF-8, a JSON value that is not text: each a warning that
+    /// names the sidecar and the field. A caption read with its bad bytes replaced
+    /// is still the caption; a number is no caption at all.
+    #[test]
+    fn text_that_is_not_text_is_a_warning_naming_file_and_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        fs::write(d.join("a.caption.txt"), b"caf\xe9 jazz").unwrap();
+        fs::write(d.join("a.lyrics.txt"), b"la \xff la").unwrap();
+        fs::write(d.join("a.json"), r#"{"caption": 12, "genre": ["jazz"], "bpm": 90, "timesignature": 3, "x": 1}"#)
+            .unwrap();
+        fs::write(d.join("b.json"), r#"{"caption": 12, "lyrics": true}"#).unwrap();
+        let mut sc = Sidecars::new();
+        let mut issues = Vec::new();
+        let a = sc.read(&d.join("a.wav"), &mut issues);
+        let b = sc.read(&d.join("b.wav"), &mut issues);
+        assert_eq!((a.caption.as_str(), a.lyrics.as_str()), ("caf\u{FFFD} jazz", "la \u{FFFD} la"));
+        assert_eq!((a.bpm, a.timesignature.as_deref(), a.genre), (Some(90), Some("3"), None));
+        assert_eq!((b.caption.as_str(), b.lyrics.as_str()), ("", INSTRUMENTAL));
+        let said: Vec<(String, &str)> =
+            issues.iter().map(|(f, r)| (f.file_name().unwrap().to_string_lossy().into_owned(), r.as_str())).collect();
+        let want = [
+            ("a.json", r#"field "caption" = 12 is not text: ignored"#),
+            ("a.json", r#"field "genre" = ["jazz"] is not text: ignored"#),
+            ("a.lyrics.txt", "field \"lyrics\" is not UTF-8 text (a bad byte at 3): read with it replaced by \u{FFFD}"),
+            (
+                "a.caption.txt",
+                "field \"caption\" is not UTF-8 text (a bad byte at 3): read with it replaced by \u{FFFD}",
+            ),
+            ("b.json", r#"field "caption" = 12 is not text: ignored"#),
+            ("b.json", r#"field "lyrics" = true is not text: ignored"#),
+        ];
+        assert_eq!(said, want.map(|(f, r)| (f.to_string(), r)));
     }
 
     #[test]

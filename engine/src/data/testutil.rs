@@ -13,6 +13,12 @@ pub fn write_file(dir: &Path, name: impl AsRef<std::ffi::OsStr>, bytes: &[u8]) -
     p
 }
 
+/// A named pipe at `path` (that nobody writes to).
+pub fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo {}", path.display());
+}
+
 fn to_i16(x: f32) -> i16 {
     (x.clamp(-1.0, 1.0) * 32767.0).round() as i16
 }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use ostinato_engine::data::inspect_folder;
+use ostinato_engine::data::{inspect_folder, DataSpec};
 
 use super::engine::engine_err;
 use super::{BridgeError, DatasetView, FileRow};
@@ -14,9 +14,10 @@ use super::{BridgeError, DatasetView, FileRow};
 pub fn scan(dir: &Path) -> Result<DatasetView, BridgeError> {
     let folder = inspect_folder(dir).map_err(engine_err)?;
     let name = |p: &Path| p.strip_prefix(dir).unwrap_or(p).display().to_string();
+    let spec = DataSpec::new(dir);
     let mut files = Vec::new();
     for song in &folder.songs {
-        let checked = song.check().map(|d| d.audio.duration_seconds());
+        let checked = song.check(&spec).map(|d| d.seconds_in_file());
         files.push(FileRow {
             name: name(&song.path),
             duration_s: checked.as_ref().ok().copied(),

@@ -11,7 +11,8 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
 use ostinato_engine::charts::{waveform_svg, Theme};
-use ostinato_engine::data::audio::decode;
+use ostinato_engine::data::audio::{decode, decode_file};
+use ostinato_engine::data::DataSpec;
 use ostinato_engine::events::{read_events, Event};
 use ostinato_engine::generate::wav::float_wav_bytes;
 use ostinato_engine::generate::{GenerateEvent, GenerateSpec};
@@ -106,7 +107,8 @@ impl AppState {
     }
 
     /// The dataset song `name` (relative to the scanned folder) as WAV bytes: as it is
-    /// in its file, or (`heard`) as the model hears it, its cached latents decoded.
+    /// in its file (the part training uses), or (`heard`) as the model hears it, its
+    /// cached latents decoded.
     pub fn dataset_audio(&self, name: &str, heard: bool) -> Result<Vec<u8>, BridgeError> {
         let (folder, known) = {
             let g = self.lock();
@@ -119,7 +121,10 @@ impl AppState {
         }
         let path = folder.join(name);
         let audio = match heard {
-            false => decode(&path).map_err(|e| BridgeError::Engine(format!("{}: {e}", path.display())))?,
+            // The part training uses: a song may be hours long.
+            false => decode_file(&path, DataSpec::default().cut(None))
+                .map(|d| d.audio)
+                .map_err(|e| BridgeError::Engine(format!("{}: {e}", path.display())))?,
             true => {
                 let req =
                     StartRequest { settings: self.settings(), dataset_dir: folder, runs_dir: self.runs_dir().into() };
