@@ -539,7 +539,7 @@ fn cfg_dropout_is_set_shown_and_checked() {
     fails_with(ostinato().args(["train", songs.to_str().unwrap(), "--cfg-dropout", "1.5"]), "setting `cfg_dropout`");
     let mut c = ostinato();
     c.args(["train", songs.to_str().unwrap(), "--model", tiny_model().to_str().unwrap(), "--cfg-dropout", "0.15"])
-        .args(["--runs-dir", tmp.path().join("runs").to_str().unwrap(), "--crop-seconds", "2"])
+        .args(["--runs-dir", tmp.path().join("runs").to_str().unwrap(), "--crop-seconds", "2", "--rank", "8"])
         .env("XDG_CACHE_HOME", tmp.path().join("cache"));
     let message = fails_with(&mut c, "setting `cfg_dropout`");
     assert!(message.contains("model.safetensors has no `null_condition_emb`"), "{message}");
@@ -666,7 +666,8 @@ fn inspect_checks_every_weight_and_names_what_is_wrong() {
         "--runs-dir",
         tmp.path().join("runs").to_str().unwrap(),
     ])
-    .args(["--crop-seconds", "2", "--max-steps", "1"])
+    // A rank the tiny model's 16-wide layers take, so the broken config is what fails.
+    .args(["--crop-seconds", "2", "--max-steps", "1", "--rank", "8"])
     .env("XDG_CACHE_HOME", tmp.path().join("cache"));
     fails_with(&mut c, &config.display().to_string());
 

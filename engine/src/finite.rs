@@ -4,7 +4,6 @@
 
 use candle_core::{DType, Tensor};
 
-use crate::codec::StereoAudio;
 use crate::{Error, Result};
 
 /// What is wrong with `t`'s values ("2 of 10 values are not finite ..."), or None
@@ -29,9 +28,9 @@ pub fn ensure_tensor(t: &Tensor, what: impl FnOnce() -> String) -> Result<()> {
     }
 }
 
-/// As [`ensure_tensor`], for both channels of `audio`.
-pub fn ensure_audio(audio: &StereoAudio, what: impl FnOnce() -> String) -> Result<()> {
-    match samples_problem(&audio.left, &audio.right) {
+/// As [`ensure_tensor`], for a stereo song's two channels.
+pub fn ensure_audio(left: &[f32], right: &[f32], what: impl FnOnce() -> String) -> Result<()> {
+    match samples_problem(left, right) {
         None => Ok(()),
         Some(problem) => Err(Error::NonFinite { what: what(), problem }),
     }
@@ -50,9 +49,8 @@ mod tests {
         assert!(err.starts_with("the test tensor: 3 of 4 values are not finite"), "{err}");
         assert_eq!(problem(&Tensor::new(&[0.0f32, -1e30], &Device::Cpu).unwrap()).unwrap(), None);
 
-        let audio = StereoAudio { sample_rate: 48_000, left: vec![0.0, f32::NAN], right: vec![0.5, 0.25] };
-        let err = ensure_audio(&audio, || "the song".into()).unwrap_err().to_string();
+        let err = ensure_audio(&[0.0, f32::NAN], &[0.5, 0.25], || "the song".into()).unwrap_err().to_string();
         assert!(err.starts_with("the song: 1 of 4 values are not finite"), "{err}");
-        ensure_audio(&StereoAudio::silence(48_000, 4), || "silence".into()).unwrap();
+        ensure_audio(&[0.0; 4], &[0.0; 4], || "silence".into()).unwrap();
     }
 }

@@ -14,9 +14,8 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::error::SettingErrors;
-use crate::load::footprint::layer_linears;
 use crate::model::lora_linear::lora_linear;
-use crate::model::weights::diffusers_name;
+use crate::model::weights::{diffusers_name, layer_linears};
 use crate::model::{DitConfig, DitModel, LinearAdapter};
 use crate::tensor_io::save_tensors_with_metadata;
 use crate::{Error, Result};

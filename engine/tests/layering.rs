@@ -15,6 +15,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("tensor_io", 0),
     ("metrics", 0),
     ("device", 0),
+    ("finite", 0),
     ("runtime", 1),
     ("model", 1),
     ("lora", 2),

@@ -288,7 +288,7 @@ impl SongModel<'_> {
 pub fn decode_latents(decoder: &dyn LatentDecoder, latents: &Tensor) -> Result<StereoAudio> {
     crate::finite::ensure_tensor(latents, || "the latents to decode".into())?;
     let audio = decoder.decode(latents)?;
-    crate::finite::ensure_audio(&audio, || "the decoder's audio".into())?;
+    crate::finite::ensure_audio(&audio.left, &audio.right, || "the decoder's audio".into())?;
     Ok(audio)
 }
 

@@ -13,7 +13,7 @@ use crate::{Error, Result};
 /// The bytes of a stereo 32-bit float WAV of `audio`; audio holding NaN or infinity
 /// is refused (no player plays it).
 pub fn float_wav_bytes(audio: &StereoAudio) -> Result<Vec<u8>> {
-    crate::finite::ensure_audio(audio, || "the audio to write".into())?;
+    crate::finite::ensure_audio(&audio.left, &audio.right, || "the audio to write".into())?;
     let spec = hound::WavSpec {
         channels: 2,
         sample_rate: audio.sample_rate,

@@ -57,16 +57,6 @@ pub fn dit_parameters(cfg: &DitConfig) -> u64 {
     expected_shapes(cfg).values().map(|s| s.iter().product::<usize>() as u64).sum()
 }
 
-/// The `(module, in, out)` of every linear module of the DiT's layers (the modules a
-/// LoRA can adapt), named as in the checkpoint (`layers.0.self_attn.q_proj`).
-pub fn layer_linears(cfg: &DitConfig) -> Vec<(String, usize, usize)> {
-    expected_shapes(cfg)
-        .into_iter()
-        .filter(|(k, s)| k.starts_with("layers.") && s.len() == 2)
-        .filter_map(|(k, s)| Some((k.strip_suffix(".weight")?.to_string(), s[1], s[0])))
-        .collect()
-}
-
 /// Per patch and layer, what a layer holds for its backward at the step's peak, in
 /// halves of a hidden-sized vector (norm inputs, the projections' inputs, attention's
 /// inputs and output, residual branches, and the backward's gradients on top of what

@@ -61,6 +61,16 @@ pub fn expected_shapes(cfg: &DitConfig) -> BTreeMap<String, Vec<usize>> {
     s
 }
 
+/// The `(module, in, out)` of every linear module of the DiT's layers (the modules a
+/// LoRA can adapt), named as in the checkpoint (`layers.0.self_attn.q_proj`).
+pub fn layer_linears(cfg: &DitConfig) -> Vec<(String, usize, usize)> {
+    expected_shapes(cfg)
+        .into_iter()
+        .filter(|(k, s)| k.starts_with("layers.") && s.len() == 2)
+        .filter_map(|(k, s)| Some((k.strip_suffix(".weight")?.to_string(), s[1], s[0])))
+        .collect()
+}
+
 /// Matches a weights file's header (key, shape) to the DiT `cfg` describes: original
 /// name -> the key in the file, and every tensor missing, mis-shaped or unexpected.
 /// When any key carries the `decoder.` prefix (ACE-Step's full `model.safetensors`,

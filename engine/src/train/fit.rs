@@ -169,7 +169,7 @@ pub fn plan_for(config: &RunConfig, model: &ModelShape, device: &Device, machine
 
 /// LoRA elements `lora` adds to the DiT `cfg` describes.
 pub fn lora_parameters(cfg: &crate::model::DitConfig, lora: &LoraConfig) -> u64 {
-    footprint::layer_linears(cfg)
+    crate::model::weights::layer_linears(cfg)
         .into_iter()
         .filter(|(name, _, _)| lora.targets(name))
         .map(|(_, inp, out)| (lora.r * (inp + out)) as u64)
