@@ -2,6 +2,7 @@
 //! find or download models from the command line. Parsing, wiring and reporting only; the engine does the work.
 
 mod generate;
+mod label;
 mod models;
 mod progress;
 mod report;
@@ -108,6 +109,13 @@ enum Command {
         /// its scores (keep).
         #[arg(long, default_value = "recompute", value_parser = parse_with::<AttentionScores>)]
         attention_scores: AttentionScores,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read each song's tempo, key, time signature and length from its audio.
+    Label {
+        audio_dir: PathBuf,
+        /// One JSON object per song instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -376,6 +384,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             };
             report::bench(&spec, json).map(|_| 0)
         }
+        Command::Label { audio_dir, json } => label::label(&audio_dir, json).map(|_| 0),
         Command::Inspect { model_dir } => report::inspect(&model_dir).map(|_| 0),
         Command::Models(command) => models::run(command),
         Command::Preprocess { audio_dir, model, out, crop_seconds } => {

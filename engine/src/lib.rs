@@ -14,6 +14,7 @@ pub mod finite;
 pub mod generate;
 pub mod heap;
 pub(crate) mod kernels;
+pub mod label;
 pub mod load;
 pub mod lora;
 pub mod metrics;

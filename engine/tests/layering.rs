@@ -22,6 +22,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("codec", 2),
     ("data", 3),
     ("load", 3),
+    ("label", 4),
     ("events", 4),
     ("generate", 4),
     ("run_state", 5),

@@ -23,7 +23,7 @@ use super::regular::open_regular;
 use crate::codec::StereoAudio;
 
 /// Below this peak a file counts as silent (-80 dBFS): nothing to learn from.
-const SILENCE_PEAK: f32 = 1e-4;
+pub const SILENCE_PEAK: f32 = 1e-4;
 /// Shorter files are not music to learn from.
 pub const MIN_SECONDS: f64 = 1.0;
 /// Sample rates a song may have: from 8 kHz (telephone audio, the least that still
@@ -97,6 +97,45 @@ pub fn decode(path: &Path) -> Result<StereoAudio, String> {
 /// a reason for the user, without the path; a decoder that panics on the file gives
 /// one too.
 pub fn decode_file(path: &Path, cut: Cut) -> Result<Decoded, String> {
+    let (mut left, mut right) = (Vec::new(), Vec::new());
+    let (sample_rate, length) = read(path, cut, &mut |samples, channels, _| {
+        for frame in samples.chunks_exact(channels) {
+            left.push(frame[0]);
+            right.push(frame[usize::from(channels > 1)]);
+        }
+    })?;
+    Ok(Decoded {
+        audio: StereoAudio { sample_rate, left, right },
+        frames_in_file: length.frames_in_file,
+        stated_frames: length.stated_frames,
+        unterminated: length.unterminated,
+    })
+}
+
+/// Streams the part of a file `cut` keeps to `sink`, a block at a time, as mono (the
+/// mean of the first two channels) with the file's sample rate: for analyses that
+/// keep no more than a block in memory however long the song. Returns the file's
+/// length in seconds (as `decode_file` finds it).
+pub fn stream_mono(path: &Path, cut: Cut, sink: &mut dyn FnMut(u32, &[f32])) -> Result<f64, String> {
+    let mut mono = Vec::new();
+    let (sample_rate, length) = read(path, cut, &mut |samples, channels, rate| {
+        mono.clear();
+        mono.extend(samples.chunks_exact(channels).map(|f| 0.5 * (f[0] + f[usize::from(channels > 1)])));
+        sink(rate, &mono);
+    })?;
+    Ok(length.frames_in_file as f64 / f64::from(sample_rate))
+}
+
+/// How long a file is, as reading it found.
+struct Length {
+    frames_in_file: u64,
+    stated_frames: Option<u64>,
+    unterminated: bool,
+}
+
+/// Reads the frames `cut` keeps into `sink` (interleaved samples, channel count,
+/// sample rate), and the file's length; a panic in the decoder is the file's error.
+fn read(path: &Path, cut: Cut, sink: &mut dyn FnMut(&[f32], usize, u32)) -> Result<(u32, Length), String> {
     guarded(|| {
         let mut reader = Reader::open(path)?;
         let rate = reader.sample_rate;
@@ -107,19 +146,19 @@ pub fn decode_file(path: &Path, cut: Cut) -> Result<Decoded, String> {
             (Cut::Head { .. }, _) => None,
         };
         let window = cut.window(rate, frames_in_file.unwrap_or(u64::MAX));
-        let audio = reader.decode(window)?;
+        reader.stream(window, sink)?;
         let frames_in_file = match (reader.ended, frames_in_file.or(reader.stated_frames)) {
             (true, _) => reader.position,
             (false, Some(known)) => known,
             (false, None) => reader.count_to_end()?,
         };
-        Ok(Decoded {
-            audio,
+        let length = Length {
             frames_in_file,
             stated_frames: reader.stated_frames,
             // symphonia states an Ogg stream's length only once it found the last page.
             unterminated: reader.stated_frames.is_none() && is_ogg(path),
-        })
+        };
+        Ok((rate, length))
     })
 }
 
@@ -206,10 +245,9 @@ impl Reader {
         Ok(None)
     }
 
-    /// Decodes the frames `window` (from the file's start), dropping those before it
-    /// and stopping at its end (or the file's).
-    fn decode(&mut self, window: std::ops::Range<u64>) -> Result<StereoAudio, String> {
-        let (mut left, mut right) = (Vec::new(), Vec::new());
+    /// Decodes the frames `window` (from the file's start) into `sink`, dropping those
+    /// before it and stopping at its end (or the file's).
+    fn stream(&mut self, window: std::ops::Range<u64>, sink: &mut dyn FnMut(&[f32], usize, u32)) -> Result<(), String> {
         let mut buf: Option<SampleBuffer<f32>> = None;
         while self.position < window.end {
             let Some(packet) = self.next_packet()? else { break };
@@ -248,12 +286,9 @@ impl Reader {
             };
             buf.copy_interleaved_ref(decoded);
             let keep = window.start.saturating_sub(first) as usize..(window.end.min(last) - first) as usize;
-            for frame in buf.samples().chunks_exact(channels).take(keep.end).skip(keep.start) {
-                left.push(frame[0]);
-                right.push(frame[if channels > 1 { 1 } else { 0 }]);
-            }
+            sink(&buf.samples()[keep.start * channels..keep.end * channels], channels, self.sample_rate);
         }
-        Ok(StereoAudio { sample_rate: self.sample_rate, left, right })
+        Ok(())
     }
 
     /// Reads on to the end without decoding, counting frames from the packets'
