@@ -80,8 +80,9 @@ enum Command {
     /// pick, in its default precision.
     Bench {
         /// A DiT training-step preset, vae-{encode,decode}-{30s,240s} (the real-size VAE
-        /// with random weights), or text-encode (one song's Qwen3 + condition encoder at
-        /// the real sizes); warm-up and steps then count passes or songs.
+        /// with random weights), text-encode (one song's Qwen3 + condition encoder at
+        /// the real sizes) or label-240s (tempo, key and meter read from a 4-minute
+        /// song); warm-up and steps then count passes or songs.
         #[arg(long, default_value = "small-30s", value_parser = parse_with::<AnyPreset>)]
         preset: AnyPreset,
         #[arg(long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]

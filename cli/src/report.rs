@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use ostinato_engine::bench::vae::run_vae;
-use ostinato_engine::bench::{generation, run_spec, text, AnyPreset, Preset};
+use ostinato_engine::bench::{generation, label, run_spec, text, AnyPreset, Preset};
 use ostinato_engine::charts::write_run_charts;
 use ostinato_engine::data::preprocessed::preprocess as preprocess_folder;
 use ostinato_engine::data::{DataEvent, DataSpec};
@@ -186,6 +186,16 @@ pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
             anyhow::ensure!(req.layers.is_none(), "--layers applies to the DiT presets, not {}", p.name());
             ensure_default_kernels(req, p.name())?;
             let report = run_vae(p, req.warmup, req.steps, &selected.device)?;
+            match json {
+                true => println!("{}", serde_json::to_string(&report)?),
+                false => print!("{}", report.table()),
+            }
+            return Ok(());
+        }
+        AnyPreset::Label => {
+            anyhow::ensure!(req.layers.is_none(), "--layers applies to the DiT presets, not {}", label::LABEL_240S);
+            ensure_default_kernels(req, label::LABEL_240S)?;
+            let report = label::run_label(req.warmup, req.steps)?;
             match json {
                 true => println!("{}", serde_json::to_string(&report)?),
                 false => print!("{}", report.table()),

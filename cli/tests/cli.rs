@@ -1396,3 +1396,32 @@ fn a_run_predicted_past_memory_is_refused_and_fit_auto_says_what_it_chose() {
     let memory = started.expect("run_started");
     assert!(memory.predicted_peak_bytes.is_some_and(|p| p > 0) && memory.machine.is_some(), "{memory:?}");
 }
+
+#[test]
+fn label_prints_each_songs_tempo_key_and_meter_as_json_lines_and_as_a_table() {
+    let clips = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/data/labels");
+    let out = ostinato().args(["label", clips.to_str().unwrap(), "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 6);
+    let first = &rows[0];
+    assert_eq!(first["file"], "song-3-000.ogg");
+    assert_eq!(
+        (first["bpm"].as_u64(), first["keyscale"].as_str(), first["timesignature"].as_u64()),
+        (Some(112), Some("C major"), Some(4))
+    );
+    for field in ["bpm", "keyscale", "timesignature"] {
+        let c = first["confidence"][field].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&c), "{field} confidence {c}");
+        assert!(first["cannot_tell"][field].is_null());
+    }
+    assert!((first["duration"].as_f64().unwrap() - 18.23).abs() < 0.05);
+
+    let table = ostinato().args(["label", clips.to_str().unwrap()]).output().unwrap();
+    let text = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        text.lines().any(|l| l.starts_with("song-3-024.ogg") && l.contains("85") && l.contains("C major")),
+        "{text}"
+    );
+}

@@ -11,6 +11,7 @@
 //! the non-finite guard, clipping the global norm to 1, the AdamW update.
 
 pub mod generation;
+pub mod label;
 pub mod text;
 pub mod vae;
 
@@ -139,6 +140,8 @@ pub enum AnyPreset {
     Vae(vae::VaePreset),
     /// [`text::TEXT_ENCODE`]
     Text,
+    /// [`label::LABEL_240S`]
+    Label,
 }
 
 impl std::str::FromStr for AnyPreset {
@@ -150,9 +153,12 @@ impl std::str::FromStr for AnyPreset {
         if s == text::TEXT_ENCODE {
             return Ok(AnyPreset::Text);
         }
+        if s == label::LABEL_240S {
+            return Ok(AnyPreset::Label);
+        }
         s.parse::<Preset>().map(AnyPreset::Dit).map_err(|e| {
             let vae: Vec<_> = vae::VaePreset::ALL.iter().map(|p| p.name()).collect();
-            format!("{e}, a VAE preset: {}, or {}", vae.join(", "), text::TEXT_ENCODE)
+            format!("{e}, a VAE preset: {}, {} or {}", vae.join(", "), text::TEXT_ENCODE, label::LABEL_240S)
         })
     }
 }
@@ -494,6 +500,7 @@ mod tests {
         assert_eq!("vae-decode-240s".parse::<AnyPreset>().unwrap(), AnyPreset::Vae(vae::VaePreset::Decode240s));
         assert_eq!("small-30s".parse::<AnyPreset>().unwrap(), AnyPreset::Dit(Preset::Small30s));
         assert_eq!("text-encode".parse::<AnyPreset>().unwrap(), AnyPreset::Text);
+        assert_eq!("label-240s".parse::<AnyPreset>().unwrap(), AnyPreset::Label);
         let unknown = "huge".parse::<AnyPreset>().unwrap_err();
         assert!(unknown.contains("vae-encode-30s") && unknown.contains("text-encode"), "{unknown}");
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);

@@ -119,3 +119,14 @@ fn a_named_pipe_is_an_error_not_a_wait() {
     let err = analyse_file(&fifo).unwrap_err();
     assert!(err.contains("not a regular file") || err.contains("cannot open"), "{err}");
 }
+
+#[test]
+fn the_bench_preset_reads_a_four_minute_song() {
+    let report = ostinato_engine::bench::label::run_label(0, 1).unwrap();
+    print!("{}", report.table());
+    assert_eq!(report.song_seconds, 240.0);
+    assert_eq!(report.runs_s.len(), 1);
+    // The demo synthesizer's first clip: 120 BPM, in 4.
+    assert_eq!(report.bpm, Some(120));
+    assert_eq!(report.timesignature, Some(4));
+}
