@@ -1404,24 +1404,44 @@ fn label_prints_each_songs_tempo_key_and_meter_as_json_lines_and_as_a_table() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let rows: Vec<serde_json::Value> =
         String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(rows.len(), 6);
-    let first = &rows[0];
+    let (songs, skipped): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.get("skipped").is_none());
+    assert_eq!(songs.len(), 6);
+    assert!(skipped.iter().any(|r| r["file"] == "README.md"), "files that are not songs are named: {skipped:?}");
+    let first = songs[0];
     assert_eq!(first["file"], "song-3-000.ogg");
     assert_eq!(
-        (first["bpm"].as_u64(), first["keyscale"].as_str(), first["timesignature"].as_u64()),
-        (Some(112), Some("C major"), Some(4))
+        (first["bpm"].as_u64(), first["keyscale"].as_str(), first["timesignature"].as_str()),
+        (Some(112), Some("C major"), Some("4"))
     );
     for field in ["bpm", "keyscale", "timesignature"] {
         let c = first["confidence"][field].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&c), "{field} confidence {c}");
         assert!(first["cannot_tell"][field].is_null());
+        assert_eq!(first["source"][field], "analysed");
     }
     assert!((first["duration"].as_f64().unwrap() - 18.23).abs() < 0.05);
 
-    let table = ostinato().args(["label", clips.to_str().unwrap()]).output().unwrap();
+    // A sidecar's value is kept, the audio's shown beside it (in a copy of two songs).
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["song-3-000.ogg", "song-3-024.ogg"] {
+        std::fs::copy(clips.join(name), dir.path().join(name)).unwrap();
+    }
+    std::fs::write(dir.path().join("song-3-000.json"), r#"{"bpm": 56, "timesignature": "4"}"#).unwrap();
+    let out = ostinato().args(["label", dir.path().to_str().unwrap(), "--json"]).output().unwrap();
+    let rows: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let kept = rows.iter().find(|r| r["file"] == "song-3-000.ogg").unwrap();
+    assert_eq!(
+        (kept["bpm"].as_u64(), kept["source"]["bpm"].as_str(), kept["analysed"]["bpm"].as_u64()),
+        (Some(56), Some("sidecar"), Some(112))
+    );
+    assert_eq!(kept["source"]["keyscale"], "analysed");
+
+    let table = ostinato().args(["label", dir.path().to_str().unwrap()]).output().unwrap();
     let text = String::from_utf8(table.stdout).unwrap();
     assert!(
-        text.lines().any(|l| l.starts_with("song-3-024.ogg") && l.contains("85") && l.contains("C major")),
+        text.lines().any(|l| l.starts_with("song-3-024.ogg") && l.contains("85 (") && l.contains("C major")),
         "{text}"
     );
+    assert!(text.lines().any(|l| l.starts_with("song-3-000.ogg") && l.contains("56 (sidecar)")), "{text}");
 }
