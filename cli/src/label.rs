@@ -2,6 +2,7 @@
 //! its audio (the sidecars' values kept, the audio's shown beside them), as a table or
 //! JSON lines.
 
+use std::io::IsTerminal;
 use std::path::Path;
 
 use ostinato_engine::data::inspect_folder;
@@ -16,9 +17,13 @@ pub fn label(audio_dir: &Path, json_lines: bool) -> anyhow::Result<()> {
     if !json_lines {
         println!("{:<40} {:>20} {:>24} {:>16} {:>9}", "file", "bpm", "key", "meter", "duration");
     }
+    // On a terminal a line that counts the songs; in a log, the results are the progress.
+    let counting = std::io::stderr().is_terminal();
     for (done, song) in folder.songs.iter().enumerate() {
         let name = name_of(&song.path);
-        eprint!("\ranalysing {}/{total}: {name}\x1b[K", done + 1);
+        if counting {
+            eprint!("\ranalysing {}/{total}: {name}\x1b[K", done + 1);
+        }
         match analyse_file(&song.path).map(|a| SongLabels::resolve(&song.meta, a)) {
             Ok(labels) if json_lines => println!("{}", as_json(&name, &labels)),
             Ok(l) => println!(
@@ -32,7 +37,7 @@ pub fn label(audio_dir: &Path, json_lines: bool) -> anyhow::Result<()> {
             Err(why) => println!("{name:<40} skipped: {why}"),
         }
     }
-    if total > 0 {
+    if counting && total > 0 {
         eprintln!();
     }
     for (path, why) in &folder.skipped {
