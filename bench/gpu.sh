@@ -2,9 +2,11 @@
 # Builds `ostinato` with candle's CUDA backend and runs the bench presets on GPU 0
 # (bf16 weights, f32 LoRA/optimizer, as the precision policy), checkpointing off and on.
 # One process per configuration. Needs nvcc for candle-kernels: without a CUDA toolkit on
-# PATH it takes one from PyPI wheels (bench/cuda-toolchain.sh).
+# PATH it takes one from PyPI wheels (bench/cuda-toolchain.sh). On a GPU machine without
+# Rust or a network, build here (`cargo build --release -p ostinato-cli --features cuda`
+# with CUDA_COMPUTE_CAP set for the GPU) and name the binary in OSTINATO_BIN.
 #
-#   bench/gpu.sh [--steps N] [--warmup N] [PRESET ...]
+#   [OSTINATO_BIN=path] bench/gpu.sh [--steps N] [--warmup N] [PRESET ...]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 steps=5 warmup=2 presets=()
@@ -18,10 +20,13 @@ done
 [ ${#presets[@]} -gt 0 ] || presets=(small-30s small-240s full-layer full-pair-240s)
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-if ! command -v nvcc >/dev/null; then toolchain="$("$root/bench/cuda-toolchain.sh")"; eval "$toolchain"; fi
-# candle-kernels compiles for the GPU it finds unless CUDA_COMPUTE_CAP is set.
-cargo build --release -p ostinato-cli --features cuda
-bin="$CARGO_TARGET_DIR/release/ostinato"
+bin="${OSTINATO_BIN:-}"
+if [ -z "$bin" ]; then
+  if ! command -v nvcc >/dev/null; then toolchain="$("$root/bench/cuda-toolchain.sh")"; eval "$toolchain"; fi
+  # candle-kernels compiles for the GPU it finds unless CUDA_COMPUTE_CAP is set.
+  cargo build --release -p ostinato-cli --features cuda
+  bin="$CARGO_TARGET_DIR/release/ostinato"
+fi
 mkdir -p "$root/bench/results"
 out="$root/bench/results/gpu-$(date +%Y%m%d-%H%M%S).jsonl"
 for p in "${presets[@]}"; do
