@@ -77,7 +77,7 @@ class Track:
         return track
 
 
-def song(rng, index, ts, tonic, mode, drums, seconds):
+def song(rng, ts, tonic, mode, drums, seconds):
     eighth = TICKS // 2
     per_bar, per_beat = meter_grid(ts)
     beats_per_bar = per_bar // per_beat
@@ -207,7 +207,7 @@ def main():
         tonic, mode = i % 12, ["major", "minor"][(i // 12) % 2]
         ts = [4, 3, 6][(i // 24) % 3]
         drums = rng.random() >= 0.25
-        mid, bpm = song(rng, i, ts, tonic, mode, drums, args.seconds)
+        mid, bpm = song(rng, ts, tonic, mode, drums, args.seconds)
         name = f"song-{args.seed}-{i:03d}"
         mid_path = args.out / f"{name}.mid"
         mid.save(mid_path)

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use ostinato_engine::data::inspect_folder;
 use ostinato_engine::label::analysis::{analyse_file, Reading};
-use ostinato_engine::label::{Label, SongLabels};
+use ostinato_engine::label::{Label, SongLabels, Source};
 use serde_json::{json, Value};
 
 pub fn label(audio_dir: &Path, json_lines: bool) -> anyhow::Result<()> {
@@ -53,7 +53,7 @@ pub fn label(audio_dir: &Path, json_lines: bool) -> anyhow::Result<()> {
 fn shown<T: std::fmt::Display>(label: &Label<T>) -> String {
     match (&label.value, &label.analysed) {
         (None, _) => "?".into(),
-        (Some(v), _) if label.source == Some(ostinato_engine::label::Source::Sidecar) => format!("{v} (sidecar)"),
+        (Some(v), _) if label.source == Some(Source::Sidecar) => format!("{v} (sidecar)"),
         (Some(v), Ok(read)) => format!("{v} ({:.0}%)", 100.0 * read.confidence),
         (Some(v), Err(_)) => v.to_string(),
     }

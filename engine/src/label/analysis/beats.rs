@@ -42,7 +42,7 @@ pub fn track(onset: &[f32], period: f64) -> Vec<f64> {
 }
 
 /// Standard deviation.
-pub fn deviation(x: &[f32]) -> f64 {
+fn deviation(x: &[f32]) -> f64 {
     let n = x.len().max(1) as f64;
     let mean = x.iter().map(|v| f64::from(*v)).sum::<f64>() / n;
     (x.iter().map(|v| (f64::from(*v) - mean).powi(2)).sum::<f64>() / n).sqrt()

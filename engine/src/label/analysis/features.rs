@@ -198,18 +198,19 @@ impl FeatureStream {
     /// Computes every frame the buffer holds, then drops the audio no frame needs.
     fn run_frames(&mut self) {
         let end = self.buffer_start + self.buffer.len();
+        // Taken out for the while, so frames are read from it without a copy.
+        let buffer = std::mem::take(&mut self.buffer);
         while self.next_onset * ONSET_HOP + ONSET_FFT <= end {
             let at = self.next_onset * ONSET_HOP - self.buffer_start;
-            let frame = self.buffer[at..at + ONSET_FFT].to_vec();
-            self.onset_frame(&frame);
+            self.onset_frame(&buffer[at..at + ONSET_FFT]);
             self.next_onset += 1;
         }
         while self.next_pitch * CHROMA_HOP + CHROMA_FFT <= end {
             let at = self.next_pitch * CHROMA_HOP - self.buffer_start;
-            let frame = self.buffer[at..at + CHROMA_FFT].to_vec();
-            self.pitch_frame(&frame);
+            self.pitch_frame(&buffer[at..at + CHROMA_FFT]);
             self.next_pitch += 1;
         }
+        self.buffer = buffer;
         let keep_from = (self.next_onset * ONSET_HOP).min(self.next_pitch * CHROMA_HOP);
         let drop = keep_from.saturating_sub(self.buffer_start).min(self.buffer.len());
         self.buffer.drain(..drop);

@@ -41,8 +41,6 @@ pub struct Key {
     pub tonic: usize,
     pub minor: bool,
     pub confidence: f64,
-    /// The recording's tuning, in semitones from A = 440 Hz.
-    pub tuning: f64,
 }
 
 impl Key {
@@ -94,7 +92,7 @@ pub fn estimate(pitch: &[[f32; FINE_BINS]], bass: &[[f32; FINE_BINS]], tuning: f
     }
     let margin = best - scores[1].0;
     let confidence = (fit * (0.4 + 0.6 * (margin / 0.15).min(1.0))).clamp(0.0, 1.0);
-    Ok(Key { tonic, minor, confidence, tuning: tuning / FINE as f64 })
+    Ok(Key { tonic, minor, confidence })
 }
 
 /// Where the peaks sit between semitones, in fine bins (-FINE/2..FINE/2): the circular
@@ -182,9 +180,11 @@ mod tests {
         // A minor's scale, its tonic triad weighted, 30 cents sharp; A in the bass.
         let classes = [9, 9, 0, 4, 9, 11, 0, 2, 4, 5, 7, 4];
         let pitch = frames(&classes, 30.0, 100);
-        let key = estimate(&pitch, &frames(&[9], 30.0, 100), tuning(&pitch)).unwrap();
+        let sharp = tuning(&pitch);
+        let key = estimate(&pitch, &frames(&[9], 30.0, 100), sharp).unwrap();
         assert_eq!(key.keyscale(), "A minor");
-        assert!((key.tuning - 0.3).abs() < 0.05, "tuning {}", key.tuning);
+        let semitones = sharp / FINE as f64;
+        assert!((semitones - 0.3).abs() < 0.05, "tuning {semitones}");
         // The same notes over C in the bass: C major.
         let classes = [0, 0, 4, 7, 0, 2, 4, 5, 7, 9, 11, 7];
         let pitch = frames(&classes, 0.0, 100);

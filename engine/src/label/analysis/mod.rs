@@ -17,8 +17,6 @@ use std::path::Path;
 use crate::data::audio::{self, Cut, SILENCE_PEAK};
 use features::{FeatureStream, Features};
 
-pub use tempo::BPM_RANGE;
-
 /// Audio analysed from the start of a song (ACE-Step's DURATION_MAX).
 pub const ANALYSED_SECONDS: f64 = 600.0;
 /// Audio needed to tell a tempo and meter: a few bars at the slowest tempo.
@@ -41,7 +39,7 @@ pub struct Analysis {
     pub bpm: Reading<u32>,
     /// "F# minor"
     pub keyscale: Reading<String>,
-    /// The numerator: 2, 3, 4 or 6.
+    /// The numerator: 3, 4 or 6 (ACE-Step's 2 is never read: 2/4 is written 4).
     pub timesignature: Reading<u32>,
 }
 
