@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use ostinato_engine::generate::wav::{check_writable, write_wav};
+use ostinato_engine::atomic::check_writable;
+use ostinato_engine::generate::wav::write_wav;
 use ostinato_engine::generate::{decode_latents, read_latents, write_latents};
 use ostinato_engine::generate::{GenerateEvent, GenerateSpec, Generator};
 use ostinato_engine::load::source::ModelSource;

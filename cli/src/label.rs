@@ -1,87 +1,179 @@
-//! `label`: each song's tempo, key, time signature and length, from its sidecars and
-//! its audio (the sidecars' values kept, the audio's shown beside them), as a table or
-//! JSON lines.
+//! `label`: each song's tempo, key, time signature and length read from its audio and
+//! kept in the label store (a sidecar's value shown, not replaced, unless
+//! `--overwrite`), printed as a table or JSON lines; `--write-sidecars` writes every
+//! song's labels beside it as ACE-Step sidecars.
 
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use ostinato_engine::data::inspect_folder;
-use ostinato_engine::label::analysis::{analyse_file, Reading};
-use ostinato_engine::label::{Label, SongLabels, Source};
+use anyhow::Context;
+use ostinato_engine::data::{Field, Labels};
+use ostinato_engine::label::analysis::{analyse_file, Analysis, Reading};
+use ostinato_engine::label::sidecars::{write_sidecars, Outcome, SidecarFile};
+use ostinato_engine::label::store::{Found, LabelStore};
+use ostinato_engine::label::{readings, resolve, stored_songs, Resolved, Source};
 use serde_json::{json, Value};
 
-pub fn label(audio_dir: &Path, json_lines: bool) -> anyhow::Result<()> {
-    let folder = inspect_folder(audio_dir)?;
-    let total = folder.songs.len();
+/// What `ostinato label` was asked to do.
+pub struct LabelArgs {
+    pub json: bool,
+    pub overwrite: bool,
+    pub write_sidecars: bool,
+    pub replace_sidecars: bool,
+    pub labels_dir: Option<PathBuf>,
+}
+
+const READ: [Field; 3] = [Field::Bpm, Field::Keyscale, Field::Timesignature];
+
+pub fn label(audio_dir: &Path, args: &LabelArgs) -> anyhow::Result<()> {
+    let store = match &args.labels_dir {
+        Some(dir) => LabelStore::new(dir),
+        None => LabelStore::open_default()?,
+    };
+    let (songs, inspection) = stored_songs(&store, audio_dir)?;
+    let total = songs.len();
     let name_of = |path: &Path| path.strip_prefix(audio_dir).unwrap_or(path).display().to_string();
-    if !json_lines {
+    if !args.json {
         println!("{:<40} {:>20} {:>24} {:>16} {:>9}", "file", "bpm", "key", "meter", "duration");
     }
     // On a terminal a line that counts the songs; in a log, the results are the progress.
     let counting = std::io::stderr().is_terminal();
-    for (done, song) in folder.songs.iter().enumerate() {
-        let name = name_of(&song.path);
+    let mut kept = 0;
+    for (done, song) in songs.into_iter().enumerate() {
+        let name = name_of(&song.file.path);
         if counting {
             eprint!("\ranalysing {}/{total}: {name}\x1b[K", done + 1);
         }
-        match analyse_file(&song.path).map(|a| SongLabels::resolve(&song.meta, a)) {
-            Ok(labels) if json_lines => println!("{}", as_json(&name, &labels)),
-            Ok(l) => println!(
-                "{name:<40} {:>20} {:>24} {:>16} {:>8.1}s",
-                shown(&l.bpm),
-                shown(&l.keyscale),
-                shown(&l.timesignature),
-                l.duration
-            ),
-            Err(why) if json_lines => println!("{}", json!({"file": name, "skipped": why})),
-            Err(why) => println!("{name:<40} skipped: {why}"),
+        let analysed = song.found.and_then(|found| Ok((analyse_file(&song.file.path)?, found)));
+        let (analysis, mut found) = match analysed {
+            Ok(read) => read,
+            Err(why) if args.json => {
+                println!("{}", json!({"file": name, "skipped": why}));
+                continue;
+            }
+            Err(why) => {
+                println!("{name:<40} skipped: {why}");
+                continue;
+            }
+        };
+        keep_readings(&store, &song.file.path, &mut found, &analysis, args.overwrite)?;
+        let fields = resolve(&song.file.sidecars, &found.saved);
+        let written = match args.write_sidecars {
+            true => write_sidecars(&song.file.path, &fields, args.replace_sidecars)?,
+            false => Vec::new(),
+        };
+        kept += written.iter().filter(|f| f.outcome == Outcome::Kept).count();
+        match args.json {
+            true => println!("{}", as_json(&name, &fields, &analysis, found.stale, &written)),
+            false => print_row(&name, &fields, &analysis, found.stale, &written),
         }
     }
     if counting && total > 0 {
         eprintln!();
     }
-    for (path, why) in &folder.skipped {
-        match json_lines {
+    for (path, why) in &inspection.skipped {
+        match args.json {
             true => println!("{}", json!({"file": name_of(path), "skipped": why})),
             false => println!("{:<40} skipped: {why}", name_of(path)),
         }
     }
+    if kept > 0 {
+        eprintln!("{kept} sidecar file(s) already say something else and were kept; --replace-sidecars replaces them");
+    }
     Ok(())
 }
 
-/// "90 (sidecar)", "120 (87%)" for a reading, "?" when unknown.
-fn shown<T: std::fmt::Display>(label: &Label<T>) -> String {
-    match (&label.value, &label.analysed) {
-        (None, _) => "?".into(),
-        (Some(v), _) if label.source == Some(Source::Sidecar) => format!("{v} (sidecar)"),
-        (Some(v), Ok(read)) => format!("{v} ({:.0}%)", 100.0 * read.confidence),
-        (Some(v), Err(_)) => v.to_string(),
+/// Keeps the analysis's readings in the store: accepted (below the sidecars), or
+/// with `overwrite` as edits (over them).
+fn keep_readings(
+    store: &LabelStore,
+    path: &Path,
+    found: &mut Found,
+    analysis: &Analysis,
+    overwrite: bool,
+) -> anyhow::Result<()> {
+    let read = readings(analysis);
+    let mut saved = found.saved.clone();
+    let target: &mut Labels = if overwrite { &mut saved.edited } else { &mut saved.accepted };
+    for field in READ {
+        if let Some(value) = read.get(field) {
+            target.put(field, Some(value.to_string()));
+        }
+    }
+    if saved != found.saved || found.stale {
+        store
+            .save(path, &found.hash, &saved)
+            .with_context(|| format!("cannot keep the labels of {}", path.display()))?;
+        found.saved = saved;
+        found.stale = false;
+    }
+    Ok(())
+}
+
+fn reading(analysis: &Analysis, field: Field) -> Reading<String> {
+    match field {
+        Field::Bpm => analysis.bpm.clone().map(|e| e.map(|v| v.to_string())),
+        Field::Keyscale => analysis.keyscale.clone(),
+        _ => analysis.timesignature.clone().map(|e| e.map(|v| v.to_string())),
     }
 }
 
-fn as_json(name: &str, l: &SongLabels) -> Value {
-    fn read<T: serde::Serialize>(r: &Reading<T>) -> Value {
-        r.as_ref().map_or(Value::Null, |e| json!(e.value))
+fn print_row(
+    name: &str,
+    fields: &BTreeMap<Field, Resolved>,
+    analysis: &Analysis,
+    stale: bool,
+    written: &[SidecarFile],
+) {
+    let [bpm, key, meter] = READ.map(|f| shown(&fields[&f], &reading(analysis, f)));
+    let note = if stale { "  (audio changed since labelled)" } else { "" };
+    println!("{name:<40} {bpm:>20} {key:>24} {meter:>16} {:>8.1}s{note}", analysis.duration);
+    for file in written.iter().filter(|f| f.outcome != Outcome::Unchanged) {
+        println!("    {:?}: {}", file.outcome, file.path.display());
     }
-    fn confidence<T>(r: &Reading<T>) -> Value {
-        r.as_ref().map_or(Value::Null, |e| json!(e.confidence))
+}
+
+/// "90 (sidecar)", "96 (edited)", "120 (87%)" for a reading, "?" when unknown.
+fn shown(field: &Resolved, read: &Reading<String>) -> String {
+    match (&field.value, field.source, read) {
+        (None, _, _) => "?".into(),
+        (Some(v), Some(Source::Sidecar), _) => format!("{v} (sidecar)"),
+        (Some(v), Some(Source::Edited), _) => format!("{v} (edited)"),
+        (Some(v), _, Ok(r)) if r.value == *v => format!("{v} ({:.0}%)", 100.0 * r.confidence),
+        (Some(v), _, _) => v.to_string(),
     }
-    fn why<T>(r: &Reading<T>) -> Value {
-        r.as_ref().err().map_or(Value::Null, |w| json!(w))
-    }
-    json!({
+}
+
+fn as_json(
+    name: &str,
+    fields: &BTreeMap<Field, Resolved>,
+    analysis: &Analysis,
+    stale: bool,
+    written: &[SidecarFile],
+) -> Value {
+    let per_field = |f: &dyn Fn(Field) -> Value| -> Value {
+        READ.iter().map(|field| (field.name().to_string(), f(*field))).collect::<serde_json::Map<_, _>>().into()
+    };
+    let bpm = fields[&Field::Bpm].value.as_deref().and_then(|b| b.parse::<u32>().ok());
+    let mut row = json!({
         "file": name,
-        "bpm": l.bpm.value,
-        "keyscale": l.keyscale.value,
-        "timesignature": l.timesignature.value,
-        "duration": l.duration,
-        "source": {"bpm": l.bpm.source, "keyscale": l.keyscale.source, "timesignature": l.timesignature.source},
-        "analysed": {"bpm": read(&l.bpm.analysed), "keyscale": read(&l.keyscale.analysed), "timesignature": read(&l.timesignature.analysed)},
-        "confidence": {
-            "bpm": confidence(&l.bpm.analysed),
-            "keyscale": confidence(&l.keyscale.analysed),
-            "timesignature": confidence(&l.timesignature.analysed),
-        },
-        "cannot_tell": {"bpm": why(&l.bpm.analysed), "keyscale": why(&l.keyscale.analysed), "timesignature": why(&l.timesignature.analysed)},
-    })
+        "bpm": bpm,
+        "keyscale": fields[&Field::Keyscale].value,
+        "timesignature": fields[&Field::Timesignature].value,
+        "duration": analysis.duration,
+        "source": per_field(&|f| json!(fields[&f].source)),
+        "analysed": per_field(&|f| match (f, reading(analysis, f)) {
+            (Field::Bpm, Ok(r)) => json!(r.value.parse::<u32>().ok()),
+            (_, Ok(r)) => json!(r.value),
+            (_, Err(_)) => Value::Null,
+        }),
+        "confidence": per_field(&|f| reading(analysis, f).map_or(Value::Null, |r| json!(r.confidence))),
+        "cannot_tell": per_field(&|f| reading(analysis, f).err().map_or(Value::Null, |w| json!(w))),
+        "stale": stale,
+    });
+    if !written.is_empty() {
+        row["sidecars"] = json!(written);
+    }
+    row
 }

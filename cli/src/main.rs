@@ -113,12 +113,28 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Read each song's tempo, key, time signature and length from its audio.
+    /// Read each song's tempo, key, time signature and length from its audio and keep
+    /// them for training in Ostinato's label store (the songs' folder is not touched);
+    /// a value a sidecar already gives is shown beside the reading, not replaced.
     Label {
         audio_dir: PathBuf,
         /// One JSON object per song instead of a table.
         #[arg(long)]
         json: bool,
+        /// Keep the readings over the sidecars' values (and over earlier edits).
+        #[arg(long)]
+        overwrite: bool,
+        /// Write each song's labels (caption, lyrics, bpm, key, time signature,
+        /// language) beside it as ACE-Step sidecars; a sidecar that says something
+        /// else is kept unless --replace-sidecars.
+        #[arg(long)]
+        write_sidecars: bool,
+        /// With --write-sidecars: replace sidecars that say something else.
+        #[arg(long, requires = "write_sidecars")]
+        replace_sidecars: bool,
+        /// The label store's folder (default: `labels` in the platform data folder).
+        #[arg(long)]
+        labels_dir: Option<PathBuf>,
     },
     /// Print a model folder's config, parameter counts and a training-memory estimate.
     Inspect { model_dir: PathBuf },
@@ -230,6 +246,10 @@ pub struct TrainArgs {
     pub config: Option<PathBuf>,
     #[arg(long)]
     pub runs_dir: Option<PathBuf>,
+    /// The label store whose labels (edited in the app, or kept by `ostinato label`)
+    /// the run records and trains with (default: `labels` in the platform data folder).
+    #[arg(long)]
+    pub labels_dir: Option<PathBuf>,
     /// Run name (default: the date and time).
     #[arg(long)]
     pub name: Option<String>,
@@ -385,7 +405,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             };
             report::bench(&spec, json).map(|_| 0)
         }
-        Command::Label { audio_dir, json } => label::label(&audio_dir, json).map(|_| 0),
+        Command::Label { audio_dir, json, overwrite, write_sidecars, replace_sidecars, labels_dir } => {
+            let args = label::LabelArgs { json, overwrite, write_sidecars, replace_sidecars, labels_dir };
+            label::label(&audio_dir, &args).map(|_| 0)
+        }
         Command::Inspect { model_dir } => report::inspect(&model_dir).map(|_| 0),
         Command::Models(command) => models::run(command),
         Command::Preprocess { audio_dir, model, out, crop_seconds } => {

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use ostinato_engine::label::saved_labels;
+use ostinato_engine::label::store::LabelStore;
 use ostinato_engine::load::source::ModelSource;
 use ostinato_engine::train::config::default_run_name;
 use ostinato_engine::train::fit::{self, Fit};
@@ -61,6 +63,13 @@ fn build_config(a: &TrainArgs) -> anyhow::Result<RunConfig> {
         c.runs_dir = dir.clone();
     }
     c.name = a.name.clone().unwrap_or_else(default_run_name);
+    let store = match &a.labels_dir {
+        Some(dir) => LabelStore::new(dir),
+        None => LabelStore::open_default()?,
+    };
+    // The config file's own labels for a song win over the store's.
+    let saved = saved_labels(&store, &c.data.folder)?;
+    c.data.labels = saved.into_iter().chain(std::mem::take(&mut c.data.labels)).collect();
     if a.gradient_checkpointing || a.no_gradient_checkpointing {
         c.gradient_checkpointing = a.gradient_checkpointing;
     }

@@ -43,7 +43,8 @@ fn unnamed_train(dir: &Path, audio: &Path, extra: &[&str]) -> Command {
         .args(["--crop-seconds", "3", "--rank", "4", "--alpha", "8", "--lr", "1e-3", "--seed", "3"])
         .args(["--save-every-steps", "3"])
         .args(extra)
-        .env("XDG_CACHE_HOME", dir.join("cache"));
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("XDG_DATA_HOME", dir.join("data"));
     c
 }
 
@@ -1400,7 +1401,13 @@ fn a_run_predicted_past_memory_is_refused_and_fit_auto_says_what_it_chose() {
 #[test]
 fn label_prints_each_songs_tempo_key_and_meter_as_json_lines_and_as_a_table() {
     let clips = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/data/labels");
-    let out = ostinato().args(["label", clips.to_str().unwrap(), "--json"]).output().unwrap();
+    let store = tempfile::tempdir().unwrap();
+    let label = |dir: &Path, more: &[&str]| {
+        let mut cmd = ostinato();
+        cmd.args(["label", dir.to_str().unwrap(), "--labels-dir", store.path().to_str().unwrap()]).args(more);
+        cmd.output().unwrap()
+    };
+    let out = label(&clips, &["--json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let rows: Vec<serde_json::Value> =
         String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -1427,7 +1434,7 @@ fn label_prints_each_songs_tempo_key_and_meter_as_json_lines_and_as_a_table() {
         std::fs::copy(clips.join(name), dir.path().join(name)).unwrap();
     }
     std::fs::write(dir.path().join("song-3-000.json"), r#"{"bpm": 56, "timesignature": "4"}"#).unwrap();
-    let out = ostinato().args(["label", dir.path().to_str().unwrap(), "--json"]).output().unwrap();
+    let out = label(dir.path(), &["--json"]);
     let rows: Vec<serde_json::Value> =
         String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let kept = rows.iter().find(|r| r["file"] == "song-3-000.ogg").unwrap();
@@ -1437,11 +1444,107 @@ fn label_prints_each_songs_tempo_key_and_meter_as_json_lines_and_as_a_table() {
     );
     assert_eq!(kept["source"]["keyscale"], "analysed");
 
-    let table = ostinato().args(["label", dir.path().to_str().unwrap()]).output().unwrap();
+    let table = label(dir.path(), &[]);
     let text = String::from_utf8(table.stdout).unwrap();
     assert!(
         text.lines().any(|l| l.starts_with("song-3-024.ogg") && l.contains("85 (") && l.contains("C major")),
         "{text}"
     );
     assert!(text.lines().any(|l| l.starts_with("song-3-000.ogg") && l.contains("56 (sidecar)")), "{text}");
+}
+
+/// `ostinato label` keeps its readings in the store (never in the songs' folder), a
+/// run records them in run.toml and trains with them (the prompt says so), a sidecar's
+/// value wins unless `--overwrite`, and sidecars are written only when asked, a
+/// differing one replaced only with `--replace-sidecars`.
+#[test]
+fn labels_are_kept_trained_with_and_written_as_sidecars_only_when_asked() {
+    let clips = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/data/labels");
+    let tmp = tempfile::tempdir().unwrap();
+    let (songs, store) = (tmp.path().join("songs"), tmp.path().join("labels"));
+    std::fs::create_dir(&songs).unwrap();
+    for name in ["song-3-000.ogg", "song-3-024.ogg"] {
+        std::fs::copy(clips.join(name), songs.join(name)).unwrap();
+    }
+    std::fs::write(songs.join("song-3-000.json"), r#"{"bpm": 56}"#).unwrap();
+    let listing = |dir: &Path| {
+        let mut names: Vec<_> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    };
+    let before = listing(&songs);
+    let label = |more: &[&str]| {
+        let out = ok(ostinato()
+            .args(["label", songs.to_str().unwrap(), "--json", "--labels-dir", store.to_str().unwrap()])
+            .args(more)
+            .output()
+            .unwrap());
+        let rows: Vec<serde_json::Value> =
+            String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        (rows, String::from_utf8(out.stderr).unwrap())
+    };
+    let row = |rows: &[serde_json::Value], name: &str| rows.iter().find(|r| r["file"] == name).unwrap().clone();
+    label(&[]);
+    assert_eq!(listing(&songs), before, "the songs' folder is only read");
+
+    let out = ok(train(
+        tmp.path(),
+        &songs,
+        "labelled",
+        &["--max-steps", "1", "--json", "--labels-dir", store.to_str().unwrap()],
+    )
+    .output()
+    .unwrap());
+    drop(out);
+    let run = tmp.path().join("runs/labelled");
+    let config = RunConfig::from_toml_file(&run.join("run.toml")).unwrap();
+    let given = |name: &str| config.data.labels.get(name).cloned().unwrap_or_default();
+    assert_eq!(
+        (given("song-3-024.ogg").bpm.as_deref(), given("song-3-024.ogg").keyscale.as_deref()),
+        (Some("85"), Some("C major"))
+    );
+    assert_eq!(given("song-3-000.ogg").bpm, None, "the sidecar's tempo wins over a reading");
+    let prompts: Vec<(String, String)> = read_events(&run.join("events.jsonl"))
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::DatasetFile { file, prompt, .. } => {
+                Some((file.file_name()?.to_string_lossy().into_owned(), prompt?))
+            }
+            _ => None,
+        })
+        .collect();
+    let prompt = |name: &str| prompts.iter().find(|(f, _)| f == name).map(|(_, p)| p.clone()).unwrap();
+    assert!(prompt("song-3-024.ogg").contains("- bpm: 85\n- timesignature: 3\n- keyscale: C major\n"), "{prompts:?}");
+    assert!(prompt("song-3-000.ogg").contains("- bpm: 56\n"), "{prompts:?}");
+
+    let (rows, _) = label(&["--overwrite"]);
+    let over = row(&rows, "song-3-000.ogg");
+    assert_eq!((over["bpm"].as_u64(), over["source"]["bpm"].as_str()), (Some(112), Some("edited")));
+
+    let (rows, stderr) = label(&["--write-sidecars"]);
+    assert!(stderr.contains("1 sidecar file(s) already say something else and were kept"), "{stderr}");
+    let outcomes = |r: &serde_json::Value| -> Vec<(String, String)> {
+        r["sidecars"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                let name = Path::new(f["path"].as_str().unwrap()).file_name().unwrap().to_string_lossy().into_owned();
+                (name, f["outcome"].as_str().unwrap().to_string())
+            })
+            .collect()
+    };
+    assert_eq!(outcomes(&row(&rows, "song-3-000.ogg")), [("song-3-000.json".to_string(), "kept".to_string())]);
+    assert_eq!(outcomes(&row(&rows, "song-3-024.ogg")), [("song-3-024.json".to_string(), "written".to_string())]);
+    assert_eq!(std::fs::read_to_string(songs.join("song-3-000.json")).unwrap(), r#"{"bpm": 56}"#);
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(songs.join("song-3-024.json")).unwrap()).unwrap();
+    assert_eq!(written, serde_json::json!({"bpm": 85, "keyscale": "C major", "timesignature": "3"}));
+
+    label(&["--write-sidecars", "--replace-sidecars"]);
+    let replaced: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(songs.join("song-3-000.json")).unwrap()).unwrap();
+    assert_eq!(replaced["bpm"], 112);
 }

@@ -140,6 +140,10 @@ pub enum Event {
         seconds_in_file: f64,
         /// How it is cut, in words ("cut to 240 s ..."); absent when used whole.
         note: Option<String>,
+        /// ACE-Step's text prompt the song is trained with (caption and metas);
+        /// absent in older logs.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prompt: Option<String>,
     },
     /// An optimizer update was applied.
     Step {
@@ -423,6 +427,7 @@ mod tests {
                 seconds_used: 240.0,
                 seconds_in_file: 505.0,
                 note: Some("cut to 240 s".into()),
+                prompt: Some("# Caption\nlofi\n".into()),
             },
             step(1, 0.9),
             Event::StepSkipped { step: 2, reason: "non-finite gradients".into(), consecutive: 1, loss_scale: 32768.0 },

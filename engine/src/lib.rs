@@ -1,6 +1,7 @@
 //! Ostinato's training engine: the ACE-Step 1.5 DiT in candle, LoRA adapters,
 //! the training step and runs. No UI dependencies; front ends consume `Event`s.
 
+pub mod atomic;
 pub mod bench;
 pub mod cancel;
 pub mod charts;

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 /// Every top-level module and its layer: a module may use only lower layers.
 const LAYERS: &[(&str, u32)] = &[
     ("error", 0),
+    ("atomic", 1),
     ("heap", 0),
     ("cancel", 0),
     ("kernels", 0),

@@ -17,6 +17,7 @@ use super::scan::AUDIO_EXTENSIONS;
 use super::sidecar::apply_trigger;
 use super::{DataEvent, DataSpec, FileUse, Issue, IssueKind, Stage, TrainingSample};
 use crate::cancel::Cancel;
+use crate::codec::condition::text_prompt;
 use crate::codec::{Conditioner, LatentEncoder, SongMeta, StereoAudio};
 use crate::error::{Error, Result};
 
@@ -177,7 +178,7 @@ pub fn prepare_dataset(
     report: &mut dyn FnMut(DataEvent),
 ) -> Result<PreparedDataset> {
     spec.validate()?;
-    let folder = inspect_folder(&spec.folder)?;
+    let folder = inspect_folder(&spec.folder, &spec.labels)?;
     let total = folder.songs.len();
     let mut prep = Preparer::new(spec, encoder, conditioner, cache, cancel, report);
     for (file, reason) in folder.skipped {
@@ -285,7 +286,7 @@ impl<'a> Preparer<'a> {
     /// values ignored, a short decode), then either how much of it is used or why
     /// it is skipped.
     fn add(&mut self, song: SongFile) -> Result<()> {
-        let SongFile { path, meta, mut warnings } = song;
+        let SongFile { path, meta, mut warnings, .. } = song;
         let meta = self.training_meta(meta);
         match self.song(&path, meta, &mut warnings)? {
             Ok(item) => {
@@ -312,6 +313,7 @@ impl<'a> Preparer<'a> {
             seconds_used: item.seconds_used,
             seconds_in_file: seconds,
             note: cut_note(cut, seconds, self.cache.is_none()),
+            prompt: text_prompt(&item.meta),
         }));
         self.data.items.push(item);
     }
@@ -612,7 +614,7 @@ mod tests {
     /// Every file's verdict from `inspect_folder` (the app's scan): None when training
     /// can use it, else why not.
     fn inspected(folder: &Path) -> BTreeMap<PathBuf, Option<String>> {
-        let inspection = inspect_folder(folder).unwrap();
+        let inspection = inspect_folder(folder, &Default::default()).unwrap();
         let spec = DataSpec::new(folder);
         let songs = inspection.songs.iter().map(|s| (s.path.clone(), s.check(&spec).err()));
         songs.chain(inspection.skipped.into_iter().map(|(file, reason)| (file, Some(reason)))).collect()
@@ -636,7 +638,7 @@ mod tests {
         assert_eq!(verdicts.len(), 6, "{verdicts:?}");
         assert!(verdicts.values().all(Option::is_none), "{verdicts:?}");
         assert_eq!(verdicts, prepared(&demo));
-        assert!(inspect_folder(&demo).unwrap().songs.iter().all(|s| s.meta.has_caption()));
+        assert!(inspect_folder(&demo, &Default::default()).unwrap().songs.iter().all(|s| s.meta.has_caption()));
 
         let src = tempfile::tempdir().unwrap();
         let good = good_wav(src.path(), "good.wav", 1.5, 440.0);

@@ -1,14 +1,16 @@
 //! The one dataset check every shell calls: which files of a folder are songs, what
-//! their sidecars say, and whether training can use each. `prepare_dataset` goes
+//! their sidecars say (and the labels given in Ostinato over them), and whether
+//! training can use each. `prepare_dataset` goes
 //! through the same listing and the same per-file check, so the app's scan and a run
 //! reach the same verdicts.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::audio::{self, Cut, Decoded};
 use super::scan::scan_folder;
 use super::sidecar::Sidecars;
-use super::DataSpec;
+use super::{song_key, DataSpec, Labels};
 use crate::codec::SongMeta;
 use crate::error::Result;
 
@@ -21,11 +23,14 @@ pub struct FolderInspection {
     pub skipped: Vec<(PathBuf, String)>,
 }
 
-/// One audio file and what its sidecars say.
+/// One audio file, what its sidecars say and what it is trained with.
 #[derive(Debug, Clone)]
 pub struct SongFile {
     pub path: PathBuf,
+    /// What training uses: the sidecars' values with the given labels over them.
     pub meta: SongMeta,
+    /// What the sidecars alone say.
+    pub sidecars: SongMeta,
     /// Sidecar values ignored (the sidecar, why): the song is still used.
     pub warnings: Vec<(PathBuf, String)>,
 }
@@ -39,9 +44,9 @@ impl SongFile {
     }
 }
 
-/// Lists `folder` and reads every song's sidecars; fails only when the folder itself
-/// cannot be read.
-pub fn inspect_folder(folder: &Path) -> Result<FolderInspection> {
+/// Lists `folder` and reads every song's sidecars, with `labels` (by `song_key`) over
+/// them; fails only when the folder itself cannot be read.
+pub fn inspect_folder(folder: &Path, labels: &BTreeMap<String, Labels>) -> Result<FolderInspection> {
     let scanned = scan_folder(folder)?;
     let mut sidecars = Sidecars::new();
     let songs = scanned
@@ -49,8 +54,12 @@ pub fn inspect_folder(folder: &Path) -> Result<FolderInspection> {
         .into_iter()
         .map(|path| {
             let mut warnings = Vec::new();
-            let meta = sidecars.read(&path, &mut warnings);
-            SongFile { path, meta, warnings }
+            let read = sidecars.read(&path, &mut warnings);
+            let mut meta = read.clone();
+            if let Some(given) = labels.get(&song_key(folder, &path)) {
+                given.apply(&mut meta);
+            }
+            SongFile { path, meta, sidecars: read, warnings }
         })
         .collect();
     Ok(FolderInspection { songs, skipped: scanned.skipped })

@@ -10,6 +10,7 @@ pub mod cache;
 pub mod dataset;
 mod guard;
 pub mod inspect;
+pub mod labels;
 pub mod preprocessed;
 pub mod regular;
 pub mod scan;
@@ -20,7 +21,8 @@ pub mod wav;
 #[cfg(test)]
 pub(crate) mod testutil;
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
@@ -30,6 +32,7 @@ use crate::error::SettingErrors;
 pub use cache::LatentCache;
 pub use dataset::{cached_latents, encode_item, prepare_dataset, DatasetItem, PreparedDataset};
 pub use inspect::{inspect_folder, FolderInspection, SongFile};
+pub use labels::{Field, Labels};
 
 /// One preprocessed sample, with ACE-Step's preprocessed-sample tensors.
 #[derive(Debug, Clone)]
@@ -73,11 +76,21 @@ pub struct DataSpec {
     /// the centre of the song when it is on (a cache entry must be reproducible).
     pub crop_seconds: Option<f64>,
     pub trigger: Option<TriggerTag>,
+    /// Labels given in Ostinato (edited, or read from the audio and accepted), by the
+    /// song's path relative to `folder`: each field set wins over the song's sidecars.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, Labels>,
 }
 
 impl Default for DataSpec {
     fn default() -> Self {
-        Self { folder: PathBuf::new(), max_duration_seconds: 240.0, crop_seconds: None, trigger: None }
+        Self {
+            folder: PathBuf::new(),
+            max_duration_seconds: 240.0,
+            crop_seconds: None,
+            trigger: None,
+            labels: BTreeMap::new(),
+        }
     }
 }
 
@@ -107,13 +120,24 @@ impl DataSpec {
         }
     }
 
-    /// Notes every field out of range, named as in run.toml (`data.crop_seconds`).
+    /// Notes every field out of range, named as in run.toml (`data.crop_seconds`,
+    /// `data.labels."song.mp3".bpm`).
     pub fn check(&self, errors: &mut SettingErrors) {
         for (field, seconds) in self.too_short() {
             errors.check(false, &format!("data.{field}"), || {
                 format!("{seconds} must be at least {} s", audio::MIN_SECONDS)
             });
         }
+        for (song, labels) in &self.labels {
+            if let Err((field, why)) = labels.check() {
+                errors.check(false, &format!("data.labels.\"{song}\".{field}"), || why);
+            }
+        }
+    }
+
+    /// The labels given to the song at `path` (none when it has none).
+    pub fn labels_of(&self, path: &Path) -> Option<&Labels> {
+        self.labels.get(&song_key(&self.folder, path))
     }
 
     /// The lengths that would give a song less than `audio::MIN_SECONDS`: (field, value).
@@ -124,6 +148,11 @@ impl DataSpec {
             .filter_map(|(field, seconds)| seconds.filter(|s| !enough(*s)).map(|s| (field, s)))
             .collect()
     }
+}
+
+/// How a song of `folder` is named in `DataSpec::labels`: its path relative to the folder.
+pub fn song_key(folder: &Path, path: &Path) -> String {
+    path.strip_prefix(folder).unwrap_or(path).to_string_lossy().into_owned()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -162,6 +191,8 @@ pub struct FileUse {
     pub seconds_in_file: f64,
     /// How the song is cut, when it is ("cut to 240 s"); None when used whole.
     pub note: Option<String>,
+    /// ACE-Step's text prompt the song is trained with: caption and metas.
+    pub prompt: String,
 }
 
 /// What dataset preparation tells the run loop (which maps it to engine events).

@@ -33,5 +33,5 @@ pub fn write_latents(path: &Path, latents: &Tensor) -> Result<()> {
         path: path.to_path_buf(),
         reason: format!("cannot serialise the latents: {e}"),
     })?;
-    super::wav::write_atomically(path, &bytes)
+    crate::atomic::write_atomically(path, &bytes)
 }

@@ -4,8 +4,8 @@
 //! `hound` writes the file (the data module's `wav_bytes` clamps to [-1, 1], which
 //! would clip a decoder output that goes past full scale).
 
-use std::io::{Cursor, Write};
-use std::path::{Path, PathBuf};
+use std::io::Cursor;
+use std::path::Path;
 
 use crate::codec::StereoAudio;
 use crate::{Error, Result};
@@ -31,57 +31,9 @@ pub fn float_wav_bytes(audio: &StereoAudio) -> Result<Vec<u8>> {
     Ok(out.into_inner())
 }
 
-/// Checks that `path` can be written (an existing folder that takes a new file, and
-/// not itself a folder) before any work is done.
-pub fn check_writable(path: &Path) -> Result<()> {
-    let parent = parent_of(path);
-    if path.is_dir() {
-        return Err(Error::io(path, std::io::Error::other("is a folder, not a file")));
-    }
-    if !parent.is_dir() {
-        return Err(Error::io(path, std::io::Error::other(format!("folder {} does not exist", parent.display()))));
-    }
-    // A read-only folder fails here, not after minutes of sampling.
-    let probe = temp_sibling(path);
-    std::fs::File::create(&probe).map_err(|e| Error::io(path, e))?;
-    let _ = std::fs::remove_file(&probe);
-    Ok(())
-}
-
-fn parent_of(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
-}
-
-/// The hidden temporary file beside `path` that is renamed over it.
-fn temp_sibling(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    parent_of(path).join(format!(".{name}.{}.tmp", std::process::id()))
-}
-
-/// Writes `bytes` to `path` through a temporary sibling that is fsynced and renamed
-/// into place: a crash or a full disk leaves the old file or none, never half of one.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    check_writable(path)?;
-    let parent = parent_of(path);
-    let tmp = temp_sibling(path);
-    let written = std::fs::File::create(&tmp).and_then(|mut f| {
-        f.write_all(bytes)?;
-        f.sync_all()
-    });
-    if let Err(e) = written.and_then(|_| std::fs::rename(&tmp, path)) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::io(path, e));
-    }
-    // The rename itself is durable once the folder is synced.
-    std::fs::File::open(&parent).and_then(|d| d.sync_all()).map_err(|e| Error::io(&parent, e))
-}
-
-/// `audio` as a float WAV at `path` (see [`write_atomically`]).
+/// `audio` as a float WAV at `path` (see [`crate::atomic::write_atomically`]).
 pub fn write_wav(path: &Path, audio: &StereoAudio) -> Result<()> {
-    write_atomically(path, &float_wav_bytes(audio)?)
+    crate::atomic::write_atomically(path, &float_wav_bytes(audio)?)
 }
 
 #[cfg(test)]

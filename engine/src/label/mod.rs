@@ -2,97 +2,146 @@
 //! signal (`analysis`), and each field's value with where it comes from.
 
 pub mod analysis;
+pub mod sidecars;
+pub mod store;
+
+use std::collections::BTreeMap;
+use std::path::Path;
 
 use serde::Serialize;
 
 use crate::codec::SongMeta;
-use analysis::{Analysis, Reading};
+use crate::data::{inspect_folder, song_key, Field, FolderInspection, Labels};
+use analysis::Analysis;
+use store::{LabelStore, Saved};
 
-/// Where a field's value comes from, in order of precedence: what the user wrote
-/// beside the song wins over what the audio suggests.
+/// Where a field's value comes from, in order of precedence: what the user gave in
+/// Ostinato, then what they wrote beside the song, then the audio's reading they accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Source {
+    Edited,
     Sidecar,
     Analysed,
 }
 
-/// One metadata field of a song: the value it takes and from where (None: unknown, N/A
-/// to ACE-Step), and what the analysis read, shown beside a sidecar's value rather
-/// than replacing it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Label<T> {
-    pub value: Option<T>,
+/// One field's value as training uses it (None: unknown, N/A to ACE-Step) and its source.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Resolved {
+    pub value: Option<String>,
     pub source: Option<Source>,
-    pub analysed: Reading<T>,
 }
 
-impl<T: Clone> Label<T> {
-    fn pick(sidecar: Option<T>, analysed: Reading<T>) -> Self {
-        let (value, source) = match (sidecar, &analysed) {
-            (Some(given), _) => (Some(given), Some(Source::Sidecar)),
-            (None, Ok(read)) => (Some(read.value.clone()), Some(Source::Analysed)),
-            (None, Err(_)) => (None, None),
-        };
-        Label { value, source, analysed }
+/// What the song's sidecars give for `field` (the instrumental marker they default
+/// lyrics to is no value).
+pub fn sidecar_value(meta: &SongMeta, field: Field) -> Option<String> {
+    let text = |s: &str| Some(s.to_string()).filter(|_| !s.trim().is_empty());
+    match field {
+        Field::Caption => text(&meta.caption),
+        Field::Lyrics => meta.has_lyrics().then(|| meta.lyrics.clone()),
+        Field::Bpm => meta.bpm.map(|b| b.to_string()),
+        Field::Keyscale => meta.keyscale.clone(),
+        Field::Timesignature => meta.timesignature.clone(),
+        Field::Language => meta.language.clone(),
     }
 }
 
-/// A song's tempo, key and time signature (ACE-Step's `bpm`, `keyscale`,
-/// `timesignature`) and its length.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SongLabels {
-    pub bpm: Label<u32>,
-    pub keyscale: Label<String>,
-    /// As ACE-Step writes it: the numerator, "4".
-    pub timesignature: Label<String>,
-    /// Seconds in the whole file.
-    pub duration: f64,
+/// Every field of a song, resolved by precedence (edited > sidecar > analysed).
+pub fn resolve(sidecars: &SongMeta, saved: &Saved) -> BTreeMap<Field, Resolved> {
+    Field::ALL
+        .into_iter()
+        .map(|field| {
+            let candidates = [
+                (saved.edited.get(field).map(str::to_string), Source::Edited),
+                (sidecar_value(sidecars, field), Source::Sidecar),
+                (saved.accepted.get(field).map(str::to_string), Source::Analysed),
+            ];
+            let winner = candidates.into_iter().find_map(|(value, source)| value.map(|v| (v, source)));
+            let resolved = match winner {
+                Some((value, source)) => Resolved { value: Some(value), source: Some(source) },
+                None => Resolved { value: None, source: None },
+            };
+            (field, resolved)
+        })
+        .collect()
 }
 
-impl SongLabels {
-    /// The sidecars' values (`meta`) field by field, the analysis's where they give none.
-    pub fn resolve(meta: &SongMeta, analysis: Analysis) -> Self {
-        let timesignature =
-            analysis.timesignature.map(|e| analysis::Estimate { value: e.value.to_string(), confidence: e.confidence });
-        SongLabels {
-            bpm: Label::pick(meta.bpm, analysis.bpm),
-            keyscale: Label::pick(meta.keyscale.clone(), analysis.keyscale),
-            timesignature: Label::pick(meta.timesignature.clone(), timesignature),
-            duration: analysis.duration,
+/// What a run records for the song: the edited values, and the accepted readings
+/// where the sidecars say nothing (the sidecars themselves are read by training).
+pub fn given(sidecars: &SongMeta, saved: &Saved) -> Labels {
+    let mut labels = Labels::default();
+    for (field, resolved) in resolve(sidecars, saved) {
+        if matches!(resolved.source, Some(Source::Edited | Source::Analysed)) {
+            labels.put(field, resolved.value);
         }
     }
+    labels
+}
+
+/// A song of a folder with what the store keeps for it.
+#[derive(Debug, Clone)]
+pub struct StoredSong {
+    pub file: crate::data::SongFile,
+    /// The store's record, or why the file cannot be read.
+    pub found: std::result::Result<store::Found, String>,
+}
+
+/// A folder's songs (sidecars only, no labels over them) with the store's record of each.
+pub fn stored_songs(store: &LabelStore, folder: &Path) -> crate::Result<(Vec<StoredSong>, FolderInspection)> {
+    let mut inspection = inspect_folder(folder, &BTreeMap::new())?;
+    let songs = std::mem::take(&mut inspection.songs);
+    let paths: Vec<_> = songs.iter().map(|s| s.path.clone()).collect();
+    let found = store.find_all(&paths);
+    Ok((songs.into_iter().zip(found).map(|(file, found)| StoredSong { file, found }).collect(), inspection))
+}
+
+/// The labels the store gives the songs of `folder`, as `DataSpec::labels` holds them
+/// (a song the store has nothing for, or cannot read, is left out: training reports it).
+pub fn saved_labels(store: &LabelStore, folder: &Path) -> crate::Result<BTreeMap<String, Labels>> {
+    if !store.exists() {
+        return Ok(BTreeMap::new()); // nothing was ever saved: no song need be hashed
+    }
+    let (songs, _) = stored_songs(store, folder)?;
+    Ok(songs
+        .into_iter()
+        .filter_map(|song| {
+            let found = song.found.ok()?;
+            let labels = given(&song.file.sidecars, &found.saved);
+            (!labels.is_empty()).then(|| (song_key(folder, &song.file.path), labels))
+        })
+        .collect())
+}
+
+/// The analysis's readings of the fields it reads, as label values (bpm "120").
+pub fn readings(analysis: &Analysis) -> Labels {
+    let mut labels = Labels::default();
+    labels.put(Field::Bpm, analysis.bpm.as_ref().ok().map(|e| e.value.to_string()));
+    labels.put(Field::Keyscale, analysis.keyscale.as_ref().ok().map(|e| e.value.clone()));
+    labels.put(Field::Timesignature, analysis.timesignature.as_ref().ok().map(|e| e.value.to_string()));
+    labels
 }
 
 #[cfg(test)]
 mod tests {
-    use super::analysis::Estimate;
     use super::*;
 
     #[test]
-    fn a_sidecars_value_is_kept_and_the_analysis_shown_beside_it() {
-        let meta = SongMeta { bpm: Some(90), timesignature: Some("3".into()), ..SongMeta::default() };
-        let analysis = Analysis {
-            duration: 30.0,
-            bpm: Ok(Estimate { value: 120, confidence: 0.9 }),
-            keyscale: Ok(Estimate { value: "A minor".into(), confidence: 0.8 }),
-            timesignature: Err("too few beats".into()),
-        };
-        let labels = SongLabels::resolve(&meta, analysis);
-        assert_eq!((labels.bpm.value, labels.bpm.source), (Some(90), Some(Source::Sidecar)));
-        assert_eq!(labels.bpm.analysed.as_ref().unwrap().value, 120);
+    fn edited_beats_sidecar_beats_analysed() {
+        let sidecars = SongMeta { bpm: Some(90), caption: "from the sidecar".into(), ..SongMeta::default() };
+        let mut saved = Saved::default();
+        saved.edited.set(Field::Caption, "typed in the window").unwrap();
+        saved.accepted.set(Field::Bpm, "120").unwrap();
+        saved.accepted.set(Field::Keyscale, "A minor").unwrap();
+        let fields = resolve(&sidecars, &saved);
+        let at = |f: Field| (fields[&f].value.as_deref(), fields[&f].source);
+        assert_eq!(at(Field::Caption), (Some("typed in the window"), Some(Source::Edited)));
+        assert_eq!(at(Field::Bpm), (Some("90"), Some(Source::Sidecar)));
+        assert_eq!(at(Field::Keyscale), (Some("A minor"), Some(Source::Analysed)));
+        assert_eq!(at(Field::Lyrics), (None, None));
+        let run = given(&sidecars, &saved);
         assert_eq!(
-            (labels.keyscale.value.as_deref(), labels.keyscale.source),
-            (Some("A minor"), Some(Source::Analysed))
+            (run.caption.as_deref(), run.bpm.as_deref(), run.keyscale.as_deref()),
+            (Some("typed in the window"), None, Some("A minor"))
         );
-        assert_eq!(
-            (labels.timesignature.value.as_deref(), labels.timesignature.source),
-            (Some("3"), Some(Source::Sidecar))
-        );
-        let unknown = SongLabels::resolve(
-            &SongMeta::default(),
-            Analysis { duration: 1.0, bpm: Err("x".into()), keyscale: Err("x".into()), timesignature: Err("x".into()) },
-        );
-        assert_eq!((unknown.bpm.value, unknown.bpm.source), (None, None));
     }
 }

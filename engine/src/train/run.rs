@@ -903,8 +903,8 @@ fn data_event(e: DataEvent, folder: &Path) -> Event {
             seconds_total: seconds.map(|s| s.1),
         },
         DataEvent::Issue(Issue { file, reason, kind }) => Event::DatasetIssue { file, reason, kind },
-        DataEvent::Used(FileUse { file, seconds_used, seconds_in_file, note }) => {
-            Event::DatasetFile { file, seconds_used, seconds_in_file, note }
+        DataEvent::Used(FileUse { file, seconds_used, seconds_in_file, note, prompt }) => {
+            Event::DatasetFile { file, seconds_used, seconds_in_file, note, prompt: Some(prompt) }
         }
     }
 }

@@ -12,10 +12,11 @@ use candle_core::{Device, Tensor};
 
 use super::config::RunConfig;
 use super::state;
+use crate::atomic::write_atomically;
 use crate::cancel::Cancel;
 use crate::codec::{Conditioner, LatentDecoder, StereoAudio};
 use crate::data::{cached_latents, inspect_folder};
-use crate::generate::wav::{write_atomically, write_wav};
+use crate::generate::wav::write_wav;
 use crate::generate::{GenerateEvent, GenerateSpec, Generator, SongModel};
 use crate::load::source::ModelSource;
 use crate::lora::LoraAdapter;
@@ -229,9 +230,14 @@ pub fn generate_for_run(
 /// None when the cache does not hold them (caching off, or not yet prepared).
 pub fn as_the_model_hears(config: &RunConfig, song: &Path) -> Result<Option<StereoAudio>> {
     let Some(cache) = config.latent_cache()? else { return Ok(None) };
-    let file = inspect_folder(&config.data.folder)?.songs.into_iter().find(|s| s.path == song).ok_or_else(|| {
-        Error::BadAudio { path: song.to_path_buf(), reason: "not a song of the dataset folder".into() }
-    })?;
+    let file = inspect_folder(&config.data.folder, &config.data.labels)?
+        .songs
+        .into_iter()
+        .find(|s| s.path == song)
+        .ok_or_else(|| Error::BadAudio {
+            path: song.to_path_buf(),
+            reason: "not a song of the dataset folder".into(),
+        })?;
     let device = Device::Cpu;
     let (encoder, conditioner, _) = config.model.encoders(&device)?;
     match cached_latents(&config.data, encoder.as_ref(), conditioner.as_ref(), &cache, file)? {

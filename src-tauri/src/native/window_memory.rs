@@ -55,7 +55,7 @@ pub fn load(config_dir: &Path) -> Option<Geometry> {
 pub fn save(config_dir: &Path, geometry: &Geometry) -> Result<(), String> {
     let json = serde_json::to_vec_pretty(geometry).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(config_dir).map_err(|e| format!("{}: {e}", config_dir.display()))?;
-    ostinato_engine::generate::wav::write_atomically(&path(config_dir), &json).map_err(|e| e.to_string())
+    ostinato_engine::atomic::write_atomically(&path(config_dir), &json).map_err(|e| e.to_string())
 }
 
 /// Where the remembered window goes on these `screens`: its size, at least `min` and at

@@ -31,6 +31,13 @@ pub struct Estimate<T> {
     pub confidence: f64,
 }
 
+impl<T> Estimate<T> {
+    /// The same reading, its value written another way.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Estimate<U> {
+        Estimate { value: f(self.value), confidence: self.confidence }
+    }
+}
+
 /// What the audio says of a song, as ACE-Step's metadata fields.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Analysis {
