@@ -130,7 +130,7 @@ fn print_row(
     let note = if stale { "  (audio changed since labelled)" } else { "" };
     println!("{name:<40} {bpm:>20} {key:>24} {meter:>16} {:>8.1}s{note}", analysis.duration);
     for file in written.iter().filter(|f| f.outcome != Outcome::Unchanged) {
-        println!("    {:?}: {}", file.outcome, file.path.display());
+        println!("    {}: {}", file.outcome.name(), file.path.display());
     }
 }
 

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use ostinato_engine::bench::AnyPreset;
+use ostinato_engine::data::TagMode;
 use ostinato_engine::device::Precision;
 use ostinato_engine::export::{ExportFormat, WhichAdapter};
 use ostinato_engine::generate::GenerateSpec;
@@ -307,6 +308,13 @@ pub struct TrainArgs {
     pub patience: Option<u64>,
     #[arg(long, value_parser = parse_with::<Precision>)]
     pub precision: Option<Precision>,
+    /// A trigger word or phrase joined to every song's caption, so the adapter
+    /// answers to it in prompts.
+    #[arg(long)]
+    pub trigger: Option<String>,
+    /// Where the trigger goes in each caption: prepend, append or replace.
+    #[arg(long, requires = "trigger", value_name = "POSITION", value_parser = parse_with::<TagMode>)]
+    pub trigger_position: Option<TagMode>,
     #[arg(long)]
     pub crop_seconds: Option<f64>,
     /// `auto`: choose gradient checkpointing, batch, precision and crop length for

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use ostinato_engine::data::{TagMode, TriggerTag};
 use ostinato_engine::label::saved_labels;
 use ostinato_engine::label::store::LabelStore;
 use ostinato_engine::load::source::ModelSource;
@@ -91,6 +92,10 @@ fn build_config(a: &TrainArgs) -> anyhow::Result<RunConfig> {
     c.cfg_dropout = a.cfg_dropout.or(c.cfg_dropout);
     c.precision = a.precision.unwrap_or(c.precision);
     c.data.crop_seconds = a.crop_seconds.or(c.data.crop_seconds);
+    if let Some(tag) = &a.trigger {
+        let mode = a.trigger_position.unwrap_or(TagMode::Prepend);
+        c.data.trigger = Some(TriggerTag { tag: tag.clone(), mode });
+    }
     c.preview_every_steps = a.preview_every_steps.or(c.preview_every_steps);
     c.preview_seconds = a.preview_seconds.or(c.preview_seconds);
     c.preview_caption = a.preview_caption.clone().or(c.preview_caption.take());

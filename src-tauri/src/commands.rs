@@ -4,15 +4,18 @@
 
 pub mod listen;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::Serialize;
 use tauri::{AppHandle, Runtime, State};
 
 use crate::bridge::{
-    AppState, BridgeError, Charts, DatasetView, ExportFormat, HistoryEntry, MemoryView, RunView, StateView,
+    AppState, BridgeError, Charts, DatasetView, EstimateView, ExportFormat, FileRow, HistoryEntry, MemoryView, RunView,
+    SidecarReport, StateView,
 };
 use crate::settings::{FieldErrors, Settings};
+use ostinato_engine::data::Field;
 use ostinato_engine::load::{DitVariant, FoundModel, Hub};
 
 /// What a failed command rejects with in JS: `{kind, message, fields?}`.
@@ -82,6 +85,36 @@ pub async fn choose_folder(title: Option<String>, start: Option<String>) -> Res<
 pub async fn scan_dataset(state: State<'_, AppState>, path: String) -> Res<DatasetView> {
     let state = state.inner().clone();
     blocking(move || state.scan_dataset(&PathBuf::from(path))).await
+}
+
+/// Sets one label (caption, lyrics, bpm, keyscale, timesignature, language) of a song
+/// of the scanned dataset, checked by the engine; the song's row as it now is.
+#[tauri::command]
+pub async fn set_label(state: State<'_, AppState>, name: String, field: String, value: String) -> Res<FileRow> {
+    let state = state.inner().clone();
+    blocking(move || state.set_label(&name, &field, &value)).await
+}
+
+/// Accepts the analysis's readings (field -> value) for a song; its row as it now is.
+#[tauri::command]
+pub async fn accept_labels(state: State<'_, AppState>, name: String, values: BTreeMap<String, String>) -> Res<FileRow> {
+    let state = state.inner().clone();
+    blocking(move || state.accept_labels(&name, &values)).await
+}
+
+/// Tempo, key and time signature read from a song's audio, as estimates.
+#[tauri::command]
+pub async fn analyse_song(state: State<'_, AppState>, name: String) -> Res<BTreeMap<Field, EstimateView>> {
+    let state = state.inner().clone();
+    blocking(move || state.analyse_song(&name)).await
+}
+
+/// Writes every song's labels beside it as ACE-Step sidecars (replacing ones that say
+/// something else only with `replace`).
+#[tauri::command]
+pub async fn write_sidecars(state: State<'_, AppState>, replace: bool) -> Res<SidecarReport> {
+    let state = state.inner().clone();
+    blocking(move || state.write_sidecars(replace)).await
 }
 
 /// The predicted peak memory of a run with the saved settings, before Start.

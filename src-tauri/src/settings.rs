@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use ostinato_engine::data::{TagMode, TriggerTag};
 use ostinato_engine::device::Precision;
 use ostinato_engine::load::source::ModelSource;
 use ostinato_engine::train::config::default_run_name;
@@ -51,6 +52,10 @@ pub struct Settings {
     pub preview_seconds: Option<f64>,
     /// The previews' caption.
     pub preview_caption: Option<String>,
+    /// A word or phrase joined to every caption, so the adapter answers to it.
+    pub trigger_tag: Option<String>,
+    /// Where the trigger goes in each caption.
+    pub trigger_position: TagMode,
 }
 
 /// The run config's fields the form shows under another name: (run.toml, form).
@@ -105,6 +110,8 @@ impl Settings {
             preview_every_steps: c.preview_every_steps,
             preview_seconds: c.preview_seconds,
             preview_caption: c.preview_caption.clone(),
+            trigger_tag: c.data.trigger.as_ref().map(|t| t.tag.clone()),
+            trigger_position: c.data.trigger.as_ref().map_or(TagMode::Prepend, |t| t.mode),
         }
     }
 
@@ -134,6 +141,8 @@ impl Settings {
             ..RunConfig::default()
         };
         c.data.folder = self.dataset_dir.clone().unwrap_or_default();
+        let tag = self.trigger_tag.as_deref().map(str::trim).filter(|t| !t.is_empty());
+        c.data.trigger = tag.map(|tag| TriggerTag { tag: tag.to_string(), mode: self.trigger_position });
         (c.lora.r, c.lora.alpha, c.lora.dropout) = (self.rank, self.alpha, self.dropout);
         c
     }
@@ -253,9 +262,12 @@ mod tests {
             preview_every_steps: Some(10),
             preview_seconds: Some(4.0),
             preview_caption: Some("a caption".into()),
+            trigger_tag: Some("ostn".into()),
+            trigger_position: TagMode::Append,
         };
         let c = s.run_config(runs.clone());
         assert_eq!((c.runs_dir.clone(), c.data.folder.clone(), c.lora.r, c.lr), (runs, "/songs".into(), 8, 1e-4));
+        assert_eq!(c.data.trigger, Some(TriggerTag { tag: "ostn".into(), mode: TagMode::Append }));
         c.validate().unwrap();
         assert_eq!(Settings::from_template(&c, false), s);
     }

@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fantoccini::actions::{InputSource, MouseActions, PointerAction};
+use fantoccini::key::Key;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
@@ -336,12 +337,21 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     wait_js(&c, "return document.getElementById('settings-status').dataset.state === 'saved'", "rank to save").await;
     assert_eq!(text(&c, "[data-error-for=rank]").await, "");
 
-    // Load the demo dataset by typing its folder, as a user without drag and drop would.
-    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/demo").canonicalize().unwrap();
+    // Load a copy of the demo songs, with one 18 s song of known tempo, key and meter
+    // and no sidecars, by typing its folder, as a user without drag and drop would.
+    let songs = tmp.path().join("songs");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    std::fs::create_dir(&songs).unwrap();
+    for entry in std::fs::read_dir(repo.join("assets/demo")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), songs.join(entry.file_name())).unwrap();
+    }
+    std::fs::copy(repo.join("engine/tests/data/labels/song-3-000.ogg"), songs.join("song-3-000.ogg")).unwrap();
     let path = c.find(Locator::Id("dataset-path")).await.unwrap();
-    path.send_keys(demo.to_str().unwrap()).await.unwrap();
+    path.send_keys(songs.to_str().unwrap()).await.unwrap();
     c.find(Locator::Css("#dataset-form button")).await.unwrap().click().await.unwrap();
-    wait_js(&c, "return document.querySelectorAll('#panel-files tbody tr').length === 6", "the demo files table").await;
+    wait_js(&c, "return document.querySelectorAll('#panel-files tbody tr').length === 7", "the files table").await;
+    edit_labels(&c).await;
     let epochs = c.find(Locator::Id("set-epochs")).await.unwrap();
     epochs.clear().await.unwrap();
     epochs.send_keys("100").await.unwrap();
@@ -515,6 +525,8 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     assert!(!c.find(Locator::Id("dataset-progress")).await.unwrap().is_displayed().await.unwrap());
     let run = std::fs::read_dir(&runs).unwrap().next().unwrap().unwrap().path();
     assert!(run.join("final/adapter/adapter_model.safetensors").is_file());
+    trained_with_the_labels(&run);
+    write_sidecars(&c, &songs).await;
     eprintln!("e2e: paused at step {paused_at}, stopped with {}", text(&c, "#sb-step").await);
 
     // Tabs switch panels.
@@ -594,4 +606,152 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     c.close().await.unwrap();
     drop(driver);
     eprintln!("e2e: done in {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// The row of the files table for `file`, and a cell of it.
+fn cell(file: &str, field: &str) -> String {
+    format!("#files-body tr[data-file='{file}'] [data-field={field}]")
+}
+
+fn source_is(file: &str, field: &str, source: &str) -> String {
+    format!("return document.querySelector(\"{}\").dataset.source === '{source}'", cell(file, field))
+}
+
+/// The dataset editor as a user meets it: a caption edited (Enter keeps it), a value
+/// the engine refuses named in its cell and undone with Escape, the trigger tag set,
+/// a song analysed and its estimates accepted with Enter.
+async fn edit_labels(c: &Client) {
+    let enter = Key::Enter.to_string();
+    c.find(Locator::Id("tab-files")).await.unwrap().click().await.unwrap();
+    let drums = "drum_groove_128.wav";
+    assert_eq!(
+        js(c, &format!("return document.querySelector(\"{}\").dataset.source", cell(drums, "caption"))).await,
+        "sidecar"
+    );
+    let caption = c.find(Locator::Css(&cell(drums, "caption"))).await.unwrap();
+    caption.clear().await.unwrap();
+    caption.send_keys("edited groove caption").await.unwrap();
+    caption.send_keys(&enter).await.unwrap();
+    wait_js(c, &source_is(drums, "caption", "edited"), "the edited caption kept").await;
+
+    let bpm = c.find(Locator::Css(&cell(drums, "bpm"))).await.unwrap();
+    bpm.clear().await.unwrap();
+    bpm.send_keys("fast").await.unwrap();
+    bpm.send_keys(&enter).await.unwrap();
+    let refused = format!("#files-body tr[data-file='{drums}'] .cell-error");
+    wait_js(c, &format!("return document.querySelector(\"{refused}\") !== null"), "the refused tempo").await;
+    assert!(text(c, &refused).await.contains("bpm: `fast` is not a number"), "{}", text(c, &refused).await);
+    bpm.send_keys(&Key::Escape.to_string()).await.unwrap();
+    let restored = format!(
+        "const i = document.querySelector(\"{}\"); return i.value === '128' && i.dataset.source === 'sidecar'",
+        cell(drums, "bpm")
+    );
+    wait_js(c, &restored, "the sidecar's tempo back after Escape").await;
+
+    let tag = c.find(Locator::Id("set-trigger-tag")).await.unwrap();
+    tag.send_keys("ostn").await.unwrap();
+    c.find(Locator::Id("files-count")).await.unwrap().click().await.unwrap(); // blur -> change
+    wait_js(
+        c,
+        "return document.getElementById('settings-status').dataset.state === 'saved'",
+        "the trigger tag to save",
+    )
+    .await;
+
+    let song = "song-3-000.ogg";
+    c.find(Locator::Css(&format!("#files-body tr[data-file='{song}'] [data-testid=analyse-song]")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let estimated = format!(
+        "const i = document.querySelector(\"{}\"); return i.dataset.source === 'estimate' && i.value === '112'",
+        cell(song, "bpm")
+    );
+    wait_js(c, &estimated, "the analysed tempo shown as an estimate").await;
+    assert_eq!(js(c, &format!("return document.querySelector(\"{}\").value", cell(song, "keyscale"))).await, "C major");
+    js(
+        c,
+        &format!(
+            "document.querySelector(\"{}\").scrollIntoView({{block: 'center'}}); return true",
+            cell(song, "caption")
+        ),
+    )
+    .await;
+    screenshot(c, "02b-dataset-editor.png").await;
+    c.find(Locator::Css(&cell(song, "keyscale"))).await.unwrap().send_keys(&enter).await.unwrap();
+    wait_js(c, &source_is(song, "bpm", "analysed"), "the estimates accepted with Enter").await;
+    assert!(!c
+        .find(Locator::Css(&format!("#files-body tr[data-file='{song}'] [data-testid=accept-estimates]")))
+        .await
+        .unwrap()
+        .is_displayed()
+        .await
+        .unwrap());
+    show_tab(c, "charts").await;
+}
+
+/// Clicks a tab of the workspace, brought into view first (the files table scrolls it away).
+async fn show_tab(c: &Client, name: &str) {
+    js(c, &format!("document.getElementById('tab-{name}').scrollIntoView({{block: 'center'}}); return true")).await;
+    c.find(Locator::Id(&format!("tab-{name}"))).await.unwrap().click().await.unwrap();
+}
+
+/// The run recorded the labels given in the window in run.toml and trained with them:
+/// the prompts of its songs (the `dataset_file` events, before its first step) say so.
+fn trained_with_the_labels(run: &Path) {
+    let config = ostinato_engine::train::RunConfig::from_toml_file(&run.join("run.toml")).unwrap();
+    let given = |name: &str| config.data.labels.get(name).cloned().unwrap_or_default();
+    assert_eq!(given("drum_groove_128.wav").caption.as_deref(), Some("edited groove caption"));
+    let song = given("song-3-000.ogg");
+    assert_eq!(
+        (song.bpm.as_deref(), song.keyscale.as_deref(), song.timesignature.as_deref()),
+        (Some("112"), Some("C major"), Some("4"))
+    );
+    assert_eq!(config.data.trigger.as_ref().map(|t| t.tag.as_str()), Some("ostn"));
+    let events = ostinato_engine::events::read_events(&run.join("events.jsonl")).unwrap();
+    let first_step = events.iter().position(|e| matches!(e, ostinato_engine::events::Event::Step { .. })).unwrap();
+    let prompt = |name: &str| {
+        events[..first_step]
+            .iter()
+            .find_map(|e| match e {
+                ostinato_engine::events::Event::DatasetFile { file, prompt, .. } if file.ends_with(name) => {
+                    prompt.clone()
+                }
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no prompt for {name} before the first step"))
+    };
+    assert!(
+        prompt("drum_groove_128.wav").contains("# Caption\nostn, edited groove caption\n"),
+        "{}",
+        prompt("drum_groove_128.wav")
+    );
+    assert!(
+        prompt("song-3-000.ogg").contains("- bpm: 112\n- timesignature: 4\n- keyscale: C major\n"),
+        "{}",
+        prompt("song-3-000.ogg")
+    );
+    eprintln!("e2e: trained with {:?}", prompt("drum_groove_128.wav"));
+}
+
+/// Write sidecars: new ones are written, one that says something else is kept until the
+/// user answers the window's question.
+async fn write_sidecars(c: &Client, songs: &Path) {
+    show_tab(c, "files").await;
+    let caption_file = songs.join("drum_groove_128.caption.txt");
+    let before = std::fs::read_to_string(&caption_file).unwrap();
+    c.find(Locator::Id("btn-write-sidecars")).await.unwrap().click().await.unwrap();
+    wait_js(c, "return !document.getElementById('sidecar-conflicts').hidden", "the question about differing sidecars")
+        .await;
+    assert!(text(c, "#sidecar-conflicts-text").await.contains("drum_groove_128.caption.txt"));
+    assert_eq!(std::fs::read_to_string(&caption_file).unwrap(), before, "kept until the user says so");
+    let written: Value = serde_json::from_slice(&std::fs::read(songs.join("song-3-000.json")).unwrap()).unwrap();
+    assert_eq!(written, json!({"bpm": 112, "keyscale": "C major", "timesignature": "4"}));
+    screenshot(c, "04a-sidecars.png").await;
+    c.find(Locator::Id("btn-replace-sidecars")).await.unwrap().click().await.unwrap();
+    wait_js(c, "return document.getElementById('sidecar-conflicts').hidden", "the sidecars replaced").await;
+    assert_eq!(std::fs::read_to_string(&caption_file).unwrap(), "edited groove caption\n");
+    show_tab(c, "charts").await;
 }

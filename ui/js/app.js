@@ -11,7 +11,8 @@ import { setSvg } from './svg.js';
 import { followPointer } from './readout.js';
 import { setupModels, refreshModels } from './models.js';
 import { showShortcuts, followMenu } from './native.js';
-import { setupListen, showRun, onPreview, datasetButtons } from './listen.js';
+import { setupListen, showRun, onPreview } from './listen.js';
+import { setupEditor, showDataset as showEditor, markFileProblem } from './editor.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -200,42 +201,7 @@ function showDataset(d) {
   summary.append(b(String(d.usable)), ` usable song${d.usable === 1 ? '' : 's'} · `, b(fmt.duration(d.total_duration_s)));
   if (d.bad) summary.append(' · ', b(String(d.bad)), ' with problems');
   $('files-count').textContent = String(d.files.length);
-
-  const body = $('files-body');
-  body.replaceChildren();
-  if (!d.files.length) {
-    body.innerHTML = '<tr class="empty-row"><td colspan="7">No audio files in this folder.</td></tr>';
-    return;
-  }
-  for (const f of d.files) body.append(fileRow(f));
-}
-
-function fileRow(f) {
-  const tr = document.createElement('tr');
-  tr.dataset.file = f.name;
-  const td = (text, cls) => { const c = document.createElement('td'); if (cls) c.className = cls; c.textContent = text; return c; };
-  const yes = (v) => { const c = td(v ? 'Yes' : '—', v ? 'yes' : 'no'); return c; };
-  const status = document.createElement('td');
-  const badge = document.createElement('span');
-  badge.className = `badge ${f.status}`;
-  badge.textContent = f.status;
-  status.append(badge);
-  const listen = document.createElement('td');
-  if (f.status !== 'bad') listen.append(datasetButtons(f.name));
-  tr.append(td(f.name, 'name'), td(fmt.duration(f.duration_s), 'num'), yes(f.has_caption), yes(f.has_lyrics), status, td(f.problem || '', 'problem'), listen);
-  return tr;
-}
-
-function markFileProblem(file, reason) {
-  const name = String(file);
-  for (const tr of $('files-body').querySelectorAll('tr[data-file]')) {
-    if (name === tr.dataset.file || name.endsWith('/' + tr.dataset.file)) {
-      tr.cells[4].firstChild.className = 'badge bad';
-      tr.cells[4].firstChild.textContent = 'bad';
-      tr.cells[5].textContent = reason;
-      tr.cells[6]?.replaceChildren();
-    }
-  }
+  showEditor(d);
 }
 
 // ---- runs -------------------------------------------------------------------------
@@ -536,6 +502,7 @@ function openSettings() {
 }
 
 function bindUi() {
+  setupEditor({ say });
   for (const chart of document.querySelectorAll('#panel-charts .chart')) followPointer(chart);
   $('btn-start').addEventListener('click', start);
   $('btn-pause').addEventListener('click', pause);

@@ -122,7 +122,7 @@ pub fn encode_item(
 
 /// How `cut` shortens a song of `seconds`, in words; None when it keeps it whole.
 /// `random`: crops are drawn afresh each epoch (no cache) rather than centred.
-fn cut_note(cut: Cut, seconds: f64, random: bool) -> Option<String> {
+pub fn cut_note(cut: Cut, seconds: f64, random: bool) -> Option<String> {
     match cut {
         Cut::Head { max_seconds } if seconds > max_seconds => {
             Some(format!("cut to {max_seconds} s (the longest a song is trained on)"))

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::SettingErrors;
 
 pub use cache::LatentCache;
-pub use dataset::{cached_latents, encode_item, prepare_dataset, DatasetItem, PreparedDataset};
+pub use dataset::{cached_latents, cut_note, encode_item, prepare_dataset, DatasetItem, PreparedDataset};
 pub use inspect::{inspect_folder, FolderInspection, SongFile};
 pub use labels::{Field, Labels};
 
@@ -59,6 +59,19 @@ pub enum TagMode {
     Replace,
 }
 
+impl std::str::FromStr for TagMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "prepend" => Ok(Self::Prepend),
+            "append" => Ok(Self::Append),
+            "replace" => Ok(Self::Replace),
+            other => Err(format!("unknown tag position `{other}` (expected prepend, append or replace)")),
+        }
+    }
+}
+
+/// A word or phrase joined to every caption, so the adapter answers to it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TriggerTag {
     pub tag: String,

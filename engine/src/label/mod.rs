@@ -8,7 +8,7 @@ pub mod store;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::codec::SongMeta;
 use crate::data::{inspect_folder, song_key, Field, FolderInspection, Labels};
@@ -17,7 +17,7 @@ use store::{LabelStore, Saved};
 
 /// Where a field's value comes from, in order of precedence: what the user gave in
 /// Ostinato, then what they wrote beside the song, then the audio's reading they accepted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Source {
     Edited,
@@ -26,7 +26,7 @@ pub enum Source {
 }
 
 /// One field's value as training uses it (None: unknown, N/A to ACE-Step) and its source.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Resolved {
     pub value: Option<String>,
     pub source: Option<Source>,

@@ -31,6 +31,17 @@ pub enum Outcome {
     Kept,
 }
 
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Written => "written",
+            Outcome::Unchanged => "unchanged",
+            Outcome::Replaced => "replaced",
+            Outcome::Kept => "kept",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SidecarFile {
     pub path: PathBuf,

@@ -1,40 +1,35 @@
-//! The dataset scan the Dataset panel shows: every audio file of a folder checked as
-//! training would check it, without encoding anything.
+//! The dataset scan the Dataset panel and the files table show: every audio file of a
+//! folder checked as training would check it, without encoding anything, with each
+//! song's labels and where they come from.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
-use ostinato_engine::data::{inspect_folder, DataSpec};
+use ostinato_engine::codec::INSTRUMENTAL;
+use ostinato_engine::data::labels::LANGUAGES;
+use ostinato_engine::data::{cut_note, DataSpec, Field};
+use ostinato_engine::label::store::{Found, LabelStore};
+use ostinato_engine::label::{resolve, stored_songs, Resolved, StoredSong};
 
 use super::engine::engine_err;
 use super::{BridgeError, DatasetView, FileRow};
 
-/// Every audio file under `dir` with its duration, sidecars and, for a bad one,
-/// what is wrong: the engine's check of a folder, the one training applies,
-/// without encoding anything.
-pub fn scan(dir: &Path) -> Result<DatasetView, BridgeError> {
-    let folder = inspect_folder(dir).map_err(engine_err)?;
-    let name = |p: &Path| p.strip_prefix(dir).unwrap_or(p).display().to_string();
-    let spec = DataSpec::new(dir);
-    let mut files = Vec::new();
-    for song in &folder.songs {
-        let checked = song.check(&spec).map(|d| d.seconds_in_file());
+/// Every audio file under `dir` with its duration, labels and, for a bad one, what is
+/// wrong: the engine's check of a folder, the one training applies.
+pub fn scan(dir: &Path, store: &LabelStore) -> Result<DatasetView, BridgeError> {
+    let (songs, inspection) = stored_songs(store, dir).map_err(engine_err)?;
+    let mut files: Vec<FileRow> = songs.iter().map(|song| song_row(dir, song)).collect();
+    for (path, reason) in &inspection.skipped {
         files.push(FileRow {
-            name: name(&song.path),
-            duration_s: checked.as_ref().ok().copied(),
-            has_caption: song.meta.has_caption(),
-            has_lyrics: song.meta.has_lyrics(),
-            status: if checked.is_ok() { "ok" } else { "bad" }.into(),
-            problem: checked.err(),
-        });
-    }
-    for (path, reason) in &folder.skipped {
-        files.push(FileRow {
-            name: name(path),
+            name: name(dir, path),
             duration_s: None,
             has_caption: false,
             has_lyrics: false,
             status: "bad".into(),
             problem: Some(reason.clone()),
+            note: None,
+            labels: BTreeMap::new(),
+            stale: false,
         });
     }
     let usable = files.iter().filter(|f| f.status == "ok").count();
@@ -44,5 +39,45 @@ pub fn scan(dir: &Path) -> Result<DatasetView, BridgeError> {
         usable,
         bad: files.len() - usable,
         files,
+        languages: LANGUAGES.iter().map(|l| l.to_string()).collect(),
     })
+}
+
+/// A song's row: decoded as training decodes it, its labels resolved over its sidecars.
+fn song_row(dir: &Path, song: &StoredSong) -> FileRow {
+    let spec = DataSpec::new(dir);
+    let checked = song.found.clone().and_then(|found| Ok((song.file.check(&spec)?.seconds_in_file(), found)));
+    let mut row = FileRow {
+        name: name(dir, &song.file.path),
+        duration_s: None,
+        has_caption: false,
+        has_lyrics: false,
+        status: "bad".into(),
+        problem: None,
+        note: None,
+        labels: BTreeMap::new(),
+        stale: false,
+    };
+    match checked {
+        Ok((seconds, found)) => {
+            (row.duration_s, row.status) = (Some(seconds), "ok".into());
+            row.note = cut_note(spec.cut(None), seconds, false);
+            show_labels(&mut row, song, &found);
+        }
+        Err(why) => row.problem = Some(why),
+    }
+    row
+}
+
+/// Sets the row's label columns from the store's record of the song.
+pub fn show_labels(row: &mut FileRow, song: &StoredSong, found: &Found) {
+    row.labels = resolve(&song.file.sidecars, &found.saved);
+    row.stale = found.stale;
+    let given = |field| row.labels.get(&field).and_then(|r: &Resolved| r.value.as_deref()).map(str::trim);
+    row.has_caption = given(Field::Caption).is_some_and(|c| !c.is_empty());
+    row.has_lyrics = given(Field::Lyrics).is_some_and(|l| !l.is_empty() && l != INSTRUMENTAL);
+}
+
+fn name(dir: &Path, path: &Path) -> String {
+    path.strip_prefix(dir).unwrap_or(path).display().to_string()
 }

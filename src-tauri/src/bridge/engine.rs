@@ -9,6 +9,8 @@ use ostinato_engine::charts::{render_svg, Chart, Theme};
 use ostinato_engine::events::{read_events, Event};
 use ostinato_engine::export::export_run;
 use ostinato_engine::generate::GenerateSpec;
+use ostinato_engine::label::saved_labels;
+use ostinato_engine::label::store::LabelStore;
 use ostinato_engine::run_state::RunState;
 use ostinato_engine::train::history::RunSummary;
 use ostinato_engine::train::songs::{as_the_model_hears, SongUpdate};
@@ -81,9 +83,11 @@ fn attach(handle: RunHandle) -> (Box<dyn EngineRun>, Receiver<Event>) {
     (Box::new(control), rx)
 }
 
-/// The run the request starts: the settings' config, fitted to this machine when they ask.
+/// The run the request starts: the settings' config with the labels kept for its songs,
+/// fitted to this machine when they ask.
 fn planned_config(req: &StartRequest) -> Result<RunConfig, BridgeError> {
     let mut config = run_config(req);
+    config.data.labels = saved_labels(&LabelStore::new(&req.labels_dir), &req.dataset_dir).map_err(engine_err)?;
     if req.settings.fit_memory {
         fit::fit_auto(&mut config).map_err(engine_err)?;
     }

@@ -20,7 +20,6 @@ use ostinato_engine::train::songs::{generate_for_run, new_song_path, run_songs, 
 
 use super::engine::engine_err;
 use super::forward::{EventSink, Outgoing};
-use super::run::StartRequest;
 use super::state::AppState;
 use super::views::{PreviewView, SavedSongView, SongChoices, SongProgress, SongStage};
 use super::BridgeError;
@@ -125,11 +124,7 @@ impl AppState {
             false => decode_file(&path, DataSpec::default().cut(None))
                 .map(|d| d.audio)
                 .map_err(|e| BridgeError::Engine(format!("{}: {e}", path.display())))?,
-            true => {
-                let req =
-                    StartRequest { settings: self.settings(), dataset_dir: folder, runs_dir: self.runs_dir().into() };
-                super::engine::heard_by_model(&req, &path)?
-            }
+            true => super::engine::heard_by_model(&self.start_request(self.settings(), folder), &path)?,
         };
         float_wav_bytes(&audio).map_err(engine_err)
     }

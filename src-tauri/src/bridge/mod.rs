@@ -5,11 +5,14 @@
 //! (forward.rs) folds each engine event into the run's `RunState` and sends the event,
 //! the run's view and its charts to the web view; what the web view sees is in
 //! views.rs. Previews, Generate and the audio the web view plays are in listen.rs.
-//! The engine is called from engine.rs, dataset_scan.rs, run_settings.rs and listen.rs.
+//! The dataset editor (labels edited, analysed, accepted, written as sidecars) is in
+//! labels.rs. The engine is called from engine.rs, dataset_scan.rs, run_settings.rs,
+//! labels.rs and listen.rs.
 
 mod dataset_scan;
 mod engine;
 mod forward;
+mod labels;
 mod listen;
 mod run;
 mod run_settings;
@@ -24,8 +27,8 @@ pub use forward::{EventSink, Outgoing, CHARTS_EVENT, CHART_INTERVAL, ENGINE_EVEN
 pub use run::{EngineRun, StartRequest};
 pub use state::AppState;
 pub use views::{
-    Charts, DatasetView, ExportFormat, FileRow, HistoryEntry, MemoryView, PreviewView, Request, RunSnapshot,
-    RunSummary, RunView, SavedSongView, SongChoices, SongProgress, SongStage, StateView,
+    Charts, DatasetView, EstimateView, ExportFormat, FileRow, HistoryEntry, MemoryView, PreviewView, Request,
+    RunSnapshot, RunSummary, RunView, SavedSongView, SidecarReport, SongChoices, SongProgress, SongStage, StateView,
 };
 
 /// How many recent events the state keeps for the UI (for `get_state` after a reload).

@@ -35,6 +35,8 @@ pub struct StartRequest {
     pub settings: Settings,
     pub dataset_dir: PathBuf,
     pub runs_dir: PathBuf,
+    /// The label store whose labels the run records and trains with.
+    pub labels_dir: PathBuf,
 }
 
 pub(super) struct CurrentRun {
@@ -140,7 +142,7 @@ impl AppState {
         if self.lock().run.state.status.is_active() {
             return Err(BridgeError::RunActive);
         }
-        let req = StartRequest { settings, dataset_dir, runs_dir: self.runs_dir().to_path_buf() };
+        let req = self.start_request(settings, dataset_dir);
         let (control, events) = engine::start(&req)?;
         Ok(self.adopt_run(control, events, sink))
     }

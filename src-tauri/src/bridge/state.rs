@@ -28,6 +28,9 @@ struct Shared {
     inner: Mutex<Inner>,
     config_dir: PathBuf,
     runs_dir: PathBuf,
+    /// The label store's folder: `labels` beside the runs folder (in the platform
+    /// data folder, where the CLI keeps them too).
+    labels_dir: PathBuf,
     models: Models,
 }
 
@@ -58,6 +61,7 @@ impl AppState {
             }),
             models: Models::new(places, config_dir.clone()),
             config_dir,
+            labels_dir: runs_dir.parent().unwrap_or(Path::new(".")).join("labels"),
             runs_dir,
         }))
     }
@@ -79,6 +83,15 @@ impl AppState {
 
     pub fn runs_dir(&self) -> &Path {
         &self.0.runs_dir
+    }
+
+    pub fn labels_dir(&self) -> &Path {
+        &self.0.labels_dir
+    }
+
+    /// What a run started now is asked to train on.
+    pub(super) fn start_request(&self, settings: Settings, dataset_dir: PathBuf) -> StartRequest {
+        StartRequest { settings, dataset_dir, runs_dir: self.0.runs_dir.clone(), labels_dir: self.0.labels_dir.clone() }
     }
 
     pub fn state(&self) -> StateView {
@@ -133,7 +146,7 @@ impl AppState {
             s.dataset_dir = Some(path.to_path_buf());
             self.save_settings(s.clone())?;
         }
-        let view = dataset_scan::scan(path)?;
+        let view = dataset_scan::scan(path, &self.label_store())?;
         self.lock().dataset = Some(view.clone());
         Ok(view)
     }
@@ -144,7 +157,7 @@ impl AppState {
         let settings = self.settings();
         settings.validate().map_err(BridgeError::InvalidSettings)?;
         let dataset_dir = settings.dataset_dir.clone().unwrap_or_default();
-        engine::memory_plan(&StartRequest { settings, dataset_dir, runs_dir: self.0.runs_dir.clone() })
+        engine::memory_plan(&self.start_request(settings, dataset_dir))
     }
 
     /// The runs under the runs dir, most recently updated first.

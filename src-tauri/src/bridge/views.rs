@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use ostinato_engine::charts::Readout;
+use ostinato_engine::data::Field;
 use ostinato_engine::events::Event;
+use ostinato_engine::label::Resolved;
 use ostinato_engine::run_state::RunState;
 pub use ostinato_engine::train::history::RunSummary;
 use serde::{Deserialize, Serialize};
@@ -23,6 +25,13 @@ pub struct FileRow {
     pub status: String,
     /// For a bad file: what is wrong, in words ("cannot decode: ...", "too short: 0.4 s").
     pub problem: Option<String>,
+    /// For a song training cuts: how, in words ("cut to 240 s ...").
+    pub note: Option<String>,
+    /// Each label field as training uses it and where its value comes from (edited,
+    /// sidecar, analysed); empty for a file that is not a song.
+    pub labels: BTreeMap<Field, Resolved>,
+    /// The labels were saved for an earlier version of the file (it changed since).
+    pub stale: bool,
 }
 
 /// A scanned dataset folder.
@@ -33,6 +42,25 @@ pub struct DatasetView {
     pub total_duration_s: f64,
     pub usable: usize,
     pub bad: usize,
+    /// The language codes ACE-Step knows, for the language cells.
+    pub languages: Vec<String>,
+}
+
+/// One field the analysis read from a song: a value not yet accepted, with how sure
+/// it is, or why it cannot be told.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EstimateView {
+    pub value: Option<String>,
+    pub confidence: Option<f64>,
+    pub cannot_tell: Option<String>,
+}
+
+/// What became of the labels written as sidecars: files by outcome (written,
+/// unchanged, replaced, kept), and the kept ones by name (they say something else).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SidecarReport {
+    pub counts: BTreeMap<String, usize>,
+    pub kept: Vec<String>,
 }
 
 /// SVG documents rendered by the engine's chart module.
