@@ -729,3 +729,72 @@ fn previews_songs_and_dataset_audio_stay_inside_the_runs_folder() {
         assert_eq!(err["kind"], "invalid", "{name}: {err}");
     }
 }
+
+/// The dataset editor's commands: a value the engine refuses is named and nothing is
+/// kept; an edit is kept in the label store beside the runs (the songs' folder only
+/// read), shown with its source on the next scan, and recorded by the next run.
+#[test]
+fn labels_edited_in_the_window_are_checked_kept_and_trained_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let _cache = own_cache(dir.path());
+    let app = TestApp::new(dir.path());
+    let songs = songs(dir.path());
+    let listing = || {
+        let mut names: Vec<_> = std::fs::read_dir(&songs).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        names
+    };
+    let before = listing();
+    let err = app.invoke("set_label", json!({"name": "x.wav", "field": "caption", "value": "x"})).unwrap_err();
+    assert_eq!(err["message"], "scan a dataset folder first");
+    let view = app.invoke("scan_dataset", json!({"path": songs})).unwrap();
+    let song = "drum_groove_128.wav";
+    let row = view["files"].as_array().unwrap().iter().find(|f| f["name"] == song).unwrap().clone();
+    assert_eq!(row["labels"]["bpm"], json!({"value": "128", "source": "sidecar"}));
+    assert_eq!(row["labels"]["lyrics"], json!({"value": null, "source": null}));
+
+    for (field, value, says) in [
+        ("bpm", "fast", "bpm: `fast` is not a number"),
+        ("keyscale", "H minor", "keyscale: `H minor` is not a key"),
+        ("tempo", "90", "`tempo` is not a label field"),
+    ] {
+        let err = app.invoke("set_label", json!({"name": song, "field": field, "value": value})).unwrap_err();
+        assert_eq!(err["kind"], "invalid");
+        assert!(err["message"].as_str().unwrap().contains(says), "{err}");
+    }
+    assert!(!dir.path().join("labels").exists(), "nothing refused is kept");
+    let err = app.invoke("set_label", json!({"name": "notes.wav", "field": "caption", "value": "x"})).unwrap_err();
+    assert!(err["message"].as_str().unwrap().contains("not a usable song of the dataset"), "{err}");
+
+    let row = app.invoke("set_label", json!({"name": song, "field": "caption", "value": "window caption"})).unwrap();
+    assert_eq!(row["labels"]["caption"], json!({"value": "window caption", "source": "edited"}));
+    let row = app.invoke("set_label", json!({"name": song, "field": "timesignature", "value": "3/4"})).unwrap();
+    assert_eq!(row["labels"]["timesignature"], json!({"value": "3", "source": "edited"}));
+    let row = app.invoke("accept_labels", json!({"name": song, "values": {"language": "EN"}})).unwrap();
+    assert_eq!(row["labels"]["language"], json!({"value": "en", "source": "analysed"}));
+    let estimates = app.invoke("analyse_song", json!({"name": song})).unwrap();
+    for field in ["bpm", "keyscale", "timesignature"] {
+        let e = &estimates[field];
+        assert!(e["value"].is_string() != e["cannot_tell"].is_string(), "{field}: {e}");
+    }
+    let rescanned = app.invoke("scan_dataset", json!({"path": songs})).unwrap();
+    let again = rescanned["files"].as_array().unwrap().iter().find(|f| f["name"] == song).unwrap();
+    assert_eq!(again["labels"]["caption"]["source"], "edited");
+    assert_eq!(listing(), before, "the songs' folder is only read");
+    assert!(dir.path().join("labels/index.json").is_file());
+
+    let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+    (s["epochs"], s["rank"], s["fit_memory"], s["preview_every_steps"]) =
+        (json!(1), json!(4), json!(false), json!(null));
+    app.invoke("save_settings", json!({ "settings": s })).unwrap();
+    app.invoke("start_run", json!({})).unwrap();
+    wait_status(&app, "finished");
+    let runs = app.invoke("list_runs", json!({})).unwrap();
+    let run = Path::new(runs[0]["dir"].as_str().unwrap()).to_path_buf();
+    let config = ostinato_engine::train::RunConfig::from_toml_file(&run.join("run.toml")).unwrap();
+    let given = &config.data.labels[song];
+    assert_eq!(
+        (given.caption.as_deref(), given.timesignature.as_deref(), given.language.as_deref(), given.bpm.as_deref()),
+        (Some("window caption"), Some("3"), Some("en"), None)
+    );
+}

@@ -733,6 +733,20 @@ mod tests {
         assert_eq!(counts(&prepare(&spec, Some(&cache)).0.unwrap()), (1, 1));
         let cropped = DataSpec { crop_seconds: Some(1.0), ..spec.clone() };
         assert_eq!(counts(&prepare(&cropped, Some(&cache)).0.unwrap()), (0, 2));
+
+        // A label given in Ostinato: over the sidecar, in the prompt, and a miss.
+        let mut labelled = spec.clone();
+        let mut given = crate::data::Labels::default();
+        given.set(crate::data::Field::Caption, "labelled in the window").unwrap();
+        given.set(crate::data::Field::Bpm, "93").unwrap();
+        labelled.labels.insert("renamed.wav".into(), given);
+        let (data, events) = prepare(&labelled, Some(&cache));
+        assert_eq!(counts(data.as_ref().unwrap()), (1, 1));
+        let item = data.unwrap().items.into_iter().find(|i| i.source == d.join("renamed.wav")).unwrap();
+        assert_eq!((item.meta.caption.as_str(), item.meta.bpm), ("labelled in the window", Some(93)));
+        let prompt = &use_of(&events, "renamed.wav").unwrap().prompt;
+        assert!(prompt.contains("# Caption\nlabelled in the window\n") && prompt.contains("- bpm: 93\n"), "{prompt}");
+        assert_eq!(counts(&prepare(&labelled, Some(&cache)).0.unwrap()), (2, 0));
     }
 
     #[test]

@@ -484,6 +484,9 @@ mod tests {
         assert_eq!(with(&|c| c.lora.dropout = 1.0), ["lora.dropout"]);
         assert_eq!(with(&|c| c.data.max_duration_seconds = 0.1), ["data.max_duration_seconds"]);
         assert_eq!(with(&|c| c.data.crop_seconds = Some(f64::NAN)), ["data.crop_seconds"]);
+        let bad_tempo = crate::data::Labels { bpm: Some("fast".into()), ..Default::default() };
+        let labelled = |c: &mut RunConfig| drop(c.data.labels.insert("a b.wav".into(), bad_tempo.clone()));
+        assert_eq!(with(&labelled), ["data.labels.\"a b.wav\".bpm"]);
         assert_eq!(with(&|c| c.model = ModelSource::Folder { path: PathBuf::new() }), ["model"]);
         assert!(with(&|c| c.lora.r = 10_000_000).is_empty(), "no ceiling: the memory plan judges a large rank");
     }

@@ -22,10 +22,17 @@ impl AppState {
         LabelStore::new(self.labels_dir())
     }
 
-    /// The scanned folder and its song `name` as the store knows it, or why not.
+    /// The scanned folder's usable song `name` as the store knows it, or why not.
     fn stored_song(&self, name: &str) -> Result<(StoredSong, Found), BridgeError> {
-        let folder = self.lock().dataset.as_ref().map(|d| d.path.clone());
-        let folder = folder.ok_or_else(|| BridgeError::Invalid("scan a dataset folder first".into()))?;
+        let (folder, usable) = {
+            let g = self.lock();
+            let dataset =
+                g.dataset.as_ref().ok_or_else(|| BridgeError::Invalid("scan a dataset folder first".into()))?;
+            (dataset.path.clone(), dataset.files.iter().any(|f| f.name == name && f.status == "ok"))
+        };
+        if !usable {
+            return Err(BridgeError::Invalid(format!("not a usable song of the dataset: {name}")));
+        }
         let (songs, _) = stored_songs(&self.label_store(), &folder).map_err(engine_err)?;
         let song = songs
             .into_iter()
