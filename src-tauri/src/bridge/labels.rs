@@ -24,15 +24,7 @@ impl AppState {
 
     /// The scanned folder's usable song `name` as the store knows it, or why not.
     fn stored_song(&self, name: &str) -> Result<(StoredSong, Found), BridgeError> {
-        let (folder, usable) = {
-            let g = self.lock();
-            let dataset =
-                g.dataset.as_ref().ok_or_else(|| BridgeError::Invalid("scan a dataset folder first".into()))?;
-            (dataset.path.clone(), dataset.files.iter().any(|f| f.name == name && f.status == "ok"))
-        };
-        if !usable {
-            return Err(BridgeError::Invalid(format!("not a usable song of the dataset: {name}")));
-        }
+        let folder = self.usable_song_folder(name)?;
         let (songs, _) = stored_songs(&self.label_store(), &folder).map_err(engine_err)?;
         let song = songs
             .into_iter()

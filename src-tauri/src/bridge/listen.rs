@@ -109,15 +109,7 @@ impl AppState {
     /// in its file (the part training uses), or (`heard`) as the model hears it, its
     /// cached latents decoded.
     pub fn dataset_audio(&self, name: &str, heard: bool) -> Result<Vec<u8>, BridgeError> {
-        let (folder, known) = {
-            let g = self.lock();
-            let dataset =
-                g.dataset.as_ref().ok_or_else(|| BridgeError::Invalid("scan a dataset folder first".into()))?;
-            (dataset.path.clone(), dataset.files.iter().any(|f| f.name == name && f.status == "ok"))
-        };
-        if !known {
-            return Err(BridgeError::Invalid(format!("not a usable song of the dataset: {name}")));
-        }
+        let folder = self.usable_song_folder(name)?;
         let path = folder.join(name);
         let audio = match heard {
             // The part training uses: a song may be hours long.

@@ -151,6 +151,16 @@ impl AppState {
         Ok(view)
     }
 
+    /// The scanned dataset's folder, when `name` (relative to it) is one of its usable songs.
+    pub(super) fn usable_song_folder(&self, name: &str) -> Result<PathBuf, BridgeError> {
+        let g = self.lock();
+        let dataset = g.dataset.as_ref().ok_or_else(|| BridgeError::Invalid("scan a dataset folder first".into()))?;
+        match dataset.files.iter().any(|f| f.name == name && f.status == "ok") {
+            true => Ok(dataset.path.clone()),
+            false => Err(BridgeError::Invalid(format!("not a usable song of the dataset: {name}"))),
+        }
+    }
+
     /// The memory the saved settings would need on this machine (fitted to it when the
     /// settings ask), as the engine predicts it.
     pub fn memory_plan(&self) -> Result<MemoryView, BridgeError> {
