@@ -31,8 +31,8 @@ pub fn label(audio_dir: &Path, args: &LabelArgs) -> anyhow::Result<()> {
         Some(dir) => LabelStore::new(dir),
         None => LabelStore::open_default()?,
     };
-    let (songs, inspection) = stored_songs(&store, audio_dir)?;
-    let total = songs.len();
+    let folder = stored_songs(&store, audio_dir)?;
+    let total = folder.songs.len();
     let name_of = |path: &Path| path.strip_prefix(audio_dir).unwrap_or(path).display().to_string();
     if !args.json {
         println!("{:<40} {:>20} {:>24} {:>16} {:>9}", "file", "bpm", "key", "meter", "duration");
@@ -40,7 +40,7 @@ pub fn label(audio_dir: &Path, args: &LabelArgs) -> anyhow::Result<()> {
     // On a terminal a line that counts the songs; in a log, the results are the progress.
     let counting = std::io::stderr().is_terminal();
     let mut kept = 0;
-    for (done, song) in songs.into_iter().enumerate() {
+    for (done, song) in folder.songs.into_iter().enumerate() {
         let name = name_of(&song.file.path);
         if counting {
             eprint!("\ranalysing {}/{total}: {name}\x1b[K", done + 1);
@@ -72,7 +72,7 @@ pub fn label(audio_dir: &Path, args: &LabelArgs) -> anyhow::Result<()> {
     if counting && total > 0 {
         eprintln!();
     }
-    for (path, why) in &inspection.skipped {
+    for (path, why) in &folder.skipped {
         match args.json {
             true => println!("{}", json!({"file": name_of(path), "skipped": why})),
             false => println!("{:<40} skipped: {why}", name_of(path)),

@@ -86,13 +86,22 @@ pub struct StoredSong {
     pub found: std::result::Result<store::Found, String>,
 }
 
-/// A folder's songs (sidecars only, no labels over them) with the store's record of each.
-pub fn stored_songs(store: &LabelStore, folder: &Path) -> crate::Result<(Vec<StoredSong>, FolderInspection)> {
-    let mut inspection = inspect_folder(folder, &BTreeMap::new())?;
-    let songs = std::mem::take(&mut inspection.songs);
+/// A folder as the label store sees it.
+#[derive(Debug)]
+pub struct StoredFolder {
+    /// The songs, sorted, each with its sidecars (no labels over them) and the store's record.
+    pub songs: Vec<StoredSong>,
+    /// Entries the scan leaves out (not audio, unreadable), and why.
+    pub skipped: Vec<(std::path::PathBuf, String)>,
+}
+
+/// `folder`'s songs with the store's record of each.
+pub fn stored_songs(store: &LabelStore, folder: &Path) -> crate::Result<StoredFolder> {
+    let FolderInspection { songs, skipped } = inspect_folder(folder, &BTreeMap::new())?;
     let paths: Vec<_> = songs.iter().map(|s| s.path.clone()).collect();
     let found = store.find_all(&paths);
-    Ok((songs.into_iter().zip(found).map(|(file, found)| StoredSong { file, found }).collect(), inspection))
+    let songs = songs.into_iter().zip(found).map(|(file, found)| StoredSong { file, found }).collect();
+    Ok(StoredFolder { songs, skipped })
 }
 
 /// The labels the store gives the songs of `folder`, as `DataSpec::labels` holds them
@@ -101,8 +110,8 @@ pub fn saved_labels(store: &LabelStore, folder: &Path) -> crate::Result<BTreeMap
     if !store.exists() {
         return Ok(BTreeMap::new()); // nothing was ever saved: no song need be hashed
     }
-    let (songs, _) = stored_songs(store, folder)?;
-    Ok(songs
+    Ok(stored_songs(store, folder)?
+        .songs
         .into_iter()
         .filter_map(|song| {
             let found = song.found.ok()?;

@@ -17,9 +17,9 @@ use super::{BridgeError, DatasetView, FileRow};
 /// Every audio file under `dir` with its duration, labels and, for a bad one, what is
 /// wrong: the engine's check of a folder, the one training applies.
 pub fn scan(dir: &Path, store: &LabelStore) -> Result<DatasetView, BridgeError> {
-    let (songs, inspection) = stored_songs(store, dir).map_err(engine_err)?;
-    let mut files: Vec<FileRow> = songs.iter().map(|song| song_row(dir, song)).collect();
-    for (path, reason) in &inspection.skipped {
+    let folder = stored_songs(store, dir).map_err(engine_err)?;
+    let mut files: Vec<FileRow> = folder.songs.iter().map(|song| song_row(dir, song)).collect();
+    for (path, reason) in &folder.skipped {
         files.push(FileRow {
             name: name(dir, path),
             duration_s: None,

@@ -25,8 +25,9 @@ impl AppState {
     /// The scanned folder's usable song `name` as the store knows it, or why not.
     fn stored_song(&self, name: &str) -> Result<(StoredSong, Found), BridgeError> {
         let folder = self.usable_song_folder(name)?;
-        let (songs, _) = stored_songs(&self.label_store(), &folder).map_err(engine_err)?;
-        let song = songs
+        let song = stored_songs(&self.label_store(), &folder)
+            .map_err(engine_err)?
+            .songs
             .into_iter()
             .find(|s| s.file.path.strip_prefix(&folder).is_ok_and(|p| p.to_string_lossy() == name))
             .ok_or_else(|| BridgeError::Invalid(format!("not a song of the dataset: {name}")))?;
@@ -93,7 +94,7 @@ impl AppState {
     pub fn write_sidecars(&self, replace: bool) -> Result<SidecarReport, BridgeError> {
         let folder = self.lock().dataset.as_ref().map(|d| d.path.clone());
         let folder: PathBuf = folder.ok_or_else(|| BridgeError::Invalid("scan a dataset folder first".into()))?;
-        let (songs, _) = stored_songs(&self.label_store(), &folder).map_err(engine_err)?;
+        let songs = stored_songs(&self.label_store(), &folder).map_err(engine_err)?.songs;
         let mut report = SidecarReport { counts: BTreeMap::new(), kept: Vec::new() };
         for song in songs {
             let Ok(found) = song.found else { continue };
