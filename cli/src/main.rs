@@ -151,6 +151,7 @@ enum Command {
         model: Option<PathBuf>,
         #[arg(long)]
         out: PathBuf,
+        /// Write each song's centre window this many seconds long.
         #[arg(long)]
         crop_seconds: Option<f64>,
     },
@@ -315,6 +316,8 @@ pub struct TrainArgs {
     /// Where the trigger goes in each caption: prepend, append or replace.
     #[arg(long, requires = "trigger", value_name = "POSITION", value_parser = parse_with::<TagMode>)]
     pub trigger_position: Option<TagMode>,
+    /// Train on windows this many seconds long, at an offset drawn from the seed each
+    /// epoch (with the latent cache, windows of the whole song's cached latents).
     #[arg(long)]
     pub crop_seconds: Option<f64>,
     /// `auto`: choose gradient checkpointing, batch, precision and crop length for

@@ -88,8 +88,8 @@ impl PreparedDataset {
         self.items.iter().map(|i| i.meta.duration_seconds).sum()
     }
 
-    /// The training sample for item `index`: the cached one, or (cache off) a fresh
-    /// encoding with a new random crop drawn from `rng`.
+    /// The training sample for item `index`, with a crop's offset drawn from `rng`: a
+    /// window of the cached song, or (cache off) a fresh encoding of the crop.
     pub fn sample(
         &self,
         index: usize,
@@ -99,9 +99,27 @@ impl PreparedDataset {
     ) -> Result<TrainingSample> {
         let item = &self.items[index];
         match &item.cached {
-            Some(s) => Ok(s.clone()),
+            Some(s) => self.window(s, encoder.frames_per_second(), Some(rng.random::<f64>())),
             None => encode_item(item, &self.spec, encoder, conditioner, rng),
         }
+    }
+
+    /// The crop of a cached sample at `offset` (a fraction of the free room; None: the
+    /// centre), as `Cut::Crop` places it in the audio; the whole sample without crops.
+    pub fn window(
+        &self,
+        sample: &TrainingSample,
+        frames_per_second: f64,
+        offset: Option<f64>,
+    ) -> Result<TrainingSample> {
+        let frames = sample.target_latents.dim(0)?;
+        let Some(seconds) = self.spec.crop_seconds else {
+            return Ok(sample.clone());
+        };
+        let len = ((seconds * frames_per_second).round() as usize).clamp(1, frames);
+        let room = frames - len;
+        let start = (room as f64 * offset.unwrap_or(0.5).clamp(0.0, 1.0)).round() as usize;
+        Ok(sample.window(start, len)?)
     }
 }
 
@@ -121,15 +139,12 @@ pub fn encode_item(
 }
 
 /// How `cut` shortens a song of `seconds`, in words; None when it keeps it whole.
-/// `random`: crops are drawn afresh each epoch (no cache) rather than centred.
-pub fn cut_note(cut: Cut, seconds: f64, random: bool) -> Option<String> {
+pub fn cut_note(cut: Cut, seconds: f64) -> Option<String> {
     match cut {
         Cut::Head { max_seconds } if seconds > max_seconds => {
             Some(format!("cut to {max_seconds} s (the longest a song is trained on)"))
         }
-        Cut::Crop { seconds: crop, .. } if seconds > crop => {
-            Some(if random { format!("a random {crop} s crop each epoch") } else { format!("the middle {crop} s") })
-        }
+        Cut::Crop { seconds: crop, .. } if seconds > crop => Some(format!("a random {crop} s crop each epoch")),
         _ => None,
     }
 }
@@ -257,7 +272,8 @@ impl<'a> Preparer<'a> {
             conditioner,
             cache,
             cancel,
-            settings: format!("max{}:crop{:?}:cut-centre", spec.max_duration_seconds, spec.crop_seconds),
+            // The cache keeps the song's head whatever the crop (crops are windows of it).
+            settings: format!("max{}:cropNone:cut-centre", spec.max_duration_seconds),
             data: PreparedDataset::empty(spec),
             position: (0, 0),
             report,
@@ -312,7 +328,7 @@ impl<'a> Preparer<'a> {
             file: item.source.clone(),
             seconds_used: item.seconds_used,
             seconds_in_file: seconds,
-            note: cut_note(cut, seconds, self.cache.is_none()),
+            note: cut_note(cut, seconds),
             prompt: text_prompt(&item.meta),
         }));
         self.data.items.push(item);
@@ -327,7 +343,9 @@ impl<'a> Preparer<'a> {
         if let Some(item) = self.cache_hit(path, key.as_ref()) {
             return Ok(Ok(item));
         }
-        let cut = self.spec.cut(None);
+        // With the cache the song's head is encoded (crops are windows of it); without,
+        // the crop is decoded only to check the file (each epoch encodes its own).
+        let cut = if self.cache.is_some() { self.spec.cached_cut() } else { self.spec.cut(None) };
         let decoded = match decode_checked(path, cut) {
             Ok(d) => d,
             Err(reason) => return Ok(Err(reason)),
@@ -342,7 +360,7 @@ impl<'a> Preparer<'a> {
             },
             _ => None,
         };
-        let seconds_used = cut.seconds_of(meta.duration_seconds);
+        let seconds_used = self.spec.cut(None).seconds_of(meta.duration_seconds);
         Ok(Ok(DatasetItem { source: path.to_path_buf(), meta, seconds_used, cached }))
     }
 
@@ -731,8 +749,11 @@ mod tests {
         // A new caption or other settings: miss too.
         std::fs::write(d.join("renamed.caption.txt"), "new caption").unwrap();
         assert_eq!(counts(&prepare(&spec, Some(&cache)).0.unwrap()), (1, 1));
+        let shorter = DataSpec { max_duration_seconds: 1.0, ..spec.clone() };
+        assert_eq!(counts(&prepare(&shorter, Some(&cache)).0.unwrap()), (0, 2));
+        // A crop is a window of the whole song the cache keeps: a hit.
         let cropped = DataSpec { crop_seconds: Some(1.0), ..spec.clone() };
-        assert_eq!(counts(&prepare(&cropped, Some(&cache)).0.unwrap()), (0, 2));
+        assert_eq!(counts(&prepare(&cropped, Some(&cache)).0.unwrap()), (2, 0));
 
         // A label given in Ostinato: over the sidecar, in the prompt, and a miss.
         let mut labelled = spec.clone();
@@ -750,7 +771,7 @@ mod tests {
     }
 
     #[test]
-    fn crops_are_seeded_without_cache_and_centred_with_it() {
+    fn crops_are_random_windows_drawn_from_the_seed_with_and_without_the_cache() {
         let src = tempfile::tempdir().unwrap();
         // A rising tone, so every crop position sounds different.
         let n = 44_100 * 3;
@@ -763,26 +784,33 @@ mod tests {
         write_file(src.path(), "a.wav", &wav_bytes(44_100, SampleFormat::Int(16), &[chirp.clone(), chirp]));
         let spec = DataSpec { crop_seconds: Some(1.0), ..DataSpec::new(src.path()) };
         let (enc, cond) = models();
-        let data = prepare(&spec, None).0.unwrap();
-        let draw = |seed| {
-            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-            data.sample(0, &enc, &cond, &mut rng).unwrap().target_latents.to_vec2::<f32>().unwrap()
-        };
-        assert_eq!(draw(1).len(), 25);
-        assert_eq!(draw(1), draw(1));
-        assert_ne!(draw(1), draw(2));
-
         let cache_dir = tempfile::tempdir().unwrap();
         let cache = LatentCache::new(cache_dir.path()).unwrap();
+        for cache in [None, Some(&cache)] {
+            let data = prepare(&spec, cache).0.unwrap();
+            let draw = |seed| {
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+                data.sample(0, &enc, &cond, &mut rng).unwrap().target_latents.to_vec2::<f32>().unwrap()
+            };
+            assert_eq!(draw(1).len(), 25);
+            assert_eq!(draw(1), draw(1));
+            assert_ne!(draw(1), draw(2), "cache {:?}", cache.is_some());
+        }
+
+        // The cache keeps the whole song (the entry a run without crops uses too); a
+        // window is that song's latents from the offset on.
         let cached = prepare(&spec, Some(&cache)).0.unwrap();
-        let sample = cached.items[0].cached.as_ref().unwrap();
-        let item = &data.items[0];
-        // The middle second, cut from the whole song decoded.
-        let whole = audio::decode(&item.source).unwrap();
-        let middle = whole.slice(whole.frames() / 2 - 22_050, 44_100);
-        let song = Song { source: &item.source, audio: &middle, meta: &item.meta };
-        let centre = encode_song(&song, &enc, &cond, &Cancel::never(), &mut |_, _| {}).unwrap();
-        assert_eq!(sample.target_latents.to_vec2::<f32>().unwrap(), centre.target_latents.to_vec2::<f32>().unwrap());
+        assert_eq!(cached.cache_hits, 1);
+        let whole = cached.items[0].cached.as_ref().unwrap();
+        assert_eq!(whole.target_latents.dim(0).unwrap(), 75);
+        let uncropped = prepare(&DataSpec::new(src.path()), Some(&cache)).0.unwrap();
+        assert_eq!((uncropped.cache_hits, uncropped.cache_misses), (1, 0));
+        let frames = whole.target_latents.to_vec2::<f32>().unwrap();
+        let last = cached.window(whole, enc.frames_per_second(), Some(1.0)).unwrap();
+        assert_eq!(last.target_latents.to_vec2::<f32>().unwrap(), frames[50..]);
+        assert_eq!(last.context_latents.dim(0).unwrap(), 25);
+        let centre = cached.window(whole, enc.frames_per_second(), None).unwrap();
+        assert_eq!(centre.target_latents.to_vec2::<f32>().unwrap(), frames[25..50]);
     }
 
     #[test]

@@ -50,6 +50,21 @@ pub struct TrainingSample {
     pub context_latents: Tensor,
 }
 
+impl TrainingSample {
+    /// Frames `start..start + len` of the sample (its condition whole): a window of a
+    /// cached song.
+    pub fn window(&self, start: usize, len: usize) -> candle_core::Result<TrainingSample> {
+        Ok(TrainingSample {
+            source: self.source.clone(),
+            target_latents: self.target_latents.narrow(0, start, len)?,
+            attention_mask: self.attention_mask.narrow(0, start, len)?,
+            encoder_hidden_states: self.encoder_hidden_states.clone(),
+            encoder_attention_mask: self.encoder_attention_mask.clone(),
+            context_latents: self.context_latents.narrow(0, start, len)?,
+        })
+    }
+}
+
 /// How a trigger tag joins the caption.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -85,8 +100,8 @@ pub struct DataSpec {
     pub folder: PathBuf,
     /// Songs are cut to this length (ACE-Step: 240 s).
     pub max_duration_seconds: f64,
-    /// Train on fixed-length crops instead: random offsets when the cache is off,
-    /// the centre of the song when it is on (a cache entry must be reproducible).
+    /// Train on windows this long instead, at an offset drawn from the run's seed each
+    /// epoch (with the cache on, windows of the song's cached latents).
     pub crop_seconds: Option<f64>,
     pub trigger: Option<TriggerTag>,
     /// Labels given in Ostinato (edited, or read from the audio and accepted), by the
@@ -120,6 +135,12 @@ impl DataSpec {
             }
             None => Ok(()),
         }
+    }
+
+    /// The part of a song the latent cache keeps: the head up to `max_duration_seconds`
+    /// (crops are windows of it, cut each epoch).
+    pub fn cached_cut(&self) -> audio::Cut {
+        audio::Cut::Head { max_seconds: self.max_duration_seconds }
     }
 
     /// The part of a song training uses: a crop at `offset` (a fraction of the free

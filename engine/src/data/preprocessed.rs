@@ -267,7 +267,11 @@ pub fn preprocess(
     // Not cancellable: the CLI leaves Ctrl-C to its default (stop at once), and a
     // rerun reuses what the temporary cache holds.
     let data = super::prepare_dataset(spec, encoder, conditioner, Some(&cache), &Cancel::never(), report)?;
-    let samples: Vec<TrainingSample> = data.items.into_iter().filter_map(|i| i.cached).collect();
+    // With crops, each song's centre window: a preprocessed sample is one fixed clip.
+    let fps = encoder.frames_per_second();
+    let samples: Vec<TrainingSample> = (data.items.iter().filter_map(|i| i.cached.as_ref()))
+        .map(|s| data.window(s, fps, None))
+        .collect::<Result<_>>()?;
     let written = write_preprocessed(out, &samples, &Manifest::new(encoder.id(), conditioner.id()));
     std::fs::remove_dir_all(&tmp_cache).map_err(|e| Error::io(&tmp_cache, e))?;
     written

@@ -61,7 +61,7 @@ fn song_row(dir: &Path, song: &StoredSong) -> FileRow {
     match checked {
         Ok((seconds, found)) => {
             (row.duration_s, row.status) = (Some(seconds), "ok".into());
-            row.note = cut_note(spec.cut(None), seconds, false);
+            row.note = cut_note(spec.cut(None), seconds);
             show_labels(&mut row, song, &found);
         }
         Err(why) => row.problem = Some(why),
