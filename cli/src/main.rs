@@ -246,6 +246,7 @@ pub struct TrainArgs {
     /// A TOML run config; flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Where the run's folder is made (default: `runs` in the platform data folder).
     #[arg(long)]
     pub runs_dir: Option<PathBuf>,
     /// The label store whose labels (edited in the app, or kept by `ostinato label`)
@@ -261,39 +262,67 @@ pub struct TrainArgs {
     /// Print only the result (no progress bar or log lines).
     #[arg(long, conflicts_with = "json")]
     pub quiet: bool,
+    /// Recompute each block in backward instead of keeping its activations (several
+    /// times less memory, about 1.3x the time per step; the default).
     #[arg(long, overrides_with = "no_gradient_checkpointing")]
     pub gradient_checkpointing: bool,
+    /// Keep every block's activations: faster, far more memory.
     #[arg(long)]
     pub no_gradient_checkpointing: bool,
+    /// Encode each song once into the content-addressed latent cache and reuse it
+    /// across epochs and runs (the default).
     #[arg(long, overrides_with = "no_cache")]
     pub cache: bool,
+    /// Encode every song afresh each epoch (no disk used for latents).
     #[arg(long)]
     pub no_cache: bool,
-    #[arg(long)]
+    /// Passes over the dataset.
+    #[arg(long, value_name = "N")]
     pub epochs: Option<u64>,
-    #[arg(long)]
+    /// Bound on optimizer updates for the whole run (the schedule spans it).
+    #[arg(long, value_name = "N")]
     pub max_steps: Option<u64>,
-    #[arg(long)]
+    /// Stop, resumably, once this many updates are applied (as the Stop button would).
+    #[arg(long, value_name = "N")]
     pub stop_at_step: Option<u64>,
-    #[arg(long)]
+    /// Songs per batch.
+    #[arg(long, value_name = "N")]
     pub batch_size: Option<usize>,
-    #[arg(long)]
+    /// Batches whose gradients are summed into one update.
+    #[arg(long, value_name = "N")]
     pub grad_accum: Option<usize>,
-    #[arg(long)]
+    /// Peak learning rate.
+    #[arg(long, value_name = "F")]
     pub lr: Option<f64>,
-    #[arg(long)]
+    /// The learning rate's shape over the run: warmup-cosine (ACE-Step's, the
+    /// default), constant, linear or cosine-restarts.
+    #[arg(long, value_name = "KIND")]
+    pub lr_schedule: Option<String>,
+    /// Warmup updates of warmup-cosine or cosine-restarts (default 100).
+    #[arg(long, value_name = "N")]
+    pub warmup_steps: Option<u64>,
+    /// Cosine cycles of cosine-restarts, each restarting at the peak rate (default 1).
+    #[arg(long, value_name = "N")]
+    pub cycles: Option<u64>,
+    /// LoRA rank.
+    #[arg(long, value_name = "N")]
     pub rank: Option<usize>,
-    #[arg(long)]
+    /// LoRA alpha (the update is scaled by alpha / rank).
+    #[arg(long, value_name = "F")]
     pub alpha: Option<f64>,
-    #[arg(long)]
+    /// LoRA dropout, 0 to below 1.
+    #[arg(long, value_name = "F")]
     pub dropout: Option<f64>,
     /// Share of samples trained on the model's null condition (CFG dropout), 0 to 1;
     /// default: the model's (base/SFT 0.15, turbo and demo 0).
     #[arg(long)]
     pub cfg_dropout: Option<f64>,
-    #[arg(long)]
+    /// Seed of everything random in the run (order, crops, noise, dropout): the same
+    /// seed and settings train the same adapter.
+    #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
-    #[arg(long)]
+    /// A checkpoint every N updates (a stop or crash loses at most the steps since).
+    #[arg(long, value_name = "N")]
     pub save_every_steps: Option<u64>,
     /// Files of the audio folder (relative paths, comma-separated) held out for validation.
     #[arg(long, value_delimiter = ',', conflicts_with = "val_fraction")]
@@ -307,6 +336,8 @@ pub struct TrainArgs {
     /// Finish early after K validations without a better loss.
     #[arg(long)]
     pub patience: Option<u64>,
+    /// Compute precision: auto (the device's best), f32, bf16 or f16 (trainable
+    /// weights and optimizer state stay f32).
     #[arg(long, value_parser = parse_with::<Precision>)]
     pub precision: Option<Precision>,
     /// A trigger word or phrase joined to every song's caption, so the adapter

@@ -12,6 +12,7 @@ use ostinato_engine::label::store::LabelStore;
 use ostinato_engine::load::source::ModelSource;
 use ostinato_engine::train::config::default_run_name;
 use ostinato_engine::train::fit::{self, Fit};
+use ostinato_engine::train::schedule::LrSchedule;
 use ostinato_engine::train::{Run, RunConfig, RunEnd, RunHandle};
 
 use crate::progress::{self, Mode, Progress};
@@ -86,6 +87,15 @@ fn build_config(a: &TrainArgs) -> anyhow::Result<RunConfig> {
     c.batch_size = a.batch_size.unwrap_or(c.batch_size);
     c.grad_accum = a.grad_accum.unwrap_or(c.grad_accum);
     c.lr = a.lr.unwrap_or(c.lr);
+    if let Some(name) = &a.lr_schedule {
+        c.lr_schedule = LrSchedule::named(name).map_err(anyhow::Error::msg)?;
+    }
+    if let Some(n) = a.warmup_steps {
+        c.lr_schedule.set_warmup(n).map_err(anyhow::Error::msg)?;
+    }
+    if let Some(n) = a.cycles {
+        c.lr_schedule.set_cycles(n).map_err(anyhow::Error::msg)?;
+    }
     c.lora.r = a.rank.unwrap_or(c.lora.r);
     c.lora.alpha = a.alpha.unwrap_or(c.lora.alpha);
     c.lora.dropout = a.dropout.unwrap_or(c.lora.dropout);

@@ -1548,3 +1548,38 @@ fn labels_are_kept_trained_with_and_written_as_sidecars_only_when_asked() {
         serde_json::from_slice(&std::fs::read(songs.join("song-3-000.json")).unwrap()).unwrap();
     assert_eq!(replaced["bpm"], 112);
 }
+
+/// `--lr-schedule`, `--warmup-steps` and `--cycles` reach run.toml and the steps' rates;
+/// an option the schedule does not have, or a nonsense value, is refused by name.
+#[test]
+fn lr_schedules_are_chosen_by_flag_and_checked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let args = ["--max-steps", "6", "--lr-schedule", "cosine-restarts", "--warmup-steps", "2"];
+    ok(train(tmp.path(), &songs, "restarts", &[&args[..], &["--cycles", "2", "--quiet"]].concat()).output().unwrap());
+    let run = tmp.path().join("runs/restarts");
+    let config = RunConfig::from_toml_file(&run.join("run.toml")).unwrap();
+    assert_eq!(
+        config.lr_schedule,
+        ostinato_engine::train::schedule::LrSchedule::CosineRestarts { warmup_steps: 2, cycles: 2 }
+    );
+    let rates: Vec<f64> = read_events(&run.join("events.jsonl"))
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Step { lr, .. } => Some(lr),
+            _ => None,
+        })
+        .collect();
+    // (The helper trains at lr 1e-3.) Warmup 0, 0.5e-3; then two cycles over the 4
+    // steps left, each from the peak.
+    let want = [0.0, 5e-4, 1e-3, 5e-4, 1e-3, 5e-4];
+    assert_eq!(rates.len(), want.len(), "{rates:?}");
+    assert!(rates.iter().zip(want).all(|(r, w)| (r - w).abs() < 1e-9), "{rates:?}");
+
+    let mut no_warmup = train(tmp.path(), &songs, "c", &["--lr-schedule", "constant", "--warmup-steps", "5"]);
+    fails_with(&mut no_warmup, "the constant schedule has no warmup");
+    let mut zero = train(tmp.path(), &songs, "z", &["--lr-schedule", "cosine-restarts", "--cycles", "0"]);
+    fails_with(&mut zero, "lr_schedule.cycles");
+    fails_with(&mut train(tmp.path(), &songs, "u", &["--lr-schedule", "step"]), "unknown schedule `step`");
+}

@@ -234,6 +234,9 @@ impl RunConfig {
         e.check(seconds > 0.0 && seconds <= MAX_SECONDS, "preview_seconds", || {
             format!("{seconds} must be more than 0 and at most {MAX_SECONDS}")
         });
+        if let Err((field, why)) = self.lr_schedule.check() {
+            e.check(false, &format!("lr_schedule.{field}"), || why);
+        }
         self.check_validation(&mut e);
         crate::lora::check_config(&self.lora, &mut e);
         self.data.check(&mut e);

@@ -22,11 +22,74 @@ pub enum LrSchedule {
         #[serde(default)]
         floor: f64,
     },
+    /// transformers' `get_cosine_with_hard_restarts_schedule_with_warmup`: linear
+    /// warmup from 0 to lr over `warmup_steps`, then `cycles` cosine decays from lr to
+    /// 0, each restarting at lr; 0 from the last step on.
+    CosineRestarts { warmup_steps: u64, cycles: u64 },
 }
 
 impl Default for LrSchedule {
     fn default() -> Self {
         LrSchedule::WarmupCosine { warmup_steps: 100 }
+    }
+}
+
+/// The schedules by name, as run.toml's `kind` writes them (dashes also taken).
+pub const SCHEDULES: [&str; 4] = ["warmup_cosine", "constant", "linear", "cosine_restarts"];
+
+impl LrSchedule {
+    /// The schedule called `name` with its defaults (100 warmup steps, one cycle, no floor).
+    pub fn named(name: &str) -> Result<Self, String> {
+        match name.replace('-', "_").as_str() {
+            "warmup_cosine" => Ok(Self::default()),
+            "constant" => Ok(Self::Constant),
+            "linear" => Ok(Self::Linear { floor: 0.0 }),
+            "cosine_restarts" => Ok(Self::CosineRestarts { warmup_steps: 100, cycles: 1 }),
+            _ => Err(format!("unknown schedule `{name}` (expected {})", SCHEDULES.join(", "))),
+        }
+    }
+
+    /// Sets the warmup of a schedule that has one; an error naming the schedule else.
+    pub fn set_warmup(&mut self, steps: u64) -> Result<(), String> {
+        match self {
+            Self::WarmupCosine { warmup_steps } | Self::CosineRestarts { warmup_steps, .. } => {
+                *warmup_steps = steps;
+                Ok(())
+            }
+            other => Err(format!("the {} schedule has no warmup", other.kind())),
+        }
+    }
+
+    /// Sets the number of cosine cycles of `cosine_restarts`; an error for the others.
+    pub fn set_cycles(&mut self, n: u64) -> Result<(), String> {
+        match self {
+            Self::CosineRestarts { cycles, .. } => {
+                *cycles = n;
+                Ok(())
+            }
+            other => Err(format!("the {} schedule has no cycles (cosine_restarts has)", other.kind())),
+        }
+    }
+
+    /// Its name, as run.toml's `kind`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::WarmupCosine { .. } => "warmup_cosine",
+            Self::Constant => "constant",
+            Self::Linear { .. } => "linear",
+            Self::CosineRestarts { .. } => "cosine_restarts",
+        }
+    }
+
+    /// What makes no sense in it: (field under `lr_schedule`, why).
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        match *self {
+            Self::Linear { floor } if !(0.0..=1.0).contains(&floor) => {
+                Err(("floor", format!("{floor} must be between 0 and 1 (a fraction of lr)")))
+            }
+            Self::CosineRestarts { cycles: 0, .. } => Err(("cycles", "must be at least 1".into())),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -53,6 +116,17 @@ impl LrScheduler {
             LrSchedule::Linear { floor } => {
                 let progress = step.min(total) as f64 / total as f64;
                 lr * (1.0 - (1.0 - floor) * progress)
+            }
+            LrSchedule::CosineRestarts { warmup_steps, cycles } => {
+                if step < warmup_steps {
+                    return lr * step as f64 / warmup_steps.max(1) as f64;
+                }
+                let progress = (step - warmup_steps) as f64 / total.saturating_sub(warmup_steps).max(1) as f64;
+                if progress >= 1.0 {
+                    return 0.0;
+                }
+                let phase = (cycles as f64 * progress).fract();
+                lr * (0.5 * (1.0 + (std::f64::consts::PI * phase).cos())).max(0.0)
             }
             LrSchedule::WarmupCosine { warmup_steps } => {
                 let warmup = warmup_steps.min((total / 10).max(1));
@@ -114,6 +188,46 @@ mod tests {
         let l = LrScheduler::new(LrSchedule::Linear { floor: 0.1 }, 1.0, 10);
         assert!(close(l.lr_at(10), 0.1));
         assert!(close(l.lr_at(5), 0.55));
+    }
+
+    /// Values of transformers' `get_cosine_with_hard_restarts_schedule_with_warmup`
+    /// (its lambda, times lr) for warmup 10, 110 steps, 2 cycles.
+    #[test]
+    fn cosine_restarts_is_transformers_hard_restarts() {
+        let s = LrScheduler::new(LrSchedule::CosineRestarts { warmup_steps: 10, cycles: 2 }, 1.0, 110);
+        let cases = [
+            (0, 0.0),
+            (5, 0.5),
+            (10, 1.0),
+            (35, 0.5),               // a quarter through: half way down the first cycle
+            (59, 0.000_986_635_785), // 0.5 * (1 + cos(pi * 0.98))
+            (60, 1.0),               // restart
+            (85, 0.5),
+            (110, 0.0),
+            (500, 0.0),
+        ];
+        for (step, want) in cases {
+            assert!((s.lr_at(step) - want).abs() < 1e-9, "step {step}: {} against {want}", s.lr_at(step));
+        }
+    }
+
+    #[test]
+    fn schedules_by_name_with_their_options() {
+        let mut s = LrSchedule::named("cosine-restarts").unwrap();
+        s.set_warmup(20).unwrap();
+        s.set_cycles(3).unwrap();
+        assert_eq!(s, LrSchedule::CosineRestarts { warmup_steps: 20, cycles: 3 });
+        assert_eq!(
+            LrSchedule::named("constant").unwrap().set_warmup(5).unwrap_err(),
+            "the constant schedule has no warmup"
+        );
+        assert!(LrSchedule::named("linear").unwrap().set_cycles(2).is_err());
+        assert!(LrSchedule::named("step").unwrap_err().contains("warmup_cosine, constant, linear, cosine_restarts"));
+        assert_eq!(LrSchedule::CosineRestarts { warmup_steps: 0, cycles: 0 }.check().unwrap_err().0, "cycles");
+        assert_eq!(LrSchedule::Linear { floor: 2.0 }.check().unwrap_err().0, "floor");
+        for name in SCHEDULES {
+            assert_eq!(LrSchedule::named(name).unwrap().kind(), name);
+        }
     }
 
     #[test]
