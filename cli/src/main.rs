@@ -313,6 +313,11 @@ pub struct TrainArgs {
     /// LoRA dropout, 0 to below 1.
     #[arg(long, value_name = "F")]
     pub dropout: Option<f64>,
+    /// What the adapter trains, comma-separated: self (self-attention), cross
+    /// (cross-attention), mlp, or module names as PEFT matches them (default:
+    /// q_proj,k_proj,v_proj,o_proj, both attentions).
+    #[arg(long, value_name = "LIST")]
+    pub targets: Option<String>,
     /// Share of samples trained on the model's null condition (CFG dropout), 0 to 1;
     /// default: the model's (base/SFT 0.15, turbo and demo 0).
     #[arg(long)]

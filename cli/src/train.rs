@@ -10,6 +10,7 @@ use ostinato_engine::data::{TagMode, TriggerTag};
 use ostinato_engine::label::saved_labels;
 use ostinato_engine::label::store::LabelStore;
 use ostinato_engine::load::source::ModelSource;
+use ostinato_engine::lora::parse_targets;
 use ostinato_engine::train::config::default_run_name;
 use ostinato_engine::train::fit::{self, Fit};
 use ostinato_engine::train::schedule::LrSchedule;
@@ -99,6 +100,9 @@ fn build_config(a: &TrainArgs) -> anyhow::Result<RunConfig> {
     c.lora.r = a.rank.unwrap_or(c.lora.r);
     c.lora.alpha = a.alpha.unwrap_or(c.lora.alpha);
     c.lora.dropout = a.dropout.unwrap_or(c.lora.dropout);
+    if let Some(list) = &a.targets {
+        c.lora.target_modules = parse_targets(list).map_err(|e| anyhow::anyhow!("--targets: {e}"))?;
+    }
     c.cfg_dropout = a.cfg_dropout.or(c.cfg_dropout);
     c.precision = a.precision.unwrap_or(c.precision);
     c.data.crop_seconds = a.crop_seconds.or(c.data.crop_seconds);

@@ -1583,3 +1583,29 @@ fn lr_schedules_are_chosen_by_flag_and_checked() {
     fails_with(&mut zero, "lr_schedule.cycles");
     fails_with(&mut train(tmp.path(), &songs, "u", &["--lr-schedule", "step"]), "unknown schedule `step`");
 }
+
+/// `--targets self,mlp` trains adapters on the self-attention and the MLP, none on the
+/// cross-attention: in run.toml, in the saved adapter and its PEFT config; a bad list
+/// is refused naming the item.
+#[test]
+fn targets_choose_the_attentions_and_the_mlp() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    ok(train(tmp.path(), &songs, "targets", &["--max-steps", "1", "--targets", "self,mlp", "--quiet"])
+        .output()
+        .unwrap());
+    let run = tmp.path().join("runs/targets");
+    let config = RunConfig::from_toml_file(&run.join("run.toml")).unwrap();
+    assert_eq!(config.lora.target_modules, ostinato_engine::lora::parse_targets("self,mlp").unwrap());
+    let adapter = run.join("final/adapter");
+    let tensors =
+        candle_core::safetensors::load(adapter.join("adapter_model.safetensors"), &candle_core::Device::Cpu).unwrap();
+    let has = |part: &str| tensors.keys().any(|k| k.contains(part));
+    assert!(has(".self_attn.q_proj.lora_A") && has(".mlp.down_proj.lora_B"), "{:?}", tensors.keys());
+    assert!(!has(".cross_attn."), "no cross-attention adapters: {:?}", tensors.keys());
+    let peft: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(adapter.join("adapter_config.json")).unwrap()).unwrap();
+    assert!(peft["target_modules"].as_array().unwrap().iter().any(|t| t == "mlp.up_proj"), "{peft}");
+
+    fails_with(&mut train(tmp.path(), &songs, "bad", &["--targets", "self attn"]), "--targets: `self attn`");
+}

@@ -69,6 +69,40 @@ impl LoraConfig {
     }
 }
 
+/// The groups `--targets` names, each as the module suffixes it stands for.
+pub const TARGET_GROUPS: [(&str, &[&str]); 3] = [
+    ("self", &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"]),
+    ("cross", &["cross_attn.q_proj", "cross_attn.k_proj", "cross_attn.v_proj", "cross_attn.o_proj"]),
+    ("mlp", &["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]),
+];
+
+/// A comma-separated target list (`self`, `cross`, `mlp`, or module suffixes as PEFT
+/// matches them, e.g. `q_proj`) as `target_modules`, each once, in order.
+pub fn parse_targets(list: &str) -> std::result::Result<Vec<String>, String> {
+    let mut modules: Vec<String> = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        let suffixes = match TARGET_GROUPS.iter().find(|(group, _)| *group == item) {
+            Some((_, suffixes)) => suffixes.iter().map(|s| s.to_string()).collect(),
+            None if item
+                .split('.')
+                .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')) =>
+            {
+                vec![item.to_string()]
+            }
+            None => return Err(format!("`{item}` is neither self, cross, mlp nor a module name such as q_proj")),
+        };
+        for suffix in suffixes {
+            if !modules.contains(&suffix) {
+                modules.push(suffix);
+            }
+        }
+    }
+    match modules.is_empty() {
+        true => Err("no targets: name self, cross, mlp or module names such as q_proj".into()),
+        false => Ok(modules),
+    }
+}
+
 /// One adapted linear module: `delta(x) = B(A(dropout(x))) * scaling`.
 pub struct LoraModule {
     /// `[r, in]`, f32.
@@ -447,6 +481,21 @@ fn splitmix64(x: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn targets_by_group_or_module_name() {
+        let parsed = parse_targets("self, mlp,q_proj,self").unwrap();
+        assert_eq!(parsed.len(), 8, "{parsed:?}");
+        let c = LoraConfig { target_modules: parsed, ..Default::default() };
+        assert!(c.targets("layers.2.self_attn.k_proj") && c.targets("layers.2.mlp.down_proj"));
+        assert!(c.targets("layers.2.cross_attn.q_proj"), "q_proj names both attentions' q");
+        assert!(!c.targets("layers.2.cross_attn.k_proj"));
+        let cross = LoraConfig { target_modules: parse_targets("cross").unwrap(), ..Default::default() };
+        assert!(cross.targets("layers.0.cross_attn.o_proj") && !cross.targets("layers.0.self_attn.o_proj"));
+        assert!(parse_targets("attn").is_ok(), "a suffix as PEFT takes it (the model then says if it matches)");
+        assert!(parse_targets("self attn").unwrap_err().contains("`self attn`"));
+        assert!(parse_targets(" , ").unwrap_err().starts_with("no targets"));
+    }
 
     #[test]
     fn suffix_matching_follows_peft() {
