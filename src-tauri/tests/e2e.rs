@@ -465,7 +465,9 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     // Play a step's preview: the player loads that file, all of it.
     let path = js(&c, "return document.querySelector('#preview-list [data-testid=preview]').dataset.path").await;
     let path = PathBuf::from(path.as_str().unwrap());
-    c.find(Locator::Css("#preview-list [data-testid=preview] .play")).await.unwrap().click().await.unwrap();
+    // That row's own button: newer previews keep arriving and the list may have grown.
+    let row = format!("#preview-list [data-testid=preview][data-path={}] .play", json!(path.to_str().unwrap()));
+    c.find(Locator::Css(&row)).await.unwrap().click().await.unwrap();
     let loaded = format!(
         "const p = document.getElementById('player'); return p.dataset.key === {} && p.readyState >= 1 && p.duration > 0",
         json!(path.to_str().unwrap())
