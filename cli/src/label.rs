@@ -12,7 +12,7 @@ use ostinato_engine::data::{Field, Labels};
 use ostinato_engine::label::analysis::{analyse_file, Analysis, Reading};
 use ostinato_engine::label::sidecars::{write_sidecars, Outcome, SidecarFile};
 use ostinato_engine::label::store::{Found, LabelStore};
-use ostinato_engine::label::{readings, resolve, stored_songs, Resolved, Source};
+use ostinato_engine::label::{reading, readings, resolve, stored_songs, Resolved, Source, ANALYSED};
 use serde_json::{json, Value};
 
 /// What `ostinato label` was asked to do.
@@ -24,12 +24,10 @@ pub struct LabelArgs {
     pub labels_dir: Option<PathBuf>,
 }
 
-const READ: [Field; 3] = [Field::Bpm, Field::Keyscale, Field::Timesignature];
-
 pub fn label(audio_dir: &Path, args: &LabelArgs) -> anyhow::Result<()> {
     let store = match &args.labels_dir {
         Some(dir) => LabelStore::new(dir),
-        None => LabelStore::open_default()?,
+        None => LabelStore::open_default(),
     };
     let folder = stored_songs(&store, audio_dir)?;
     let total = folder.songs.len();
@@ -96,7 +94,7 @@ fn keep_readings(
     let read = readings(analysis);
     let mut saved = found.saved.clone();
     let target: &mut Labels = if overwrite { &mut saved.edited } else { &mut saved.accepted };
-    for field in READ {
+    for field in ANALYSED {
         if let Some(value) = read.get(field) {
             target.put(field, Some(value.to_string()));
         }
@@ -111,12 +109,9 @@ fn keep_readings(
     Ok(())
 }
 
-fn reading(analysis: &Analysis, field: Field) -> Reading<String> {
-    match field {
-        Field::Bpm => analysis.bpm.clone().map(|e| e.map(|v| v.to_string())),
-        Field::Keyscale => analysis.keyscale.clone(),
-        _ => analysis.timesignature.clone().map(|e| e.map(|v| v.to_string())),
-    }
+/// The reading of one of the analysed fields.
+fn read(analysis: &Analysis, field: Field) -> Reading<String> {
+    reading(analysis, field).expect("the analysis reads every field in ANALYSED")
 }
 
 fn print_row(
@@ -126,7 +121,7 @@ fn print_row(
     stale: bool,
     written: &[SidecarFile],
 ) {
-    let [bpm, key, meter] = READ.map(|f| shown(&fields[&f], &reading(analysis, f)));
+    let [bpm, key, meter] = ANALYSED.map(|f| shown(&fields[&f], &read(analysis, f)));
     let note = if stale { "  (audio changed since labelled)" } else { "" };
     println!("{name:<40} {bpm:>20} {key:>24} {meter:>16} {:>8.1}s{note}", analysis.duration);
     for file in written.iter().filter(|f| f.outcome != Outcome::Unchanged) {
@@ -153,7 +148,7 @@ fn as_json(
     written: &[SidecarFile],
 ) -> Value {
     let per_field = |f: &dyn Fn(Field) -> Value| -> Value {
-        READ.iter().map(|field| (field.name().to_string(), f(*field))).collect::<serde_json::Map<_, _>>().into()
+        ANALYSED.iter().map(|field| (field.name().to_string(), f(*field))).collect::<serde_json::Map<_, _>>().into()
     };
     let bpm = fields[&Field::Bpm].value.as_deref().and_then(|b| b.parse::<u32>().ok());
     let mut row = json!({
@@ -163,13 +158,13 @@ fn as_json(
         "timesignature": fields[&Field::Timesignature].value,
         "duration": analysis.duration,
         "source": per_field(&|f| json!(fields[&f].source)),
-        "analysed": per_field(&|f| match (f, reading(analysis, f)) {
+        "analysed": per_field(&|f| match (f, read(analysis, f)) {
             (Field::Bpm, Ok(r)) => json!(r.value.parse::<u32>().ok()),
             (_, Ok(r)) => json!(r.value),
             (_, Err(_)) => Value::Null,
         }),
-        "confidence": per_field(&|f| reading(analysis, f).map_or(Value::Null, |r| json!(r.confidence))),
-        "cannot_tell": per_field(&|f| reading(analysis, f).err().map_or(Value::Null, |w| json!(w))),
+        "confidence": per_field(&|f| read(analysis, f).map_or(Value::Null, |r| json!(r.confidence))),
+        "cannot_tell": per_field(&|f| read(analysis, f).err().map_or(Value::Null, |w| json!(w))),
         "stale": stale,
     });
     if !written.is_empty() {

@@ -68,7 +68,7 @@ fn build_config(a: &TrainArgs) -> anyhow::Result<RunConfig> {
     c.name = a.name.clone().unwrap_or_else(default_run_name);
     let store = match &a.labels_dir {
         Some(dir) => LabelStore::new(dir),
-        None => LabelStore::open_default()?,
+        None => LabelStore::open_default(),
     };
     // The config file's own labels for a song win over the store's.
     let saved = saved_labels(&store, &c.data.folder)?;

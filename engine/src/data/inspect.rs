@@ -36,6 +36,18 @@ pub struct SongFile {
 }
 
 impl SongFile {
+    /// The song at `path`: its sidecars read (through `sidecars`, which remembers each
+    /// folder's CSV rows), with `given` labels over them.
+    pub fn read(path: PathBuf, sidecars: &mut Sidecars, given: Option<&Labels>) -> Self {
+        let mut warnings = Vec::new();
+        let read = sidecars.read(&path, &mut warnings);
+        let mut meta = read.clone();
+        if let Some(given) = given {
+            given.apply(&mut meta);
+        }
+        SongFile { path, meta, sidecars: read, warnings }
+    }
+
     /// Decodes the part of the file training under `spec` uses (the cut, the middle
     /// crop): it, with the file's length, when training can use it, else why the
     /// file is skipped.
@@ -53,13 +65,8 @@ pub fn inspect_folder(folder: &Path, labels: &BTreeMap<String, Labels>) -> Resul
         .audio
         .into_iter()
         .map(|path| {
-            let mut warnings = Vec::new();
-            let read = sidecars.read(&path, &mut warnings);
-            let mut meta = read.clone();
-            if let Some(given) = labels.get(&song_key(folder, &path)) {
-                given.apply(&mut meta);
-            }
-            SongFile { path, meta, sidecars: read, warnings }
+            let given = labels.get(&song_key(folder, &path));
+            SongFile::read(path, &mut sidecars, given)
         })
         .collect();
     Ok(FolderInspection { songs, skipped: scanned.skipped })

@@ -48,11 +48,6 @@ impl Field {
         }
     }
 
-    /// The fields the signal analysis reads.
-    pub fn is_analysed(self) -> bool {
-        matches!(self, Field::Bpm | Field::Keyscale | Field::Timesignature)
-    }
-
     /// `text` as this field's value, in the form ACE-Step writes it ("F# minor", "6"),
     /// or what is wrong with it. Blank text is no value (None).
     pub fn parse(self, text: &str) -> Result<Option<String>, String> {

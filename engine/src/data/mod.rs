@@ -169,11 +169,6 @@ impl DataSpec {
         }
     }
 
-    /// The labels given to the song at `path` (none when it has none).
-    pub fn labels_of(&self, path: &Path) -> Option<&Labels> {
-        self.labels.get(&song_key(&self.folder, path))
-    }
-
     /// The lengths that would give a song less than `audio::MIN_SECONDS`: (field, value).
     fn too_short(&self) -> Vec<(&'static str, f64)> {
         let enough = |s: f64| s >= audio::MIN_SECONDS; // false for NaN too

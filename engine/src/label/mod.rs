@@ -11,8 +11,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::codec::SongMeta;
-use crate::data::{inspect_folder, song_key, Field, FolderInspection, Labels};
-use analysis::Analysis;
+use crate::data::sidecar::Sidecars;
+use crate::data::{inspect_folder, song_key, Field, FolderInspection, Labels, SongFile};
+use analysis::{Analysis, Reading};
 use store::{LabelStore, Saved};
 
 /// Where a field's value comes from, in order of precedence: what the user gave in
@@ -81,7 +82,7 @@ pub fn given(sidecars: &SongMeta, saved: &Saved) -> Labels {
 /// A song of a folder with what the store keeps for it.
 #[derive(Debug, Clone)]
 pub struct StoredSong {
-    pub file: crate::data::SongFile,
+    pub file: SongFile,
     /// The store's record, or why the file cannot be read.
     pub found: std::result::Result<store::Found, String>,
 }
@@ -104,6 +105,12 @@ pub fn stored_songs(store: &LabelStore, folder: &Path) -> crate::Result<StoredFo
     Ok(StoredFolder { songs, skipped })
 }
 
+/// The song at `path` with the store's record of it (its sidecars read alone).
+pub fn stored_song(store: &LabelStore, path: &Path) -> StoredSong {
+    let file = SongFile::read(path.to_path_buf(), &mut Sidecars::new(), None);
+    StoredSong { found: store.find(path), file }
+}
+
 /// The labels the store gives the songs of `folder`, as `DataSpec::labels` holds them
 /// (a song the store has nothing for, or cannot read, is left out: training reports it).
 pub fn saved_labels(store: &LabelStore, folder: &Path) -> crate::Result<BTreeMap<String, Labels>> {
@@ -121,12 +128,27 @@ pub fn saved_labels(store: &LabelStore, folder: &Path) -> crate::Result<BTreeMap
         .collect())
 }
 
+/// The fields the signal analysis reads.
+pub const ANALYSED: [Field; 3] = [Field::Bpm, Field::Keyscale, Field::Timesignature];
+
+/// The analysis's reading of `field` written as a label value ("120", "F# minor", "3"),
+/// or why it cannot be told; None for a field the analysis does not read.
+pub fn reading(analysis: &Analysis, field: Field) -> Option<Reading<String>> {
+    let text = |r: &Reading<u32>| r.clone().map(|e| e.map(|v| v.to_string()));
+    Some(match field {
+        Field::Bpm => text(&analysis.bpm),
+        Field::Keyscale => analysis.keyscale.clone(),
+        Field::Timesignature => text(&analysis.timesignature),
+        _ => return None,
+    })
+}
+
 /// The analysis's readings of the fields it reads, as label values (bpm "120").
 pub fn readings(analysis: &Analysis) -> Labels {
     let mut labels = Labels::default();
-    labels.put(Field::Bpm, analysis.bpm.as_ref().ok().map(|e| e.value.to_string()));
-    labels.put(Field::Keyscale, analysis.keyscale.as_ref().ok().map(|e| e.value.clone()));
-    labels.put(Field::Timesignature, analysis.timesignature.as_ref().ok().map(|e| e.value.to_string()));
+    for field in ANALYSED {
+        labels.put(field, reading(analysis, field).and_then(Result::ok).map(|e| e.value));
+    }
     labels
 }
 

@@ -79,14 +79,8 @@ impl LabelStore {
     }
 
     /// `<platform data folder>/labels`, e.g. ~/.local/share/ostinato/labels, beside the runs.
-    pub fn default_dir() -> Option<PathBuf> {
-        directories::ProjectDirs::from("app", "Ostinato", "ostinato").map(|d| d.data_dir().join("labels"))
-    }
-
-    pub fn open_default() -> Result<Self> {
-        let dir =
-            Self::default_dir().ok_or_else(|| Error::BadRequest("no platform data folder (is $HOME set?)".into()))?;
-        Ok(Self::new(dir))
+    pub fn open_default() -> Self {
+        Self::new(crate::load::places::data_dir("labels"))
     }
 
     pub fn dir(&self) -> &Path {

@@ -54,11 +54,17 @@ pub fn config_dir() -> PathBuf {
         .unwrap_or_else(|| std::env::temp_dir().join("ostinato-config"))
 }
 
+/// `name` in the platform data folder (e.g. `~/.local/share/ostinato/<name>`), where
+/// runs, downloaded models and labels live side by side; `name` alone without one.
+pub fn data_dir(name: &str) -> PathBuf {
+    directories::ProjectDirs::from("app", "Ostinato", "ostinato")
+        .map(|d| d.data_dir().join(name))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
 /// `<platform data folder>/models`, beside the runs.
 pub fn default_downloads_dir() -> PathBuf {
-    directories::ProjectDirs::from("app", "Ostinato", "ostinato")
-        .map(|d| d.data_dir().join("models"))
-        .unwrap_or_else(|| PathBuf::from("models"))
+    data_dir("models")
 }
 
 /// The model folders the user added, as kept in `<config>/models.json`.

@@ -153,9 +153,7 @@ pub fn default_run_name() -> String {
 
 /// The platform's data directory for runs (e.g. `~/.local/share/ostinato/runs`).
 pub fn default_runs_dir() -> PathBuf {
-    directories::ProjectDirs::from("app", "Ostinato", "ostinato")
-        .map(|d| d.data_dir().join("runs"))
-        .unwrap_or_else(|| PathBuf::from("runs"))
+    crate::load::places::data_dir("runs")
 }
 
 impl RunConfig {

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use ostinato_engine::data::Field;
-use ostinato_engine::label::analysis::analyse_file;
+use ostinato_engine::label::analysis::{analyse_file, Reading};
 use ostinato_engine::label::sidecars::{write_sidecars, Outcome};
 use ostinato_engine::label::store::{Found, LabelStore, Saved};
-use ostinato_engine::label::{readings, resolve, stored_songs, StoredSong};
+use ostinato_engine::label::{reading, resolve, stored_song, stored_songs, StoredSong, ANALYSED};
 
 use super::dataset_scan::show_labels;
 use super::engine::engine_err;
@@ -25,12 +25,7 @@ impl AppState {
     /// The scanned folder's usable song `name` as the store knows it, or why not.
     fn stored_song(&self, name: &str) -> Result<(StoredSong, Found), BridgeError> {
         let folder = self.usable_song_folder(name)?;
-        let song = stored_songs(&self.label_store(), &folder)
-            .map_err(engine_err)?
-            .songs
-            .into_iter()
-            .find(|s| s.file.path.strip_prefix(&folder).is_ok_and(|p| p.to_string_lossy() == name))
-            .ok_or_else(|| BridgeError::Invalid(format!("not a song of the dataset: {name}")))?;
+        let song = stored_song(&self.label_store(), &folder.join(name));
         let found = song.found.clone().map_err(|why| BridgeError::Invalid(format!("{name}: {why}")))?;
         Ok((song, found))
     }
@@ -74,19 +69,11 @@ impl AppState {
         let (song, _) = self.stored_song(name)?;
         let analysis = analyse_file(&song.file.path)
             .map_err(|why| BridgeError::Invalid(format!("{name} cannot be analysed: {why}")))?;
-        let values = readings(&analysis);
-        let view = |field: Field, reading: Result<f64, String>| {
-            let value = values.get(field).map(str::to_string);
-            match reading {
-                Ok(confidence) => EstimateView { value, confidence: Some(confidence), cannot_tell: None },
-                Err(why) => EstimateView { value: None, confidence: None, cannot_tell: Some(why) },
-            }
+        let view = |reading: Reading<String>| match reading {
+            Ok(e) => EstimateView { value: Some(e.value), confidence: Some(e.confidence), cannot_tell: None },
+            Err(why) => EstimateView { value: None, confidence: None, cannot_tell: Some(why) },
         };
-        Ok(BTreeMap::from([
-            (Field::Bpm, view(Field::Bpm, analysis.bpm.map(|e| e.confidence))),
-            (Field::Keyscale, view(Field::Keyscale, analysis.keyscale.map(|e| e.confidence))),
-            (Field::Timesignature, view(Field::Timesignature, analysis.timesignature.map(|e| e.confidence))),
-        ]))
+        Ok(ANALYSED.into_iter().filter_map(|f| Some((f, view(reading(&analysis, f)?)))).collect())
     }
 
     /// Writes every song's labels beside it as ACE-Step sidecars; one that says
