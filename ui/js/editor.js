@@ -264,18 +264,19 @@ async function acceptEstimates(name) {
 
 async function writeSidecars(replace) {
   const conflicts = $('sidecar-conflicts');
-  conflicts.hidden = true;
+  // The question stays until the answer is written: it goes when no file is left kept.
+  $('btn-replace-sidecars').disabled = true;
   try {
     const report = await invoke('write_sidecars', { replace });
     const c = report.counts;
     const parts = ['written', 'replaced', 'unchanged'].filter((k) => c[k]).map((k) => `${c[k]} ${k}`);
     state.say(`Sidecars: ${parts.join(', ') || 'nothing to write'}`);
-    if (report.kept.length) {
-      // Asked here, in the window: nothing is replaced until the user says so.
-      $('sidecar-conflicts-text').textContent = `${report.kept.length} sidecar file(s) already say something else and were kept: ${report.kept.join(', ')}.`;
-      conflicts.hidden = false;
-    }
+    // Asked here, in the window: nothing is replaced until the user says so.
+    $('sidecar-conflicts-text').textContent = `${report.kept.length} sidecar file(s) already say something else and were kept: ${report.kept.join(', ')}.`;
+    conflicts.hidden = report.kept.length === 0;
   } catch (e) {
     state.say(errorText(e), { error: true });
+  } finally {
+    $('btn-replace-sidecars').disabled = false;
   }
 }
