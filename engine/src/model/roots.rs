@@ -1,7 +1,7 @@
-//! Backward roots, for gradient checkpointing's recompute: empty tensors whose
-//! backward hands chosen tensors given gradients. A root has no value, so nothing can
-//! read a stand-in for one; and, unlike the surrogate `sum(out * grad_out)`, it keeps
-//! no product and leaves no gradient for `grad_out` in candle's store.
+//! Backward roots, for gradient checkpointing's recompute: one-element zero tensors
+//! whose backward hands chosen tensors given gradients. Unlike the surrogate
+//! `sum(out * grad_out)`, a root keeps no product and leaves no gradient for
+//! `grad_out` in candle's store. (Not empty: CUDA refuses a zero-byte allocation.)
 
 use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, MetalStorage, Result, Shape, Tensor};
 
@@ -9,12 +9,12 @@ use crate::kernels::handover::{on_cpu, on_cuda, on_metal, Handover};
 
 /// A root whose backward hands `out` the gradient `grad_out` (same shape).
 pub fn seeded(out: &Tensor, grad_out: &Tensor) -> Result<Tensor> {
-    let empty = Tensor::zeros(0, DType::F32, out.device())?;
-    out.apply_op1(Seed { empty: Handover::new(empty, "seeded-backward"), grad_out: grad_out.clone() })
+    let zero = Tensor::zeros(1, DType::F32, out.device())?;
+    out.apply_op1(Seed { zero: Handover::new(zero, "seeded-backward"), grad_out: grad_out.clone() })
 }
 
 struct Seed {
-    empty: Handover,
+    zero: Handover,
     grad_out: Tensor,
 }
 
@@ -24,15 +24,15 @@ impl CustomOp1 for Seed {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.empty.take(on_cpu)
+        self.zero.take(on_cpu)
     }
 
     fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
-        self.empty.take(on_cuda)
+        self.zero.take(on_cuda)
     }
 
     fn metal_fwd(&self, _: &MetalStorage, _: &Layout) -> Result<(MetalStorage, Shape)> {
-        self.empty.take(on_metal)
+        self.zero.take(on_metal)
     }
 
     fn bwd(&self, _: &Tensor, _: &Tensor, _: &Tensor) -> Result<Option<Tensor>> {
@@ -53,7 +53,7 @@ mod tests {
         let y = (x.as_tensor().sqr()? * 0.5)?; // dy/dx = x
         let seed = Tensor::randn(0f32, 1., (3, 4), &dev)?;
         let root = seeded(&y, &seed)?;
-        assert_eq!(root.elem_count(), 0, "a root has no value");
+        assert_eq!(root.to_vec1::<f32>()?, [0.0], "a root's value is one zero");
         let store = root.backward()?;
         let want = (x.as_tensor() * &seed)?;
         let err = max_abs(&(store.get(&x).expect("x is on the graph") - want)?);
