@@ -291,7 +291,13 @@ pub struct TrainArgs {
     /// Batches whose gradients are summed into one update.
     #[arg(long, value_name = "N")]
     pub grad_accum: Option<usize>,
-    /// Peak learning rate.
+    /// The optimizer: adamw (the default), prodigy (learns its step size: lr then
+    /// multiplies it, 1 and a constant schedule by default) or adafactor (factored
+    /// second moments, no first moment); their other settings in the config file's
+    /// [optimizer] table.
+    #[arg(long, value_name = "NAME")]
+    pub optimizer: Option<String>,
+    /// Peak learning rate (for prodigy, a multiplier of the step size it learns).
     #[arg(long, value_name = "F")]
     pub lr: Option<f64>,
     /// The learning rate's shape over the run: warmup-cosine (ACE-Step's, the

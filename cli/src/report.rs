@@ -19,6 +19,7 @@ use ostinato_engine::model::KernelPolicy;
 use ostinato_engine::train::config::default_runs_dir;
 use ostinato_engine::train::fit::lora_parameters;
 use ostinato_engine::train::history::{list_runs, RunStatus};
+use ostinato_engine::train::optim::OptimizerConfig;
 
 use crate::progress::{cut_line, dataset_progress, file_name, issue_line};
 
@@ -109,6 +110,7 @@ pub fn inspect(model_dir: &Path) -> anyhow::Result<()> {
         batch: 1,
         encoder_len: TEXT_TOKENS + LYRIC_TOKENS + 1,
         lora_parameters: lora_parameters(cfg, &lora),
+        optimizer_state_per_parameter: OptimizerConfig::default().state_per_parameter(),
         dtype_bytes: 2,
         cpu_kernels: false,
     };

@@ -87,6 +87,9 @@ fn build_config(a: &TrainArgs) -> anyhow::Result<RunConfig> {
     c.save_every_steps = a.save_every_steps.or(c.save_every_steps);
     c.batch_size = a.batch_size.unwrap_or(c.batch_size);
     c.grad_accum = a.grad_accum.unwrap_or(c.grad_accum);
+    if let Some(name) = &a.optimizer {
+        c.choose_optimizer(name).map_err(|e| anyhow::anyhow!("--optimizer: {e}"))?;
+    }
     c.lr = a.lr.unwrap_or(c.lr);
     if let Some(name) = &a.lr_schedule {
         c.lr_schedule = LrSchedule::named(name).map_err(anyhow::Error::msg)?;

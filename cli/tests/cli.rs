@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use ostinato_engine::data::synth;
 use ostinato_engine::data::wav::{write_wav, SampleFormat};
 use ostinato_engine::events::{read_events, Event};
+use ostinato_engine::train::optim::{AdafactorConfig, OptimizerConfig};
 use ostinato_engine::train::RunConfig;
 
 fn ostinato() -> Command {
@@ -1608,4 +1609,37 @@ fn targets_choose_the_attentions_and_the_mlp() {
     assert!(peft["target_modules"].as_array().unwrap().iter().any(|t| t == "mlp.up_proj"), "{peft}");
 
     fails_with(&mut train(tmp.path(), &songs, "bad", &["--targets", "self attn"]), "--targets: `self attn`");
+}
+
+/// `--optimizer prodigy` reaches run.toml with a constant schedule (lr as given: the
+/// helper's 1e-3 comes after), a config file's `[optimizer]` table keeps its settings,
+/// and a bad name or value is refused naming it.
+#[test]
+fn optimizers_are_chosen_by_flag_or_config_and_checked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    ok(train(tmp.path(), &songs, "prodigy", &["--max-steps", "2", "--optimizer", "prodigy", "--quiet"])
+        .output()
+        .unwrap());
+    let config = RunConfig::from_toml_file(&tmp.path().join("runs/prodigy/run.toml")).unwrap();
+    assert_eq!(config.optimizer, OptimizerConfig::named("prodigy").unwrap());
+    assert_eq!(config.lr_schedule, ostinato_engine::train::schedule::LrSchedule::Constant);
+    assert_eq!(config.lr, 1e-3);
+
+    let file = tmp.path().join("adafactor.toml");
+    std::fs::write(&file, "[optimizer]\nkind = \"adafactor\"\nbeta1 = 0.9\n").unwrap();
+    let config_arg = ["--config", file.to_str().unwrap()];
+    ok(train(tmp.path(), &songs, "adafactor", &[&config_arg[..], &["--max-steps", "1", "--quiet"]].concat())
+        .output()
+        .unwrap());
+    let config = RunConfig::from_toml_file(&tmp.path().join("runs/adafactor/run.toml")).unwrap();
+    let want = AdafactorConfig { beta1: Some(0.9), ..Default::default() };
+    assert_eq!(config.optimizer, OptimizerConfig::Adafactor(want));
+
+    fails_with(
+        &mut train(tmp.path(), &songs, "lion", &["--optimizer", "lion"]),
+        "--optimizer: unknown optimizer `lion`",
+    );
+    std::fs::write(&file, "[optimizer]\nkind = \"prodigy\"\nd0 = 0\n").unwrap();
+    fails_with(&mut train(tmp.path(), &songs, "d0", &config_arg), "optimizer.d0");
 }

@@ -29,7 +29,7 @@ use crate::model::{DecoderWeights, DitConfig, DitModel, KernelPolicy, LayerType}
 use crate::train::fit::lora_parameters;
 use crate::train::flow::Batch;
 use crate::train::loss_scale::{LossScaler, SkipCounter};
-use crate::train::optim::{AdamW, AdamWConfig};
+use crate::train::optim::{Optimizer, OptimizerConfig};
 use crate::train::schedule::{LrSchedule, LrScheduler};
 use crate::train::step::{StepOutcome, StepSettings, Trainer};
 use crate::{heap, metrics};
@@ -361,7 +361,7 @@ pub(crate) fn trainer(spec: &BenchSpec, model: DitModel, checkpointing: bool) ->
     // B = 0 would train nothing; PEFT's init (B = 0) is fine, gradients reach A next step.
     let adapter = LoraAdapter::new(spec.lora.clone(), &model, 7)?;
     Ok(Trainer {
-        optimizer: AdamW::new(adapter.vars(), AdamWConfig::default())?,
+        optimizer: Optimizer::new(adapter.vars(), &OptimizerConfig::default())?,
         lr: LrScheduler::new(LrSchedule::Constant, 1e-4, 1),
         scaler: LossScaler::disabled(),
         skips: SkipCounter::new(1),
@@ -395,6 +395,7 @@ pub fn predicted_peak(spec: &BenchSpec, checkpointing: bool, cpu_kernels: bool, 
         batch: spec.batch,
         encoder_len: spec.encoder_len,
         lora_parameters: lora_parameters(&spec.config, &spec.lora),
+        optimizer_state_per_parameter: OptimizerConfig::default().state_per_parameter(),
         dtype_bytes: dtype.size_in_bytes() as u64,
         cpu_kernels,
     };

@@ -20,7 +20,7 @@ use ostinato_engine::model::{DecoderWeights, DitConfig, DitModel, KernelPolicy};
 use ostinato_engine::train::flow::{Batch, FlowBatch};
 use ostinato_engine::train::grads;
 use ostinato_engine::train::loss_scale::{LossScaler, SkipCounter};
-use ostinato_engine::train::optim::{AdamW, AdamWConfig};
+use ostinato_engine::train::optim::{Optimizer, OptimizerConfig};
 use ostinato_engine::train::schedule::{LrSchedule, LrScheduler};
 use ostinato_engine::train::step::{StepOutcome, StepSettings, Trainer};
 use rand::SeedableRng;
@@ -113,7 +113,7 @@ fn trainer_steps_under_the_gpu_policy_match_the_cpu_policys() {
 
 fn trainer(model: DitModel, adapter: LoraAdapter, checkpointing: bool) -> Trainer {
     Trainer {
-        optimizer: AdamW::new(adapter.vars(), AdamWConfig::default()).unwrap(),
+        optimizer: Optimizer::new(adapter.vars(), &OptimizerConfig::default()).unwrap(),
         lr: LrScheduler::new(LrSchedule::Constant, 1e-3, 10),
         scaler: LossScaler::disabled(),
         skips: SkipCounter::new(1),

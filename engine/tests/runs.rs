@@ -186,6 +186,57 @@ fn cfg_dropout_resumes_bit_exact_and_ratio_zero_changes_nothing() {
     assert!(adapter_bytes(&straight) == adapter_bytes(&run_dir), "identical adapter bytes");
 }
 
+/// step -> the step size the update took (Prodigy's `d * lr`).
+fn step_sizes(run_dir: &Path) -> BTreeMap<u64, f64> {
+    read_events(&run_dir.join("events.jsonl"))
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Step { step, lr, .. } => Some((step, lr)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Prodigy and Adafactor train through the run: run.toml records them, a stopped and
+/// resumed run is bit-exact (their whole state is in the checkpoint), and Prodigy's
+/// steps report its learnt step size, which grows from `d0` (1e-6) times lr 1.
+#[test]
+fn prodigy_and_adafactor_runs_resume_bit_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let adamw_run = straight_run(tmp.path());
+    let adamw = losses(&adamw_run);
+    for name in ["prodigy", "adafactor"] {
+        let chosen = |run: &str| {
+            let mut c = config(tmp.path(), &format!("{name}-{run}"));
+            c.choose_optimizer(name).unwrap();
+            c
+        };
+        let straight = finish(chosen("straight"));
+        let toml = std::fs::read_to_string(straight.join("run.toml")).unwrap();
+        assert!(toml.contains(&format!("kind = \"{name}\"")), "{toml}");
+        assert_ne!(losses(&straight), adamw, "{name} trains differently from AdamW");
+
+        let first = Run::start(RunConfig { stop_at_step: Some(STEPS / 3), ..chosen("interrupted") }).unwrap();
+        let run_dir = first.run_dir().to_path_buf();
+        assert!(matches!(first.join().unwrap(), RunEnd::Stopped { steps: 3, .. }));
+        assert!(matches!(Run::resume(&run_dir).unwrap().join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
+        assert_eq!(losses(&straight), losses(&run_dir), "{name}: identical loss sequence");
+        assert_eq!(step_sizes(&straight), step_sizes(&run_dir), "{name}: identical step sizes");
+        assert!(adapter_bytes(&straight) == adapter_bytes(&run_dir), "{name}: identical adapter bytes");
+
+        let sizes: Vec<f64> = step_sizes(&straight).into_values().collect();
+        println!("{name}: step sizes {sizes:?}");
+        match name {
+            "prodigy" => {
+                assert_eq!(sizes[0], 1e-6, "the first step at d0 times lr 1");
+                assert!(sizes.last().unwrap() > &sizes[0], "d grew: {sizes:?}");
+            }
+            _ => assert_eq!(step_sizes(&straight), step_sizes(&adamw_run), "Adafactor steps at the schedule's rate"),
+        }
+    }
+}
+
 /// A song asked of a live run is made with the run's own model at a step boundary (the
 /// first one, and while paused), reporting each sampling step; training stays bit-exact;
 /// at strength 0 it is the base model exactly, as a generator loaded for the run makes

@@ -1,8 +1,8 @@
 //! Parameter counts and an estimate of a training run's peak memory, before anything
 //! is loaded: `train::fit` turns it into a plan for the machine, `inspect` prints it.
 //!
-//! The peak is the base weights, the LoRA state (parameters, gradients, AdamW's two
-//! moments, all f32), one batch, and the activations a step keeps for its backward.
+//! The peak is the base weights, the LoRA state (parameters, gradients, the
+//! optimizer's state, all f32), one batch, and the activations a step keeps for its backward.
 //! The activation terms follow what the training path keeps (see each term) and are
 //! calibrated against the live-heap peaks of the bench presets: `tests/footprint.rs`
 //! measures the small ones, bench/NOTES.md records the bigger ones.
@@ -22,6 +22,9 @@ pub struct Workload {
     pub encoder_len: usize,
     /// LoRA elements (`r * (in + out)` summed over the adapted modules).
     pub lora_parameters: u64,
+    /// f32 values of optimizer state per LoRA element
+    /// (`OptimizerConfig::state_per_parameter`: AdamW's 2).
+    pub optimizer_state_per_parameter: u64,
     /// Bytes of an element of the base weights and activations (the compute dtype).
     pub dtype_bytes: u64,
     /// Attention through the CPU kernels, which keep no `P x S` scores; candle's ops
@@ -34,7 +37,8 @@ pub struct Footprint {
     pub dit_parameters: u64,
     pub lora_parameters: u64,
     pub weights_bytes: u64,
-    /// LoRA tensors, their gradients and AdamW's two moments, all f32.
+    /// LoRA tensors and the optimizer's state, all f32 (the gradients are counted with
+    /// the step's activations).
     pub trainable_state_bytes: u64,
     /// One batch of latents, context and condition, and the step's noise and target.
     pub batch_bytes: u64,
@@ -108,8 +112,7 @@ pub fn estimate(cfg: &DitConfig, w: &Workload) -> Footprint {
         dit_parameters,
         lora_parameters: w.lora_parameters,
         weights_bytes: dit_parameters * e,
-        // Parameters and AdamW's two moments; the gradients are counted with the step.
-        trainable_state_bytes: w.lora_parameters * 4 * 3,
+        trainable_state_bytes: w.lora_parameters * 4 * (1 + w.optimizer_state_per_parameter),
         batch_bytes,
         activations_bytes,
         activations_checkpointed_bytes,

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::loss_scale::LossScaleConfig;
-use super::optim::AdamWConfig;
+use super::optim::OptimizerConfig;
 use super::schedule::LrSchedule;
 use crate::data::{DataSpec, LatentCache};
 use crate::device::Precision;
@@ -25,7 +25,7 @@ pub struct RunConfig {
     pub model: ModelSource,
     pub data: DataSpec,
     pub lora: LoraConfig,
-    pub optimizer: AdamWConfig,
+    pub optimizer: OptimizerConfig,
     /// Peak learning rate.
     pub lr: f64,
     pub lr_schedule: LrSchedule,
@@ -94,7 +94,7 @@ impl Default for RunConfig {
             model: ModelSource::Demo,
             data: DataSpec::default(),
             lora: LoraConfig::default(),
-            optimizer: AdamWConfig::default(),
+            optimizer: OptimizerConfig::default(),
             lr: 3e-4,
             lr_schedule: LrSchedule::default(),
             timesteps: None,
@@ -186,6 +186,23 @@ impl RunConfig {
         Ok(())
     }
 
+    /// Trains with the optimizer called `name` (`optim::OPTIMIZERS`), with its
+    /// reference defaults unless it is the one already set. Prodigy learns its step
+    /// size, so it also sets what its authors recommend around it: lr 1 (a multiplier
+    /// of the learnt size) and a constant schedule; set either after this to change it.
+    pub fn choose_optimizer(&mut self, name: &str) -> std::result::Result<(), String> {
+        let chosen = OptimizerConfig::named(name)?;
+        if chosen.kind() == self.optimizer.kind() {
+            return Ok(());
+        }
+        if let OptimizerConfig::Prodigy(_) = chosen {
+            self.lr = 1.0;
+            self.lr_schedule = LrSchedule::Constant;
+        }
+        self.optimizer = chosen;
+        Ok(())
+    }
+
     /// Errs naming the first folder the run reads that is not there (resume checks
     /// before it touches the run: put the folder back and resume again).
     pub fn check_input_folders(&self) -> Result<()> {
@@ -235,6 +252,7 @@ impl RunConfig {
         if let Err((field, why)) = self.lr_schedule.check() {
             e.check(false, &format!("lr_schedule.{field}"), || why);
         }
+        self.optimizer.check(&mut e);
         self.check_validation(&mut e);
         crate::lora::check_config(&self.lora, &mut e);
         self.data.check(&mut e);

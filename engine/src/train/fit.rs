@@ -148,6 +148,7 @@ pub fn plan_for(config: &RunConfig, model: &ModelShape, device: &Device, machine
         batch: config.batch_size,
         encoder_len: model.encoder_len,
         lora_parameters: lora_parameters(&model.dit, &config.lora),
+        optimizer_state_per_parameter: config.optimizer.state_per_parameter(),
         dtype_bytes: dtype.size_in_bytes() as u64,
         cpu_kernels: KernelPolicy::for_device(device).host(device, dtype),
     };

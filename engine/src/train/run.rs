@@ -19,7 +19,7 @@ use super::fit::{self, MemoryPlan};
 use super::flow::Batch;
 use super::lock::RunLock;
 use super::loss_scale::{LossScaler, SkipCounter};
-use super::optim::AdamW;
+use super::optim::Optimizer;
 use super::preview::Previews;
 use super::schedule::LrScheduler;
 use super::songs::{self, SongRequest, SongUpdate, Trained, Voice};
@@ -433,8 +433,8 @@ impl Loop {
         };
         let vars = adapter.vars();
         let optimizer = match optimizer_state {
-            Some(s) => AdamW::from_state(vars, config.optimizer, &s)?,
-            None => AdamW::new(vars, config.optimizer)?,
+            Some(s) => Optimizer::from_state(vars, &config.optimizer, &s)?,
+            None => Optimizer::new(vars, &config.optimizer)?,
         };
         let trainer = Trainer {
             settings: StepSettings {

@@ -10,7 +10,7 @@ use super::cfg_dropout::CfgDropout;
 use super::flow::{Batch, FlowBatch};
 use super::grads;
 use super::loss_scale::{LossScaler, SkipCounter, SkipVerdict};
-use super::optim::{self, AdamW};
+use super::optim::{self, Optimizer};
 use super::schedule::LrScheduler;
 use crate::events::SampleLoss;
 use crate::lora::{LoraAdapter, LoraMode};
@@ -21,7 +21,8 @@ use crate::Result;
 /// What one call of `Trainer::step` did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StepOutcome {
-    /// The update was applied. `samples`: each sample's timestep and loss, in the
+    /// The update was applied, with step size `lr` (Prodigy's: its `d` times the
+    /// schedule's). `samples`: each sample's timestep and loss, in the
     /// order the batches were trained.
     Applied { loss: f64, lr: f64, grad_norm: f64, samples: Vec<SampleLoss> },
     /// Loss or gradients were not finite: nothing was applied.
@@ -49,7 +50,7 @@ pub struct StepSettings {
 pub struct Trainer {
     pub model: DitModel,
     pub adapter: LoraAdapter,
-    pub optimizer: AdamW,
+    pub optimizer: Optimizer,
     pub lr: LrScheduler,
     pub scaler: LossScaler,
     pub skips: SkipCounter,
@@ -118,7 +119,7 @@ impl Trainer {
         // 5-6. Unscale, clip (reporting the pre-clip norm), update.
         self.scaler.unscale(&mut grads)?;
         let grad_norm = optim::clip_grad_norm(&mut grads, self.settings.max_grad_norm)?;
-        self.optimizer.step(&grads, lr)?;
+        let lr = self.optimizer.step(&grads, lr)?;
         self.scaler.update(true);
         self.skips.applied();
         Ok(StepOutcome::Applied { loss, lr, grad_norm, samples })
@@ -141,7 +142,7 @@ mod tests {
     use crate::lora::LoraConfig;
     use crate::model::{DecoderWeights, DitConfig};
     use crate::train::loss_scale::{LossScaleConfig, LossScaler, SkipCounter};
-    use crate::train::optim::AdamWConfig;
+    use crate::train::optim::{Optimizer, OptimizerConfig};
     use crate::train::schedule::LrSchedule;
     use candle_core::Device;
 
@@ -160,7 +161,7 @@ mod tests {
         let lora = LoraConfig { r: 8, alpha: 16.0, dropout: 0.0, ..Default::default() };
         let adapter = LoraAdapter::new(lora, &model, 3).unwrap();
         Trainer {
-            optimizer: AdamW::new(adapter.vars(), AdamWConfig::default()).unwrap(),
+            optimizer: Optimizer::new(adapter.vars(), &OptimizerConfig::default()).unwrap(),
             lr: LrScheduler::new(LrSchedule::Constant, lr, 1000),
             scaler,
             skips: SkipCounter::new(3),

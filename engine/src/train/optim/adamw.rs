@@ -1,19 +1,19 @@
-//! AdamW over candle `Var`s with f32 moments and savable state, plus global-norm
-//! gradient clipping and the non-finite check.
+//! AdamW with f32 moments and savable state.
 //!
 //! candle-nn's AdamW keeps its moments in the parameter dtype and cannot be saved,
 //! so a run could neither train f32 state under 16-bit parameters nor resume exactly.
 
 use std::collections::HashMap;
 
-use candle_core::{DType, Tensor, Var};
+use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
 
+use super::saved::{self, Saved};
 use crate::{Error, Result};
 
 /// AdamW hyper-parameters (PyTorch's names and defaults, ACE-Step's weight decay).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct AdamWConfig {
     pub beta1: f64,
     pub beta2: f64,
@@ -24,6 +24,20 @@ pub struct AdamWConfig {
 impl Default for AdamWConfig {
     fn default() -> Self {
         Self { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }
+    }
+}
+
+impl AdamWConfig {
+    pub(super) fn problems(&self) -> Vec<(&'static str, String)> {
+        [
+            super::beta_problem("beta1", self.beta1),
+            super::beta_problem("beta2", self.beta2),
+            super::positive_problem("eps", self.eps),
+            super::non_negative_problem("weight_decay", self.weight_decay),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 }
 
@@ -51,9 +65,8 @@ fn v_key(i: usize) -> String {
 impl AdamW {
     /// A fresh optimizer: zero moments, step 0.
     pub fn new(vars: Vec<Var>, config: AdamWConfig) -> Result<Self> {
-        let zeros = |var: &Var| Tensor::zeros(var.shape(), DType::F32, var.device());
-        let m = vars.iter().map(zeros).collect::<candle_core::Result<Vec<_>>>()?;
-        let v = vars.iter().map(zeros).collect::<candle_core::Result<Vec<_>>>()?;
+        let m = vars.iter().map(saved::zeros_like).collect::<Result<Vec<_>>>()?;
+        let v = vars.iter().map(saved::zeros_like).collect::<Result<Vec<_>>>()?;
         Ok(Self { vars, config, m, v, step: 0 })
     }
 
@@ -61,34 +74,17 @@ impl AdamW {
     /// safetensors file; other keys are ignored). Moments stored in a lower precision
     /// are cast to f32 and moved to each parameter's device.
     pub fn from_state(vars: Vec<Var>, config: AdamWConfig, state: &HashMap<String, Tensor>) -> Result<Self> {
-        let get = |key: &str| {
-            state.get(key).ok_or_else(|| Error::TrainingState { key: key.to_string(), reason: "missing".to_string() })
-        };
-        let step = read_step(get(STEP_KEY)?)?;
-        let moments = |key: String, var: &Var| -> Result<Tensor> {
-            let t = get(&key)?;
-            if t.dims() != var.dims() {
-                return Err(Error::TrainingState {
-                    key,
-                    reason: format!("shape {:?}, parameter has {:?}", t.dims(), var.dims()),
-                });
-            }
-            Ok(t.to_device(var.device())?.to_dtype(DType::F32)?)
-        };
-        let m = (vars.iter().enumerate()).map(|(i, var)| moments(m_key(i), var)).collect::<Result<Vec<_>>>()?;
-        let v = (vars.iter().enumerate()).map(|(i, var)| moments(v_key(i), var)).collect::<Result<Vec<_>>>()?;
+        let saved = Saved(state);
+        let step = saved.count(STEP_KEY)?;
+        let m = (vars.iter().enumerate()).map(|(i, var)| saved.like(&m_key(i), var)).collect::<Result<Vec<_>>>()?;
+        let v = (vars.iter().enumerate()).map(|(i, var)| saved.like(&v_key(i), var)).collect::<Result<Vec<_>>>()?;
         Ok(Self { vars, config, m, v, step })
     }
 
     /// The state to checkpoint: `adamw.m.<i>`, `adamw.v.<i>` (f32, parameter order) and
     /// `adamw.step` (a one-element i64 tensor, on the CPU).
     pub fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut out = Vec::with_capacity(2 * self.vars.len() + 1);
-        let step = i64::try_from(self.step).map_err(|_| Error::TrainingState {
-            key: STEP_KEY.to_string(),
-            reason: format!("step {} does not fit in i64", self.step),
-        })?;
-        out.push((STEP_KEY.to_string(), Tensor::new(&[step], &candle_core::Device::Cpu)?));
+        let mut out = vec![saved::count(STEP_KEY, self.step)?];
         for (i, (m, v)) in self.m.iter().zip(&self.v).enumerate() {
             out.push((m_key(i), m.clone()));
             out.push((v_key(i), v.clone()));
@@ -105,10 +101,6 @@ impl AdamW {
         &self.vars
     }
 
-    pub fn config(&self) -> &AdamWConfig {
-        &self.config
-    }
-
     /// Applies one update with learning rate `lr`. `grads[i]` is the gradient of
     /// `vars[i]` (any float dtype); the caller has already checked it is finite.
     pub fn step(&mut self, grads: &[Tensor], lr: f64) -> Result<()> {
@@ -123,14 +115,13 @@ impl AdamW {
         let bias_correction2_sqrt = (1.0 - beta2.powi(t)).sqrt();
         let step_size = lr / bias_correction1;
         for (i, (var, grad)) in self.vars.iter().zip(grads).enumerate() {
-            let g = grad.detach().to_dtype(DType::F32)?;
+            let g = grad.detach().to_dtype(candle_core::DType::F32)?;
             let m = ((&self.m[i] * beta1)? + (&g * (1.0 - beta1))?)?;
             let v = ((&self.v[i] * beta2)? + (g.sqr()? * (1.0 - beta2))?)?;
-            let p = var.as_tensor().detach().to_dtype(DType::F32)?;
-            let p = (p * (1.0 - lr * weight_decay))?;
+            let p = (saved::value_f32(var)? * (1.0 - lr * weight_decay))?;
             let denom = v.sqrt()?.affine(1.0 / bias_correction2_sqrt, eps)?;
             let p = (p - (m.div(&denom)? * step_size)?)?;
-            var.set(&p.to_dtype(var.dtype())?)?;
+            saved::set(var, &p)?;
             self.m[i] = m;
             self.v[i] = v;
         }
@@ -138,58 +129,10 @@ impl AdamW {
     }
 }
 
-fn read_step(t: &Tensor) -> Result<u64> {
-    let bad = |reason: String| Error::TrainingState { key: STEP_KEY.to_string(), reason };
-    let values = t.flatten_all()?.to_dtype(DType::I64)?.to_vec1::<i64>()?;
-    match values[..] {
-        [step] => u64::try_from(step).map_err(|_| bad(format!("negative step {step}"))),
-        _ => Err(bad(format!("expected one value, found {}", values.len()))),
-    }
-}
-
-/// Sums `per_tensor(g)` (a scalar for each gradient) on the device, reading back one
-/// number: on a GPU each read-back is a synchronisation.
-fn sum_over(grads: &[Tensor], per_tensor: impl Fn(&Tensor) -> candle_core::Result<Tensor>) -> Result<f32> {
-    if grads.is_empty() {
-        return Ok(0.0);
-    }
-    let sums = grads.iter().map(per_tensor).collect::<candle_core::Result<Vec<_>>>()?;
-    Ok(Tensor::stack(&sums, 0)?.sum_all()?.to_scalar::<f32>()?)
-}
-
-/// The global L2 norm of all gradients, accumulated in f32.
-pub fn grad_norm(grads: &[Tensor]) -> Result<f64> {
-    let sum_sq = sum_over(grads, |g| g.to_dtype(DType::F32)?.sqr()?.sum_all())?;
-    Ok(f64::from(sum_sq).sqrt())
-}
-
-/// Global-norm clipping with PyTorch's `clip_grad_norm_` semantics: when the norm
-/// exceeds `max_norm`, every gradient is scaled by `max_norm / (norm + 1e-6)`.
-/// Returns the pre-clip norm. A non-finite norm leaves the gradients untouched: such
-/// a step must be skipped, not applied.
-pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
-    let norm = grad_norm(grads)?;
-    if norm.is_finite() && norm > max_norm {
-        let scale = max_norm / (norm + 1e-6);
-        for g in grads.iter_mut() {
-            *g = g.affine(scale, 0.0)?;
-        }
-    }
-    Ok(norm)
-}
-
-/// Whether every element of every gradient is finite.
-pub fn all_finite(grads: &[Tensor]) -> Result<bool> {
-    // x - x is 0 for finite x and NaN for inf or NaN, so the sum is finite exactly
-    // when every element is; no overflow can occur, unlike summing x itself.
-    let sum = sum_over(grads, |g| g.sub(g)?.to_dtype(DType::F32)?.sum_all())?;
-    Ok(sum.is_finite())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
+    use candle_core::{DType, Device};
 
     fn var(values: &[f32]) -> Var {
         Var::from_tensor(&Tensor::new(values, &Device::Cpu).unwrap()).unwrap()
@@ -354,37 +297,5 @@ mod tests {
     fn gradient_count_must_match() {
         let mut opt = AdamW::new(vec![var(&[1.0])], AdamWConfig::default()).unwrap();
         assert!(matches!(opt.step(&[], 0.1), Err(Error::GradientCount { params: 1, grads: 0 })));
-    }
-
-    #[test]
-    fn clipping_follows_pytorch() {
-        let t = |v: &[f32]| Tensor::new(v, &Device::Cpu).unwrap();
-        // Norm sqrt(9 + 16) = 5 over two tensors.
-        let mut grads = vec![t(&[3.0]), t(&[0.0, 4.0])];
-        let norm = clip_grad_norm(&mut grads, 1.0).unwrap();
-        assert!((norm - 5.0).abs() < 1e-9);
-        let scale = 1.0 / (5.0 + 1e-6);
-        assert!((vec(&grads[0])[0] as f64 - 3.0 * scale).abs() < 1e-6);
-        assert!((vec(&grads[1])[1] as f64 - 4.0 * scale).abs() < 1e-6);
-
-        let mut small = vec![t(&[0.3, 0.4])];
-        assert!((clip_grad_norm(&mut small, 1.0).unwrap() - 0.5).abs() < 1e-7);
-        assert_eq!(vec(&small[0]), [0.3, 0.4], "below the limit: untouched");
-    }
-
-    #[test]
-    fn non_finite_detection() {
-        let t = |v: &[f32]| Tensor::new(v, &Device::Cpu).unwrap();
-        assert!(all_finite(&[t(&[1.0, f32::MAX]), t(&[f32::MAX; 4])]).unwrap());
-        assert!(!all_finite(&[t(&[1.0]), t(&[0.0, f32::NAN])]).unwrap());
-        assert!(!all_finite(&[t(&[f32::NEG_INFINITY])]).unwrap());
-        let f16_inf = t(&[70000.0]).to_dtype(DType::F16).unwrap();
-        assert!(!all_finite(&[f16_inf]).unwrap());
-        assert!(all_finite(&[]).unwrap());
-        assert_eq!(grad_norm(&[]).unwrap(), 0.0);
-
-        let mut grads = vec![t(&[f32::INFINITY, 1.0])];
-        assert!(clip_grad_norm(&mut grads, 1.0).unwrap().is_infinite());
-        assert_eq!(vec(&grads[0])[1], 1.0, "non-finite norm: untouched");
     }
 }
