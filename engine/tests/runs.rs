@@ -55,16 +55,21 @@ fn adapter_bytes(run_dir: &Path) -> Vec<u8> {
     std::fs::read(run_dir.join("final/adapter/adapter_model.safetensors")).unwrap()
 }
 
-/// step -> loss, the latest entry winning (steps redone after a crash replace earlier ones).
-fn losses(run_dir: &Path) -> BTreeMap<u64, f64> {
+/// step -> `value(loss, lr)` of its step event, the latest entry winning (steps redone
+/// after a crash replace earlier ones).
+fn per_step(run_dir: &Path, value: fn(f64, f64) -> f64) -> BTreeMap<u64, f64> {
     read_events(&run_dir.join("events.jsonl"))
         .unwrap()
         .into_iter()
         .filter_map(|e| match e {
-            Event::Step { step, loss, .. } => Some((step, loss)),
+            Event::Step { step, loss, lr, .. } => Some((step, value(loss, lr))),
             _ => None,
         })
         .collect()
+}
+
+fn losses(run_dir: &Path) -> BTreeMap<u64, f64> {
+    per_step(run_dir, |loss, _| loss)
 }
 
 fn wait_for_step(handle: &RunHandle, step: u64) {
@@ -188,14 +193,7 @@ fn cfg_dropout_resumes_bit_exact_and_ratio_zero_changes_nothing() {
 
 /// step -> the step size the update took (Prodigy's `d * lr`).
 fn step_sizes(run_dir: &Path) -> BTreeMap<u64, f64> {
-    read_events(&run_dir.join("events.jsonl"))
-        .unwrap()
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::Step { step, lr, .. } => Some((step, lr)),
-            _ => None,
-        })
-        .collect()
+    per_step(run_dir, |_, lr| lr)
 }
 
 /// Prodigy and Adafactor train through the run: run.toml records them, a stopped and

@@ -86,13 +86,14 @@ fn get_state_gives_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let app = TestApp::new(dir.path());
     let s = app.invoke("get_state", json!({})).unwrap();
-    assert_eq!(s["settings"]["rank"], 64);
-    assert_eq!(s["settings"]["alpha"], 128.0);
-    assert_eq!(s["settings"]["dropout"], 0.1);
-    assert_eq!(s["settings"]["learning_rate"], 3e-4);
-    assert_eq!(s["settings"]["gradient_checkpointing"], true);
-    assert_eq!(s["settings"]["latent_cache"], true);
-    assert_eq!(s["settings"]["model"], json!({"kind": "demo"}));
+    let run = &s["settings"]["run"];
+    assert_eq!(run["lora"]["r"], 64);
+    assert_eq!(run["lora"]["alpha"], 128.0);
+    assert_eq!(run["lora"]["dropout"], 0.1);
+    assert_eq!(run["lr"], 3e-4);
+    assert_eq!(run["gradient_checkpointing"], true);
+    assert_eq!(run["latent_cache"], true);
+    assert_eq!(run["model"], json!({"kind": "demo"}));
     assert_eq!(s["run"]["status"], "idle");
     assert_eq!(s["run"]["recent_events"], json!([]));
     assert_eq!(s["dataset"], Value::Null);
@@ -105,27 +106,27 @@ fn settings_persist_across_launches() {
     {
         let app = TestApp::new(dir.path());
         let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
-        s["gradient_checkpointing"] = json!(false);
-        s["rank"] = json!(16);
-        s["precision"] = json!("bf16");
-        s["model"] = json!({"kind": "folder", "path": "/models/acestep-v15"});
+        s["run"]["gradient_checkpointing"] = json!(false);
+        s["run"]["lora"]["r"] = json!(16);
+        s["run"]["precision"] = json!("bf16");
+        s["run"]["model"] = json!({"kind": "folder", "path": "/models/acestep-v15"});
         let saved = app.invoke("save_settings", json!({ "settings": s })).unwrap();
-        assert_eq!(saved["rank"], 16);
+        assert_eq!(saved["run"]["lora"]["r"], 16);
     }
     let on_disk: Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("config/settings.json")).unwrap()).unwrap();
-    assert_eq!(on_disk["gradient_checkpointing"], false);
+    assert_eq!(on_disk["run"]["gradient_checkpointing"], false);
 
     let app = TestApp::new(dir.path());
     let s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
-    assert_eq!(s["gradient_checkpointing"], false);
-    assert_eq!(s["rank"], 16);
-    assert_eq!(s["precision"], "bf16");
-    assert_eq!(s["model"]["path"], "/models/acestep-v15");
+    assert_eq!(s["run"]["gradient_checkpointing"], false);
+    assert_eq!(s["run"]["lora"]["r"], 16);
+    assert_eq!(s["run"]["precision"], "bf16");
+    assert_eq!(s["run"]["model"]["path"], "/models/acestep-v15");
 
     let reset = app.invoke("reset_settings", json!({})).unwrap();
-    assert_eq!(reset["gradient_checkpointing"], true);
-    assert_eq!(reset["rank"], 64);
+    assert_eq!(reset["run"]["gradient_checkpointing"], true);
+    assert_eq!(reset["run"]["lora"]["r"], 64);
 }
 
 #[test]
@@ -133,17 +134,17 @@ fn invalid_settings_are_rejected_field_by_field_and_not_saved() {
     let dir = tempfile::tempdir().unwrap();
     let app = TestApp::new(dir.path());
     let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
-    s["rank"] = json!(0);
-    s["dropout"] = json!(1.5);
-    s["learning_rate"] = json!(-1.0);
+    s["run"]["lora"]["r"] = json!(0);
+    s["run"]["lora"]["dropout"] = json!(1.5);
+    s["run"]["lr"] = json!(-1.0);
     let err = app.invoke("save_settings", json!({ "settings": s })).unwrap_err();
     assert_eq!(err["kind"], "invalid_settings");
-    assert!(err["fields"]["rank"].as_str().unwrap().contains("the rank must be at least 1"), "{err}");
-    assert!(err["fields"]["dropout"].is_string());
-    assert!(err["fields"]["learning_rate"].is_string());
-    assert!(err["fields"].get("alpha").is_none());
+    assert!(err["fields"]["lora.r"].as_str().unwrap().contains("the rank must be at least 1"), "{err}");
+    assert!(err["fields"]["lora.dropout"].is_string());
+    assert!(err["fields"]["lr"].is_string());
+    assert!(err["fields"].get("lora.alpha").is_none());
     assert!(!dir.path().join("config/settings.json").exists(), "nothing was written");
-    assert_eq!(app.invoke("get_state", json!({})).unwrap()["settings"]["rank"], 64);
+    assert_eq!(app.invoke("get_state", json!({})).unwrap()["settings"]["run"]["lora"]["r"], 64);
 
     // The run settings the engine owns are judged by it, each named on its field.
     for (field, value, named) in [
@@ -154,7 +155,7 @@ fn invalid_settings_are_rejected_field_by_field_and_not_saved() {
         ("preview_every_steps", json!(0), "preview_every_steps"),
     ] {
         let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
-        s[field] = value;
+        s["run"][field] = value;
         let err = app.invoke("save_settings", json!({ "settings": s })).unwrap_err();
         assert_eq!(err["kind"], "invalid_settings", "{field}: {err}");
         assert!(err["fields"][named].as_str().is_some_and(|m| !m.is_empty()), "{field}: {err}");
@@ -162,65 +163,78 @@ fn invalid_settings_are_rejected_field_by_field_and_not_saved() {
     assert!(!dir.path().join("config/settings.json").exists(), "nothing was written");
     let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
     assert_eq!(
-        (s["cfg_dropout"].clone(), s["val_fraction"].clone(), s["preview_caption"].clone()),
+        (s["run"]["cfg_dropout"].clone(), s["run"]["val_fraction"].clone(), s["run"]["preview_caption"].clone()),
         (Value::Null, Value::Null, Value::Null),
         "the engine's defaults"
     );
-    s["val_fraction"] = json!(0.3);
-    s["val_every_steps"] = json!(5);
-    s["patience"] = json!(2);
-    assert_eq!(app.invoke("save_settings", json!({ "settings": s })).unwrap()["patience"], 2);
+    s["run"]["val_fraction"] = json!(0.3);
+    s["run"]["val_every_steps"] = json!(5);
+    s["run"]["patience"] = json!(2);
+    assert_eq!(app.invoke("save_settings", json!({ "settings": s })).unwrap()["run"]["patience"], 2);
     app.invoke("reset_settings", json!({})).unwrap();
 
     // A value of the wrong type is refused by deserialization, with a message.
     let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
-    s["rank"] = json!("lots");
+    s["run"]["lora"]["r"] = json!("lots");
     let err = app.invoke("save_settings", json!({ "settings": s })).unwrap_err();
     assert!(err.to_string().contains("rank") || err.to_string().contains("invalid type"), "{err}");
 }
 
-/// The window's settings are a template of the engine's `RunConfig`: its defaults, its
-/// types, saved and read back as the config a run gets; a value the engine refuses is
-/// refused with the engine's own reason, on the form's field.
+/// The window's settings are the engine's `RunConfig`: its defaults, its types, saved and
+/// read back as the config a run gets; a value the engine refuses is refused with the
+/// engine's own reason under its run.toml path; choosing Prodigy brings what the engine
+/// sets with it, as the CLI's `--optimizer` does.
 #[test]
-fn settings_are_a_run_config_template_judged_by_the_engine() {
+fn settings_are_the_engines_run_config_judged_by_the_engine() {
     use ostinato_app::settings::Settings;
     use ostinato_engine::device::Precision;
+    use ostinato_engine::train::optim::OptimizerConfig;
+    use ostinato_engine::train::schedule::LrSchedule;
     use ostinato_engine::train::RunConfig;
 
     let dir = tempfile::tempdir().unwrap();
     let app = TestApp::new(dir.path());
-    let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+    let state = app.invoke("get_state", json!({})).unwrap();
+    assert_eq!(state["choices"]["optimizers"], json!(["adamw", "prodigy", "adafactor"]));
+    let mut s = state["settings"].clone();
     let engine = RunConfig::default();
     assert_eq!(
-        (s["save_every"].clone(), s["epochs"].clone(), s["seed"].clone()),
+        (s["run"]["save_every_steps"].clone(), s["run"]["epochs"].clone(), s["run"]["seed"].clone()),
         (json!(engine.save_every_steps), json!(engine.epochs), json!(engine.seed)),
         "the engine's defaults"
     );
 
-    s["rank"] = json!(16);
-    s["learning_rate"] = json!(1e-4);
-    s["save_every"] = Value::Null;
-    s["precision"] = json!("f16");
-    s["model"] = json!({"kind": "folder", "path": "/models/acestep-v15"});
+    s["run"]["lora"]["r"] = json!(16);
+    s["run"]["lr"] = json!(1e-4);
+    s["run"]["save_every_steps"] = Value::Null;
+    s["run"]["precision"] = json!("f16");
+    s["run"]["model"] = json!({"kind": "folder", "path": "/models/acestep-v15"});
     app.invoke("save_settings", json!({ "settings": s })).unwrap();
     let saved: Settings =
         serde_json::from_slice(&std::fs::read(dir.path().join("config/settings.json")).unwrap()).unwrap();
     let config = saved.run_config(dir.path().join("runs"));
     assert_eq!((config.lora.r, config.lr, config.save_every_steps, config.precision), (16, 1e-4, None, Precision::F16));
     assert_eq!(config.model, ostinato_engine::load::source::ModelSource::Folder { path: "/models/acestep-v15".into() });
-    assert_eq!(Settings::from_template(&config, saved.fit_memory), saved);
 
-    for (form, value, field) in
-        [("rank", json!(0), "lora.r"), ("learning_rate", json!(-3.0), "lr"), ("seed", json!(1u64 << 60), "seed")]
-    {
+    let mut prodigy = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+    prodigy["run"]["optimizer"] = json!({"kind": "prodigy"});
+    let adopted: Settings =
+        serde_json::from_value(app.invoke("save_settings", json!({ "settings": prodigy })).unwrap()).unwrap();
+    assert_eq!(adopted.run.optimizer, OptimizerConfig::named("prodigy").unwrap());
+    assert_eq!((adopted.run.lr, adopted.run.lr_schedule), (1.0, LrSchedule::Constant));
+
+    for (field, value) in [("lora.r", json!(0)), ("lr", json!(-3.0)), ("seed", json!(1u64 << 60))] {
         let mut bad = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
-        bad[form] = value;
+        let (table, key) = field.split_once('.').map_or((None, field), |(t, k)| (Some(t), k));
+        match table {
+            Some(t) => bad["run"][t][key] = value,
+            None => bad["run"][key] = value,
+        }
         let err = app.invoke("save_settings", json!({ "settings": bad })).unwrap_err();
         let config = serde_json::from_value::<Settings>(bad).unwrap().run_config(dir.path().join("runs"));
         let errors = config.validate().unwrap_err();
         let (_, reason) = errors.iter().find(|(f, _)| *f == field).unwrap();
-        assert_eq!(err["fields"][form], json!(reason), "{form}: {err}");
+        assert_eq!(err["fields"][field], json!(reason), "{field}: {err}");
     }
 }
 
@@ -272,16 +286,16 @@ fn scan_start_follow_and_export_a_demo_run() {
     assert_eq!(good["has_caption"], true);
 
     let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
-    s["epochs"] = json!(1);
-    s["rank"] = json!(4);
-    s["alpha"] = json!(8.0);
+    s["run"]["epochs"] = json!(1);
+    s["run"]["lora"]["r"] = json!(4);
+    s["run"]["lora"]["alpha"] = json!(8.0);
     // The run settings the engine takes as they are: CFG dropout, validation, previews.
-    s["cfg_dropout"] = json!(0.25);
-    s["val_fraction"] = json!(0.5);
-    s["val_every_steps"] = json!(1);
-    s["preview_every_steps"] = json!(100);
-    s["preview_seconds"] = json!(1.0);
-    s["preview_caption"] = json!("a test caption");
+    s["run"]["cfg_dropout"] = json!(0.25);
+    s["run"]["val_fraction"] = json!(0.5);
+    s["run"]["val_every_steps"] = json!(1);
+    s["run"]["preview_every_steps"] = json!(100);
+    s["run"]["preview_seconds"] = json!(1.0);
+    s["run"]["preview_caption"] = json!("a test caption");
     app.invoke("save_settings", json!({ "settings": s })).unwrap();
     let sent = app.record(&[ENGINE_EVENT, RUN_EVENT]);
     app.invoke("start_run", json!({})).unwrap();
@@ -470,8 +484,8 @@ fn a_stopped_run_resumes_after_the_app_is_reopened() {
         let app = TestApp::new(dir.path());
         app.invoke("scan_dataset", json!({"path": songs})).unwrap();
         let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
-        s["epochs"] = json!(50);
-        s["rank"] = json!(4);
+        s["run"]["epochs"] = json!(50);
+        s["run"]["lora"]["r"] = json!(4);
         app.invoke("save_settings", json!({ "settings": s })).unwrap();
         app.invoke("start_run", json!({})).unwrap();
         wait_started(&app);
@@ -631,15 +645,15 @@ fn previews_songs_and_dataset_audio_stay_inside_the_runs_folder() {
     let songs = songs(dir.path());
     app.invoke("scan_dataset", json!({"path": songs})).unwrap();
     let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+    s["run"]["lora"]["r"] = json!(4);
+    s["run"]["lora"]["alpha"] = json!(8.0);
     for (field, value) in [
         ("epochs", json!(2)),
-        ("rank", json!(4)),
-        ("alpha", json!(8.0)),
         ("preview_every_steps", json!(2)),
         ("preview_seconds", json!(0.5)),
         ("preview_caption", json!("plucks")),
     ] {
-        s[field] = value;
+        s["run"][field] = value;
     }
     app.invoke("save_settings", json!({ "settings": s })).unwrap();
     let sent = app.record(&[SONG_EVENT]);
@@ -784,7 +798,7 @@ fn labels_edited_in_the_window_are_checked_kept_and_trained_with() {
     assert!(dir.path().join("labels/index.json").is_file());
 
     let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
-    (s["epochs"], s["rank"], s["fit_memory"], s["preview_every_steps"]) =
+    (s["run"]["epochs"], s["run"]["lora"]["r"], s["fit_memory"], s["run"]["preview_every_steps"]) =
         (json!(1), json!(4), json!(false), json!(null));
     app.invoke("save_settings", json!({ "settings": s })).unwrap();
     app.invoke("start_run", json!({})).unwrap();

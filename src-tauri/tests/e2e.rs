@@ -320,22 +320,26 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     assert!(!checked(&js(&c, toggle).await));
     assert!(text(&c, "#sb-memory").await.contains("Checkpointing off"));
     let on_disk: Value = serde_json::from_slice(&std::fs::read(config.join("settings.json")).unwrap()).unwrap();
-    assert_eq!(on_disk["gradient_checkpointing"], false);
+    assert_eq!(on_disk["run"]["gradient_checkpointing"], false);
 
     // A bad value is named next to its field and not saved; a good one is.
     let rank = c.find(Locator::Id("set-rank")).await.unwrap();
     rank.clear().await.unwrap();
     rank.send_keys("0").await.unwrap();
     c.find(Locator::Id("h-settings")).await.unwrap().click().await.unwrap(); // blur -> change
-    wait_js(&c, "return document.querySelector('[data-error-for=rank]').textContent.length > 0", "the rank error")
-        .await;
-    assert!(text(&c, "[data-error-for=rank]").await.contains("the rank must be at least 1"));
+    wait_js(
+        &c,
+        "return document.querySelector('[data-error-for=\"lora.r\"]').textContent.length > 0",
+        "the rank error",
+    )
+    .await;
+    assert!(text(&c, "[data-error-for=\"lora.r\"]").await.contains("the rank must be at least 1"));
     screenshot(&c, "02-validation.png").await;
     rank.clear().await.unwrap();
     rank.send_keys("32").await.unwrap();
     c.find(Locator::Id("h-settings")).await.unwrap().click().await.unwrap();
     wait_js(&c, "return document.getElementById('settings-status').dataset.state === 'saved'", "rank to save").await;
-    assert_eq!(text(&c, "[data-error-for=rank]").await, "");
+    assert_eq!(text(&c, "[data-error-for=\"lora.r\"]").await, "");
 
     // Load a copy of the demo songs, with one 18 s song of known tempo, key and meter
     // and no sidecars, by typing its folder, as a user without drag and drop would.
@@ -376,7 +380,27 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     wait_js(&c, "return document.getElementById('settings-status').dataset.state === 'saved'", "validation to save")
         .await;
     let on_disk: Value = serde_json::from_slice(&std::fs::read(config.join("settings.json")).unwrap()).unwrap();
-    assert_eq!((on_disk["val_fraction"].as_f64(), on_disk["val_every_steps"].as_u64()), (Some(0.2), Some(2)));
+    assert_eq!(
+        (on_disk["run"]["val_fraction"].as_f64(), on_disk["run"]["val_every_steps"].as_u64()),
+        (Some(0.2), Some(2))
+    );
+
+    // The optimizer and the schedule are the engine's choices, offered by their names;
+    // the run trains with them (`trained_with_the_labels` reads its run.toml).
+    for (id, value) in [("set-optimizer", "adafactor"), ("set-lr-schedule", "constant")] {
+        js(&c, &format!("const e = document.getElementById('{id}'); e.value = '{value}'; e.dispatchEvent(new Event('change', {{bubbles: true}})); return true")).await;
+        wait_js(
+            &c,
+            "return document.getElementById('settings-status').dataset.state === 'saved'",
+            "the choice to save",
+        )
+        .await;
+    }
+    let on_disk: Value = serde_json::from_slice(&std::fs::read(config.join("settings.json")).unwrap()).unwrap();
+    assert_eq!(
+        (on_disk["run"]["optimizer"]["kind"].as_str(), on_disk["run"]["lr_schedule"]["kind"].as_str()),
+        (Some("adafactor"), Some("constant"))
+    );
 
     // Previews every 2 steps, half a second each (short, so the run stays quick).
     for (id, value) in [("set-preview-every-steps", "2"), ("set-preview-seconds", "0.5")] {
@@ -528,6 +552,11 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     let run = std::fs::read_dir(&runs).unwrap().next().unwrap().unwrap().path();
     assert!(run.join("final/adapter/adapter_model.safetensors").is_file());
     trained_with_the_labels(&run);
+    let started = js(&c, "return [...document.querySelectorAll('#activity li')].map(e => e.textContent).find(t => t.includes('Run started')) || ''").await;
+    assert!(
+        started.as_str().unwrap_or_default().contains("adafactor, constant schedule"),
+        "the run's optimizer in its activity line: {started}"
+    );
     write_sidecars(&c, &songs).await;
     eprintln!("e2e: paused at step {paused_at}, stopped with {}", text(&c, "#sb-step").await);
 
@@ -712,6 +741,7 @@ fn trained_with_the_labels(run: &Path) {
         (Some("112"), Some("C major"), Some("4"))
     );
     assert_eq!(config.data.trigger.as_ref().map(|t| t.tag.as_str()), Some("ostn"));
+    assert_eq!((config.optimizer.kind(), config.lr_schedule.kind()), ("adafactor", "constant"), "the window's choices");
     let events = ostinato_engine::events::read_events(&run.join("events.jsonl")).unwrap();
     let first_step = events.iter().position(|e| matches!(e, ostinato_engine::events::Event::Step { .. })).unwrap();
     let prompt = |name: &str| {

@@ -62,22 +62,53 @@ function activity(text, cls = '') {
 
 // ---- settings ---------------------------------------------------------------------
 
+/** The form's controls: each names a run.toml path of the next run's config
+ * (`data-setting`, kept in `settings.run`) or one of the app's own settings
+ * (`data-app-setting`). */
 function settingInputs() {
-  return [...document.querySelectorAll('[data-setting]')];
+  return [...document.querySelectorAll('[data-setting], [data-app-setting]')];
+}
+
+/** The control's key: its run.toml path, or the app setting's name. */
+function settingKey(el) {
+  return el.dataset.setting ?? el.dataset.appSetting;
+}
+
+function settingValue(s, el) {
+  if (el.dataset.appSetting) return s[el.dataset.appSetting];
+  return el.dataset.setting.split('.').reduce((o, part) => o?.[part], s.run);
+}
+
+function setSetting(s, el, value) {
+  if (el.dataset.appSetting) { s[el.dataset.appSetting] = value; return; }
+  const parts = el.dataset.setting.split('.');
+  const parent = parts.slice(0, -1).reduce((o, part) => (o[part] ??= {}), s.run);
+  parent[parts.at(-1)] = value;
+}
+
+/** Fills each choice (a table of run.toml chosen by its `kind`) with the engine's names. */
+function fillChoices(choices = {}) {
+  for (const el of document.querySelectorAll('[data-choices]')) {
+    if (el.options.length) continue;
+    for (const name of choices[el.dataset.choices] || []) el.add(new Option(name.replace(/_/g, ' '), name));
+  }
 }
 
 function showSettings(s) {
   for (const el of settingInputs()) {
-    const v = s[el.dataset.setting];
+    const v = settingValue(s, el);
     if (el.dataset.kind === 'bool') el.checked = Boolean(v);
-    else if (el.dataset.kind === 'enum') el.value = v;
+    // A table without `kind` is the first choice (AdamW's table has none).
+    else if (el.dataset.kind === 'choice') el.value = v?.kind ?? el.options[0]?.value;
+    else if (el.dataset.kind === 'enum') el.value = v ?? el.options[0].value;
     else if (document.activeElement !== el) el.value = v ?? '';
   }
-  const folder = s.model && s.model.kind === 'folder';
+  const folder = s.run.model && s.run.model.kind === 'folder';
   $('model-demo').checked = !folder;
   $('model-folder').checked = folder;
-  $('model-path').value = folder ? s.model.path : '';
-  if (s.dataset_dir && document.activeElement !== $('dataset-path')) $('dataset-path').value = s.dataset_dir;
+  $('model-path').value = folder ? s.run.model.path : '';
+  const dataset = s.run.data?.folder;
+  if (dataset && document.activeElement !== $('dataset-path')) $('dataset-path').value = dataset;
   updateStatusBar();
 }
 
@@ -86,23 +117,29 @@ function readSettings() {
   const s = structuredClone(ui.settings);
   const errors = {};
   for (const el of settingInputs()) {
-    const key = el.dataset.setting;
+    const key = settingKey(el);
     const kind = el.dataset.kind;
     const raw = el.value.trim();
     // Optional settings (opt*): empty is null, the engine's default or off.
-    if (kind === 'bool') s[key] = el.checked;
-    else if (kind === 'enum') s[key] = el.value;
-    else if (kind.startsWith('opt') && raw === '') s[key] = null;
-    else if (kind === 'opttext') s[key] = raw;
+    if (kind === 'bool') setSetting(s, el, el.checked);
+    // A new choice is its kind alone: the engine fills in that choice's defaults.
+    else if (kind === 'choice') {
+      const current = settingValue(s, el);
+      if ((current?.kind ?? el.options[0]?.value) !== el.value) setSetting(s, el, { kind: el.value });
+    } else if (kind === 'enum') setSetting(s, el, el.value);
+    else if (kind.startsWith('opt') && raw === '') setSetting(s, el, null);
+    else if (kind === 'opttext') setSetting(s, el, raw);
     else {
       const v = Number(raw);
       if (raw === '' || !Number.isFinite(v)) errors[key] = 'enter a number';
       else if (kind.endsWith('int') && (!Number.isInteger(v) || v < 0)) errors[key] = 'enter a whole number';
-      else s[key] = v;
+      else setSetting(s, el, v);
     }
   }
-  if ($('model-folder').checked) s.model = { kind: 'folder', path: $('model-path').value };
-  else s.model = { kind: 'demo' };
+  // No tag, no trigger (its position alone means nothing).
+  if (!s.run.data.trigger?.tag) s.run.data.trigger = null;
+  if ($('model-folder').checked) s.run.model = { kind: 'folder', path: $('model-path').value };
+  else s.run.model = { kind: 'demo' };
   return [s, errors];
 }
 
@@ -110,7 +147,7 @@ function markErrors(fields = {}) {
   for (const el of document.querySelectorAll('[data-error-for]')) {
     const key = el.dataset.errorFor;
     el.textContent = fields[key] || '';
-    document.querySelector(`[data-setting="${key}"]`)?.setAttribute('aria-invalid', fields[key] ? 'true' : 'false');
+    document.querySelector(`[data-setting="${key}"], [data-app-setting="${key}"]`)?.setAttribute('aria-invalid', fields[key] ? 'true' : 'false');
   }
   const modelErr = fields.model;
   if (modelErr) say(modelErr, { error: true });
@@ -151,6 +188,8 @@ function saveSettings() {
   ui.saveChain = ui.saveChain.then(async () => {
     try {
       ui.settings = await invoke('save_settings', { settings: s });
+      // The engine may have set more than was changed (a new optimizer's lr and schedule).
+      showSettings(ui.settings);
       markErrors({});
       setSaveStatus('Saved');
       updateStatusBar();
@@ -286,7 +325,7 @@ function showStep(ev) {
 function updateStatusBar() {
   const started = ui.run?.started;
   const step = ui.run?.last_step;
-  const s = ui.settings || {};
+  const s = ui.settings?.run || {};
   // The device's name; why it was chosen ("cpu (no GPU backend built)") on hover.
   $('sb-device').textContent = `Device ${started ? started.device.split(' (')[0] : '—'}`;
   $('sb-device').title = started ? started.device : 'Device';
@@ -313,7 +352,8 @@ function onEngineEvent(ev) {
   if (!ev || !ev.type) return;
   switch (ev.type) {
     case 'run_started':
-      activity(`Run started on ${ev.device} (${ev.precision})`);
+      // (An optimizer table without `kind` is AdamW's, as run.toml writes it.)
+      activity(`Run started on ${ev.device} (${ev.precision}), ${ev.config?.optimizer?.kind ?? 'adamw'}, ${(ev.config?.lr_schedule?.kind ?? '').replace(/_/g, ' ')} schedule`);
       break;
     case 'dataset_issue':
       // A warning is about a song that is still used: it stays marked usable.
@@ -524,7 +564,7 @@ function bindUi() {
   }
 
   for (const el of settingInputs()) {
-    if (el.dataset.kind === 'bool' || el.dataset.kind === 'enum') el.addEventListener('change', saveSettings);
+    if (['bool', 'enum', 'choice'].includes(el.dataset.kind)) el.addEventListener('change', saveSettings);
     else {
       el.addEventListener('input', saveSoon);
       el.addEventListener('change', () => { clearTimeout(saveTimer); saveSettings(); });
@@ -624,6 +664,7 @@ async function init() {
 
   const s = await invoke('get_state');
   ui.settings = s.settings;
+  fillChoices(s.choices);
   showSettings(s.settings);
   if (s.notice) { $('notice').textContent = s.notice; $('notice').hidden = false; }
   $('runs-dir').textContent = `Runs are kept in ${s.runs_dir}`;

@@ -13,7 +13,10 @@ pub enum LrSchedule {
     /// ACE-Step's: linear warmup from 0.1 * lr to lr over
     /// `min(warmup_steps, max(1, total / 10))` steps (PyTorch `LinearLR`), then cosine
     /// to 1% of lr at the last step (`CosineAnnealingLR`), held there after.
-    WarmupCosine { warmup_steps: u64 },
+    WarmupCosine {
+        #[serde(default = "default_warmup")]
+        warmup_steps: u64,
+    },
     /// The base rate throughout.
     Constant,
     /// Straight line from lr at step 0 to `floor * lr` at the last step, held after;
@@ -25,12 +28,26 @@ pub enum LrSchedule {
     /// transformers' `get_cosine_with_hard_restarts_schedule_with_warmup`: linear
     /// warmup from 0 to lr over `warmup_steps`, then `cycles` cosine decays from lr to
     /// 0, each restarting at lr; 0 from the last step on.
-    CosineRestarts { warmup_steps: u64, cycles: u64 },
+    CosineRestarts {
+        #[serde(default = "default_warmup")]
+        warmup_steps: u64,
+        #[serde(default = "one_cycle")]
+        cycles: u64,
+    },
+}
+
+/// Warmup updates when none are given (a choice of schedule alone, e.g. from the window).
+fn default_warmup() -> u64 {
+    100
+}
+
+fn one_cycle() -> u64 {
+    1
 }
 
 impl Default for LrSchedule {
     fn default() -> Self {
-        LrSchedule::WarmupCosine { warmup_steps: 100 }
+        LrSchedule::WarmupCosine { warmup_steps: default_warmup() }
     }
 }
 
@@ -44,7 +61,7 @@ impl LrSchedule {
             "warmup_cosine" => Ok(Self::default()),
             "constant" => Ok(Self::Constant),
             "linear" => Ok(Self::Linear { floor: 0.0 }),
-            "cosine_restarts" => Ok(Self::CosineRestarts { warmup_steps: 100, cycles: 1 }),
+            "cosine_restarts" => Ok(Self::CosineRestarts { warmup_steps: default_warmup(), cycles: one_cycle() }),
             _ => Err(format!("unknown schedule `{name}` (expected {})", SCHEDULES.join(", "))),
         }
     }
@@ -262,5 +279,10 @@ mod tests {
         assert_eq!(s, LrSchedule::WarmupCosine { warmup_steps: 10 });
         let s: LrSchedule = serde_json::from_str(r#"{"kind": "linear"}"#).unwrap();
         assert_eq!(s, LrSchedule::Linear { floor: 0.0 });
+        // A choice by kind alone (the window's) is that schedule as `named` gives it.
+        for name in SCHEDULES {
+            let s: LrSchedule = serde_json::from_value(serde_json::json!({ "kind": name })).unwrap();
+            assert_eq!(s, LrSchedule::named(name).unwrap(), "{name}");
+        }
     }
 }

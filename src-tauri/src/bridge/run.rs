@@ -137,8 +137,10 @@ impl AppState {
     pub fn start_run(&self, sink: impl EventSink) -> Result<RunView, BridgeError> {
         let settings = self.settings();
         settings.validate().map_err(BridgeError::InvalidSettings)?;
-        let dataset_dir =
-            settings.dataset_dir.clone().ok_or_else(|| BridgeError::Invalid("choose a dataset folder first".into()))?;
+        let dataset_dir = settings
+            .dataset_dir()
+            .map(Path::to_path_buf)
+            .ok_or_else(|| BridgeError::Invalid("choose a dataset folder first".into()))?;
         if self.lock().run.state.status.is_active() {
             return Err(BridgeError::RunActive);
         }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ostinato_engine::load::ModelPlaces;
 
 use super::run::{CurrentRun, StartRequest};
-use super::views::{Charts, DatasetView, ExportFormat, HistoryEntry, MemoryView, StateView};
+use super::views::{Charts, Choices, DatasetView, ExportFormat, HistoryEntry, MemoryView, StateView};
 use super::{dataset_scan, engine, BridgeError};
 use crate::models::Models;
 use crate::settings::{self, Settings};
@@ -98,6 +98,7 @@ impl AppState {
         let g = self.lock();
         StateView {
             settings: g.settings.clone(),
+            choices: Choices::default(),
             dataset: g.dataset.clone(),
             run: g.run.snapshot(),
             charts: g.run.charts.clone(),
@@ -117,8 +118,10 @@ impl AppState {
         self.lock().settings.clone()
     }
 
-    /// Validates (by the engine), persists and adopts new settings.
+    /// Validates (by the engine), persists and adopts new settings (with what a new
+    /// optimizer brings: `Settings::adopting`).
     pub fn save_settings(&self, new: Settings) -> Result<Settings, BridgeError> {
+        let new = self.settings().adopting(new);
         new.validate().map_err(BridgeError::InvalidSettings)?;
         settings::save(&self.0.config_dir, &new).map_err(|source| BridgeError::Io {
             context: format!("saving settings in {}", self.0.config_dir.display()),
@@ -131,8 +134,9 @@ impl AppState {
     }
 
     pub fn reset_settings(&self) -> Result<Settings, BridgeError> {
-        let keep_dataset = self.lock().settings.dataset_dir.clone();
-        self.save_settings(Settings { dataset_dir: keep_dataset, ..Settings::default() })
+        let mut fresh = Settings::default();
+        fresh.run.data.folder = self.lock().settings.run.data.folder.clone();
+        self.save_settings(fresh)
     }
 
     /// Remembers `path` as the dataset folder (persisted) and scans it with the engine.
@@ -142,8 +146,8 @@ impl AppState {
             return Err(BridgeError::Invalid(format!("not a folder: {}", path.display())));
         }
         let mut s = self.settings();
-        if s.dataset_dir.as_deref() != Some(path) {
-            s.dataset_dir = Some(path.to_path_buf());
+        if s.dataset_dir() != Some(path) {
+            s.run.data.folder = path.to_path_buf();
             self.save_settings(s.clone())?;
         }
         let view = dataset_scan::scan(path, &self.label_store())?;
@@ -166,7 +170,7 @@ impl AppState {
     pub fn memory_plan(&self) -> Result<MemoryView, BridgeError> {
         let settings = self.settings();
         settings.validate().map_err(BridgeError::InvalidSettings)?;
-        let dataset_dir = settings.dataset_dir.clone().unwrap_or_default();
+        let dataset_dir = settings.run.data.folder.clone();
         engine::memory_plan(&self.start_request(settings, dataset_dir))
     }
 

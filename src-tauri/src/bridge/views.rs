@@ -9,6 +9,7 @@ use ostinato_engine::events::Event;
 use ostinato_engine::label::Resolved;
 use ostinato_engine::run_state::RunState;
 pub use ostinato_engine::train::history::RunSummary;
+use ostinato_engine::train::{optim, schedule};
 use serde::{Deserialize, Serialize};
 
 use crate::settings::Settings;
@@ -136,10 +137,25 @@ pub struct MemoryView {
     pub problem: Option<String>,
 }
 
+/// The names the form's choices offer: the engine's.
+#[derive(Debug, Clone, Serialize)]
+pub struct Choices {
+    pub optimizers: &'static [&'static str],
+    pub lr_schedules: &'static [&'static str],
+}
+
+impl Default for Choices {
+    fn default() -> Self {
+        Self { optimizers: &optim::OPTIMIZERS, lr_schedules: &schedule::SCHEDULES }
+    }
+}
+
 /// Everything the UI needs on load (after which it follows events).
 #[derive(Debug, Clone, Serialize)]
 pub struct StateView {
     pub settings: Settings,
+    /// The names each choice of the form offers, as the engine defines them.
+    pub choices: Choices,
     pub dataset: Option<DatasetView>,
     pub run: RunSnapshot,
     pub charts: Option<Charts>,
