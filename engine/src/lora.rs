@@ -354,12 +354,15 @@ pub fn validate_config(config: &LoraConfig) -> Result<()> {
 
 /// Notes every LoRA setting out of its range, named as in run.toml (`lora.r`, ...).
 pub fn check_config(config: &LoraConfig, errors: &mut SettingErrors) {
-    let LoraConfig { r, alpha, dropout, .. } = *config;
+    let LoraConfig { r, alpha, dropout, ref target_modules, .. } = *config;
     // No fixed ceiling: the adapted layers bound it (`check_rank`, the model known), and
     // whether a large rank fits is the memory plan's verdict (train::fit).
     errors.check(r >= 1, "lora.r", || format!("the rank must be at least 1 (got {r})"));
     errors.check(alpha.is_finite() && alpha > 0.0, "lora.alpha", || format!("{alpha} must be a positive number"));
     errors.check((0.0..1.0).contains(&dropout), "lora.dropout", || format!("{dropout} must be in [0, 1)"));
+    errors.check(!target_modules.is_empty(), "lora.target_modules", || {
+        "no targets: choose self, cross or mlp (or module names such as q_proj)".into()
+    });
 }
 
 /// The rank against the layers `config` adapts in the DiT `dit` describes: above a
@@ -495,6 +498,8 @@ mod tests {
         assert!(parse_targets("attn").is_ok(), "a suffix as PEFT takes it (the model then says if it matches)");
         assert!(parse_targets("self attn").unwrap_err().contains("`self attn`"));
         assert!(parse_targets(" , ").unwrap_err().starts_with("no targets"));
+        let none = validate_config(&LoraConfig { target_modules: Vec::new(), ..Default::default() });
+        assert!(none.unwrap_err().to_string().contains("lora.target_modules"), "an adapter that trains nothing");
     }
 
     #[test]

@@ -396,6 +396,15 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
         )
         .await;
     }
+    // What the adapter trains, by the engine's groups: both attentions by default, and
+    // the MLP ticked here.
+    let ticked = "return ['self', 'cross', 'mlp'].map(g => document.getElementById('set-targets-' + g).checked).join()";
+    assert_eq!(js(&c, ticked).await, "true,true,false");
+    js(&c, "document.getElementById('set-targets-mlp').scrollIntoView({block: 'center'}); return true").await;
+    c.find(Locator::Id("set-targets-mlp")).await.unwrap().click().await.unwrap();
+    wait_js(&c, "return document.getElementById('settings-status').dataset.state === 'saved'", "the targets to save")
+        .await;
+    assert_eq!(js(&c, ticked).await, "true,true,true");
     let on_disk: Value = serde_json::from_slice(&std::fs::read(config.join("settings.json")).unwrap()).unwrap();
     assert_eq!(
         (on_disk["run"]["optimizer"]["kind"].as_str(), on_disk["run"]["lr_schedule"]["kind"].as_str()),
@@ -742,6 +751,7 @@ fn trained_with_the_labels(run: &Path) {
     );
     assert_eq!(config.data.trigger.as_ref().map(|t| t.tag.as_str()), Some("ostn"));
     assert_eq!((config.optimizer.kind(), config.lr_schedule.kind()), ("adafactor", "constant"), "the window's choices");
+    assert_eq!(config.lora.target_modules, ostinato_engine::lora::parse_targets("self,cross,mlp").unwrap());
     let events = ostinato_engine::events::read_events(&run.join("events.jsonl")).unwrap();
     let first_step = events.iter().position(|e| matches!(e, ostinato_engine::events::Event::Step { .. })).unwrap();
     let prompt = |name: &str| {

@@ -94,10 +94,32 @@ function fillChoices(choices = {}) {
   }
 }
 
+/** The modules the engine's target group `name` names. */
+function groupModules(name) {
+  return (ui.choices?.target_groups || []).find(([group]) => group === name)?.[1] || [];
+}
+
+/** Whether `targets` train every module of group `name`, matched by suffix as PEFT
+ * matches target names (`q_proj` trains `self_attn.q_proj`). */
+function coversGroup(targets, name) {
+  const modules = groupModules(name);
+  return modules.length > 0 && modules.every((m) => (targets || []).some((t) => m === t || m.endsWith(`.${t}`)));
+}
+
+/** The ticked target groups as the adapter's targets, unless they are what is shown
+ * (a list of other module names, from run.toml, stays as it is). */
+function readTargets(s) {
+  const boxes = [...document.querySelectorAll('[data-kind="targets"]')];
+  const targets = s.run.lora.target_modules;
+  if (boxes.every((b) => b.checked === coversGroup(targets, b.dataset.group))) return;
+  s.run.lora.target_modules = boxes.filter((b) => b.checked).flatMap((b) => groupModules(b.dataset.group));
+}
+
 function showSettings(s) {
   for (const el of settingInputs()) {
     const v = settingValue(s, el);
     if (el.dataset.kind === 'bool') el.checked = Boolean(v);
+    else if (el.dataset.kind === 'targets') el.checked = coversGroup(v, el.dataset.group);
     // A table without `kind` is the first choice (AdamW's table has none).
     else if (el.dataset.kind === 'choice') el.value = v?.kind ?? el.options[0]?.value;
     else if (el.dataset.kind === 'enum') el.value = v ?? el.options[0].value;
@@ -121,6 +143,7 @@ function readSettings() {
     const kind = el.dataset.kind;
     const raw = el.value.trim();
     // Optional settings (opt*): empty is null, the engine's default or off.
+    if (kind === 'targets') continue; // read together, below
     if (kind === 'bool') setSetting(s, el, el.checked);
     // A new choice is its kind alone: the engine fills in that choice's defaults.
     else if (kind === 'choice') {
@@ -136,6 +159,7 @@ function readSettings() {
       else setSetting(s, el, v);
     }
   }
+  readTargets(s);
   // No tag, no trigger (its position alone means nothing).
   if (!s.run.data.trigger?.tag) s.run.data.trigger = null;
   if ($('model-folder').checked) s.run.model = { kind: 'folder', path: $('model-path').value };
@@ -564,7 +588,7 @@ function bindUi() {
   }
 
   for (const el of settingInputs()) {
-    if (['bool', 'enum', 'choice'].includes(el.dataset.kind)) el.addEventListener('change', saveSettings);
+    if (['bool', 'enum', 'choice', 'targets'].includes(el.dataset.kind)) el.addEventListener('change', saveSettings);
     else {
       el.addEventListener('input', saveSoon);
       el.addEventListener('change', () => { clearTimeout(saveTimer); saveSettings(); });
@@ -664,6 +688,7 @@ async function init() {
 
   const s = await invoke('get_state');
   ui.settings = s.settings;
+  ui.choices = s.choices;
   fillChoices(s.choices);
   showSettings(s.settings);
   if (s.notice) { $('notice').textContent = s.notice; $('notice').hidden = false; }

@@ -7,6 +7,7 @@ use ostinato_engine::charts::Readout;
 use ostinato_engine::data::Field;
 use ostinato_engine::events::Event;
 use ostinato_engine::label::Resolved;
+use ostinato_engine::lora;
 use ostinato_engine::run_state::RunState;
 pub use ostinato_engine::train::history::RunSummary;
 use ostinato_engine::train::{optim, schedule};
@@ -142,11 +143,13 @@ pub struct MemoryView {
 pub struct Choices {
     pub optimizers: &'static [&'static str],
     pub lr_schedules: &'static [&'static str],
+    /// What an adapter can train, by group, with the modules each one names.
+    pub target_groups: &'static [(&'static str, &'static [&'static str])],
 }
 
 impl Default for Choices {
     fn default() -> Self {
-        Self { optimizers: &optim::OPTIMIZERS, lr_schedules: &schedule::SCHEDULES }
+        Self { optimizers: &optim::OPTIMIZERS, lr_schedules: &schedule::SCHEDULES, target_groups: &lora::TARGET_GROUPS }
     }
 }
 
