@@ -84,17 +84,17 @@ impl OptimizerConfig {
 }
 
 /// `beta` must be in [0, 1).
-pub(crate) fn beta_problem(name: &'static str, beta: f64) -> Option<(&'static str, String)> {
+fn beta_problem(name: &'static str, beta: f64) -> Option<(&'static str, String)> {
     (!(0.0..1.0).contains(&beta)).then(|| (name, format!("{beta} must be at least 0 and below 1")))
 }
 
 /// `x` must be a positive number.
-pub(crate) fn positive_problem(name: &'static str, x: f64) -> Option<(&'static str, String)> {
+fn positive_problem(name: &'static str, x: f64) -> Option<(&'static str, String)> {
     (!(x.is_finite() && x > 0.0)).then(|| (name, format!("{x} must be a positive number")))
 }
 
 /// `x` must be a finite number, 0 or more.
-pub(crate) fn non_negative_problem(name: &'static str, x: f64) -> Option<(&'static str, String)> {
+fn non_negative_problem(name: &'static str, x: f64) -> Option<(&'static str, String)> {
     (!(x.is_finite() && x >= 0.0)).then(|| (name, format!("{x} must be a number, 0 or more")))
 }
 

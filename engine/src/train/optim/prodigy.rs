@@ -205,10 +205,10 @@ impl Prodigy {
         let dlr = d * lr * bias_correction;
         let s_rate = (d / c.d0) * if c.safeguard_warmup { d } else { dlr };
 
-        // 1. Moments, the running sum s, and the estimate's numerator and denominator
-        //    (each a per-tensor f32 reduction read back as f64, as the package's `.item()`).
-        let mut delta_numerator = 0.0;
-        let mut d_denom = 0.0;
+        // 1. Moments, the running sum s, and per tensor the f32 reductions the estimate's
+        //    numerator and denominator sum in f64 (the package's `.item()`s), read back
+        //    together: on a GPU each read-back is a synchronisation.
+        let mut reductions = Vec::with_capacity(2 * grads.len());
         let mut used = Vec::with_capacity(grads.len());
         for ((var, grad), st) in self.vars.iter().zip(grads).zip(&mut self.params) {
             let p = saved::value_f32(var)?;
@@ -220,15 +220,23 @@ impl Prodigy {
                 Some(p0) => (p0 - &p)?,
                 None => p.neg()?,
             };
-            let dot = f64::from((&g * &travelled)?.sum_all()?.to_scalar::<f32>()?);
-            delta_numerator += (d / c.d0) * dlr * dot;
+            reductions.push((&g * &travelled)?.sum_all()?);
             if let Some(m) = &st.m {
                 st.m = Some(((m * beta1)? + (&g * (d * (1.0 - beta1)))?)?);
             }
             st.v = ((&st.v * beta2)? + (g.sqr()? * (d * d * (1.0 - beta2)))?)?;
             st.s = ((&st.s * beta3)? + (&g * s_rate)?)?;
-            d_denom += f64::from(st.s.abs()?.sum_all()?.to_scalar::<f32>()?);
+            reductions.push(st.s.abs()?.sum_all()?);
             used.push((p, g));
+        }
+        let read = match reductions.is_empty() {
+            true => Vec::new(),
+            false => Tensor::stack(&reductions, 0)?.to_vec1::<f32>()?,
+        };
+        let (mut delta_numerator, mut d_denom) = (0.0, 0.0);
+        for pair in read.chunks_exact(2) {
+            delta_numerator += (d / c.d0) * dlr * f64::from(pair[0]);
+            d_denom += f64::from(pair[1]);
         }
         if d_denom == 0.0 {
             return Ok(dlr);
