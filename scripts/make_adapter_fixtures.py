@@ -402,6 +402,8 @@ def main():
     path = os.path.join(OUT, "adapters_tiny.safetensors")
     save_file({k: v.contiguous() for k, v in fixture.items()}, path)
     meta = {
+        # dit_tiny's model config, so the fixture is whole on its own.
+        "config": config,
         "cases": cases,
         "base_check_max_abs": err,
         "merged_modules": MERGED_MODULES,

@@ -63,9 +63,12 @@ enum Command {
     /// Export a run's adapter.
     Export {
         run_dir: PathBuf,
+        /// peft (a LoRA's folder for ACE-Step, diffusers and PEFT), lycoris (a LoKr's
+        /// lokr_weights.safetensors folder, as upstream ACE-Step writes it), comfyui
+        /// (one file for ComfyUI) or merged (the decoder with the adapter merged).
         #[arg(long, value_parser = parse_with::<ExportFormat>)]
         format: ExportFormat,
-        /// Output directory (peft, merged --full) or .safetensors file (comfyui, merged).
+        /// Output directory (peft, lycoris, merged --full) or .safetensors file (comfyui, merged).
         #[arg(long)]
         to: PathBuf,
         /// best (lowest validation loss), final (else the newest checkpoint) or step-N.
@@ -310,15 +313,33 @@ pub struct TrainArgs {
     /// Cosine cycles of cosine-restarts, each restarting at the peak rate (default 1).
     #[arg(long, value_name = "N")]
     pub cycles: Option<u64>,
-    /// LoRA rank.
+    /// The adapter: lora (low-rank B A, PEFT's; the default) or lokr (a Kronecker
+    /// product, as upstream ACE-Step trains through LyCORIS; saved as its
+    /// lokr_weights.safetensors). LoKr trains without dropout.
+    #[arg(long, value_name = "KIND")]
+    pub adapter: Option<String>,
+    /// Rank (for lokr, LyCORIS's linear_dim: from half a Kronecker half's larger side
+    /// up, that half is a whole matrix).
     #[arg(long, value_name = "N")]
     pub rank: Option<usize>,
-    /// LoRA alpha (the update is scaled by alpha / rank).
+    /// Alpha: the update is scaled by alpha / rank (lokr: linear_alpha, scale 1 when
+    /// both Kronecker halves are whole matrices).
     #[arg(long, value_name = "F")]
     pub alpha: Option<f64>,
     /// LoRA dropout, 0 to below 1.
     #[arg(long, value_name = "F")]
     pub dropout: Option<f64>,
+    /// DoRA: also train a magnitude per output row (PEFT's use_dora for lora,
+    /// LyCORIS's weight decomposition for lokr).
+    #[arg(long)]
+    pub dora: bool,
+    /// LoKr's Kronecker split: -1 for the most balanced (the default), or the factor
+    /// that splits each dimension.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub factor: Option<i64>,
+    /// LoKr: make the smaller Kronecker half a rank-r product too.
+    #[arg(long)]
+    pub decompose_both: bool,
     /// What the adapter trains, comma-separated: self (self-attention), cross
     /// (cross-attention), mlp, or module names as PEFT matches them (default:
     /// q_proj,k_proj,v_proj,o_proj, both attentions).

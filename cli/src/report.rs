@@ -110,6 +110,7 @@ pub fn inspect(model_dir: &Path) -> anyhow::Result<()> {
         batch: 1,
         encoder_len: TEXT_TOKENS + LYRIC_TOKENS + 1,
         lora_parameters: lora_parameters(cfg, &lora),
+        rebuilt_weight_bytes: 0,
         optimizer_state_per_parameter: OptimizerConfig::default().state_per_parameter(),
         dtype_bytes: 2,
         cpu_kernels: false,

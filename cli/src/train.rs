@@ -100,7 +100,13 @@ fn build_config(a: &TrainArgs) -> anyhow::Result<RunConfig> {
     if let Some(n) = a.cycles {
         c.lr_schedule.set_cycles(n).map_err(anyhow::Error::msg)?;
     }
+    if let Some(kind) = &a.adapter {
+        c.lora.choose(kind.parse().map_err(|e| anyhow::anyhow!("--adapter: {e}"))?);
+    }
     c.lora.r = a.rank.unwrap_or(c.lora.r);
+    c.lora.use_dora |= a.dora;
+    c.lora.factor = a.factor.unwrap_or(c.lora.factor);
+    c.lora.decompose_both |= a.decompose_both;
     c.lora.alpha = a.alpha.unwrap_or(c.lora.alpha);
     c.lora.dropout = a.dropout.unwrap_or(c.lora.dropout);
     if let Some(list) = &a.targets {

@@ -26,7 +26,7 @@ use crate::load::footprint::{self, Workload};
 use crate::lora::{LoraAdapter, LoraConfig};
 use crate::model::timesteps::TimestepSampling;
 use crate::model::{DecoderWeights, DitConfig, DitModel, KernelPolicy, LayerType};
-use crate::train::fit::lora_parameters;
+use crate::train::fit::{lora_parameters, rebuilt_weight_bytes};
 use crate::train::flow::Batch;
 use crate::train::loss_scale::{LossScaler, SkipCounter};
 use crate::train::optim::{Optimizer, OptimizerConfig};
@@ -395,6 +395,7 @@ pub fn predicted_peak(spec: &BenchSpec, checkpointing: bool, cpu_kernels: bool, 
         batch: spec.batch,
         encoder_len: spec.encoder_len,
         lora_parameters: lora_parameters(&spec.config, &spec.lora),
+        rebuilt_weight_bytes: rebuilt_weight_bytes(&spec.config, &spec.lora),
         optimizer_state_per_parameter: OptimizerConfig::default().state_per_parameter(),
         dtype_bytes: dtype.size_in_bytes() as u64,
         cpu_kernels,

@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::load::folder::ModelFolder;
 use crate::load::source::ModelSource;
-use crate::lora::LoraAdapter;
+use crate::lora::lokr::Layout;
+use crate::lora::{AdapterKind, LoraAdapter};
 use crate::model::{DecoderWeights, DitModel};
 use crate::tensor_io::{save_tensors, write_safetensors};
 use crate::train::{state, RunConfig};
@@ -18,9 +19,12 @@ use crate::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ExportFormat {
-    /// `adapter_config.json` + `adapter_model.safetensors`, as PEFT saves them.
+    /// `adapter_config.json` + `adapter_model.safetensors`, as PEFT saves them (LoRA).
     Peft,
-    /// One safetensors file with `lora_down` / `lora_up` / `alpha` per module.
+    /// `lokr_weights.safetensors`, as upstream ACE-Step saves a LoKr through LyCORIS.
+    Lycoris,
+    /// One safetensors file under ComfyUI's generic keys: `lora_down` / `lora_up` (LoKr:
+    /// `lokr_w1` ...) / `alpha` (/ `dora_scale`) per module.
     Comfyui,
     /// The decoder's weights (original naming) with `scaling * B A` added.
     Merged,
@@ -35,10 +39,13 @@ impl std::str::FromStr for ExportFormat {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
             "peft" => Ok(Self::Peft),
+            "lycoris" => Ok(Self::Lycoris),
             "comfyui" => Ok(Self::Comfyui),
             "merged" => Ok(Self::Merged),
             "merged-model" => Ok(Self::MergedModel),
-            other => Err(format!("unknown export format `{other}` (expected peft, comfyui, merged or merged-model)")),
+            other => Err(format!(
+                "unknown export format `{other}` (expected peft, lycoris, comfyui, merged or merged-model)"
+            )),
         }
     }
 }
@@ -80,9 +87,20 @@ pub fn export_run_adapter(run_dir: &Path, which: WhichAdapter, format: ExportFor
     let adapter_dir = adapter_dir(run_dir, which)?;
     let (cfg, weights) = config.model.load_decoder(DType::F32, &Device::Cpu)?;
     let model = DitModel::new(&cfg, &weights)?;
-    let adapter = LoraAdapter::load_peft(&adapter_dir, &model)?;
+    let adapter = LoraAdapter::load(&adapter_dir, &model)?;
+    match (format, adapter.config.kind) {
+        (ExportFormat::Peft, AdapterKind::Lora) | (ExportFormat::Lycoris, AdapterKind::Lokr) => adapter.save(to)?,
+        (ExportFormat::Peft | ExportFormat::Lycoris, kind) => {
+            let native = if kind == AdapterKind::Lokr { "lycoris" } else { "peft" };
+            return Err(Error::setting(
+                "format",
+                format!("a {} adapter is exported as {native} (or comfyui, merged, merged-model)", kind.name()),
+            ));
+        }
+        _ => {}
+    }
     match format {
-        ExportFormat::Peft => adapter.save_peft(to)?,
+        ExportFormat::Peft | ExportFormat::Lycoris => {}
         ExportFormat::Comfyui => write_comfyui(&adapter, to)?,
         ExportFormat::Merged => write_merged(&weights, &adapter, to)?,
         ExportFormat::MergedModel => match &config.model {
@@ -98,19 +116,34 @@ pub fn export_run_adapter(run_dir: &Path, which: WhichAdapter, format: ExportFor
     Ok(to.to_path_buf())
 }
 
-/// ComfyUI's LoRA file for the ACE-Step decoder: `diffusion_model.decoder.<module>.
-/// {lora_down, lora_up}.weight` and `.alpha`, where ComfyUI scales by alpha / rank
-/// (so rsLoRA's alpha / sqrt(r) is written as alpha * sqrt(r)).
+/// ComfyUI's adapter file for the ACE-Step decoder under its generic keys,
+/// `diffusion_model.decoder.<module>.` + `{lora_down, lora_up}.weight` (LoRA) or
+/// LyCORIS's `lokr_w1` ... (LoKr), `.alpha`, and DoRA's `.dora_scale` `[out, 1]`.
+/// ComfyUI scales LoRA by alpha / rank (so rsLoRA's alpha / sqrt(r) is written as
+/// alpha * sqrt(r)) and LoKr as LyCORIS does.
 pub fn write_comfyui(adapter: &LoraAdapter, path: &Path) -> Result<()> {
     let c = &adapter.config;
-    let alpha = (c.scaling() * c.r as f64) as f32;
     let mut out = HashMap::new();
-    for (key, t) in adapter.named_tensors() {
-        let (module, which) = key.rsplit_once(".lora_").expect("adapter keys name lora_A/lora_B");
+    let tensors: HashMap<String, Tensor> = adapter.named_tensors().into_iter().collect();
+    for (module, (inp, out_features)) in adapter.module_features() {
         let prefix = format!("diffusion_model.decoder.{module}");
-        let name = if which == "A.weight" { "lora_down" } else { "lora_up" };
-        out.insert(format!("{prefix}.{name}.weight"), t);
-        out.insert(format!("{prefix}.alpha"), Tensor::new(alpha, &Device::Cpu)?);
+        let alpha = match c.kind {
+            AdapterKind::Lora => c.scaling() * c.r as f64,
+            AdapterKind::Lokr => Layout::of(c, inp, out_features).alpha(c),
+        };
+        out.insert(format!("{prefix}.alpha"), Tensor::new(alpha as f32, &Device::Cpu)?);
+        for (key, t) in &tensors {
+            let Some(param) = key.strip_prefix(&module).and_then(|p| p.strip_prefix('.')) else {
+                continue;
+            };
+            let (name, t) = match param {
+                "lora_A.weight" => ("lora_down.weight", t.clone()),
+                "lora_B.weight" => ("lora_up.weight", t.clone()),
+                "lora_magnitude_vector" | "dora_scale" => ("dora_scale", t.reshape((out_features, 1))?),
+                lokr => (lokr, t.clone()),
+            };
+            out.insert(format!("{prefix}.{name}"), t);
+        }
     }
     save(&out, path)
 }

@@ -139,15 +139,17 @@ impl Generator {
         self.parts().frames_for(seconds)
     }
 
-    /// The PEFT adapter at `dir`, checked against this model (shapes and targets).
+    /// The adapter folder at `dir` (PEFT's, or upstream's LoKr file), checked against
+    /// this model (shapes and targets).
     pub fn load_adapter(&self, dir: &Path) -> Result<LoraAdapter> {
-        if !dir.join("adapter_config.json").is_file() {
+        if !LoraAdapter::is_adapter_dir(dir) {
             return Err(Error::Adapter {
                 path: dir.to_path_buf(),
-                reason: "not an adapter folder: adapter_config.json is missing".into(),
+                reason: "not an adapter folder: neither adapter_config.json nor lokr_weights.safetensors is there"
+                    .into(),
             });
         }
-        LoraAdapter::load_peft(dir, &self.dit)
+        LoraAdapter::load(dir, &self.dit)
     }
 
     /// Makes the clean latents `[T, C]` for `spec` (with its adapter folder, if any),

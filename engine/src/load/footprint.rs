@@ -20,8 +20,11 @@ pub struct Workload {
     pub batch: usize,
     /// Rows of the condition sequence.
     pub encoder_len: usize,
-    /// LoRA elements (`r * (in + out)` summed over the adapted modules).
+    /// Adapter elements (LoRA's `r * (in + out)` summed over the adapted modules).
     pub lora_parameters: u64,
+    /// Bytes of the weights one layer's adapter builds whole and keeps for backward
+    /// (LoKr's; `train::fit::rebuilt_weight_bytes`).
+    pub rebuilt_weight_bytes: u64,
     /// f32 values of optimizer state per LoRA element
     /// (`OptimizerConfig::state_per_parameter`: AdamW's 2).
     pub optimizer_state_per_parameter: u64,
@@ -93,7 +96,7 @@ pub fn estimate(cfg: &DitConfig, w: &Workload) -> Footprint {
             2 * 4 * (rows * cfg.num_attention_heads as u64 * patches).min(SCORE_BLOCK)
         }
     };
-    let layer = rows * (KEPT_HALF_HIDDEN * h / 2 + KEPT_MLP * mlp) * e + scores;
+    let layer = rows * (KEPT_HALF_HIDDEN * h / 2 + KEPT_MLP * mlp) * e + scores + w.rebuilt_weight_bytes;
     let lora_grads = w.lora_parameters * 4;
     // Plain: every layer's graph at once.
     let activations_bytes = layers * layer + lora_grads;

@@ -164,9 +164,9 @@ impl DitModel {
         &self.layers
     }
 
-    /// Linear modules inside the layers, `name -> (in, out)`: what LoRA may target.
-    pub fn adaptable_linears(&self) -> Vec<(String, (usize, usize))> {
-        self.layers.iter().flat_map(|l| l.linears()).map(|lin| (lin.name.clone(), lin.features())).collect()
+    /// Linear modules inside the layers with their `[out, in]` weights: what an adapter may target.
+    pub fn adaptable_linears(&self) -> Vec<(String, &Tensor)> {
+        self.layers.iter().flat_map(|l| l.linears()).map(|lin| (lin.name.clone(), lin.weight())).collect()
     }
 
     /// Patchify, embed time and condition: everything before layer 0.

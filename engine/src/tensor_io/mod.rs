@@ -198,6 +198,33 @@ fn sorted_keys(value: serde_json::Value) -> serde_json::Value {
     }
 }
 
+/// The `__metadata__` of a safetensors file's header (empty when it has none), read
+/// without the tensors; a header longer than the file or not JSON is named as such.
+pub fn header_metadata(path: &Path) -> Result<HashMap<String, String>> {
+    use std::io::Read;
+    let io = |e| Error::io(path, e);
+    let bad = |why: String| Error::BadFile { path: path.to_path_buf(), reason: why };
+    if !path.is_file() {
+        return Err(bad("not a file".into()));
+    }
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let size = file.metadata().map_err(io)?.len();
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|_| bad("too short for a safetensors header".into()))?;
+    let len = u64::from_le_bytes(len);
+    if len > size.saturating_sub(8) {
+        return Err(bad(format!("header of {len} bytes in a file of {size}")));
+    }
+    let mut header = vec![0u8; len as usize];
+    file.read_exact(&mut header).map_err(io)?;
+    let value: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|e| bad(format!("header is not JSON: {e}")))?;
+    match value.get("__metadata__") {
+        None => Ok(HashMap::new()),
+        Some(m) => serde_json::from_value(m.clone()).map_err(|e| bad(format!("__metadata__: {e}"))),
+    }
+}
+
 /// Mode 0644 on Unix: the owner writes, everyone reads (elsewhere: unchanged).
 pub fn make_readable(path: &Path) -> Result<()> {
     #[cfg(unix)]

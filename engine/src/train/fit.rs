@@ -11,7 +11,7 @@ use super::RunConfig;
 use crate::device::{self, Precision};
 use crate::load::footprint::{self, Footprint, Workload};
 use crate::load::source::ModelShape;
-use crate::lora::LoraConfig;
+use crate::lora::{parameters_per_layer, AdapterKind, LoraConfig};
 use crate::metrics::{machine_memory, MachineMemory};
 use crate::model::KernelPolicy;
 use crate::{Error, Result};
@@ -103,7 +103,7 @@ impl MemoryPlan {
             self.predicted_peak_bytes - f.weights_bytes - f.trainable_state_bytes - self.encoders_bytes - f.batch_bytes;
         let parts = [
             (f.trainable_state_bytes, format!(
-                "the LoRA's {:.2} billion trainable parameters with their gradients and optimizer state take {} GB; lower the rank (lora.r, --rank)",
+                "the adapter's {:.2} billion trainable parameters with their gradients and optimizer state take {} GB; lower the rank (lora.r, --rank)",
                 f.lora_parameters as f64 / 1e9,
                 gb(f.trainable_state_bytes + 4 * f.lora_parameters)
             )),
@@ -148,6 +148,7 @@ pub fn plan_for(config: &RunConfig, model: &ModelShape, device: &Device, machine
         batch: config.batch_size,
         encoder_len: model.encoder_len,
         lora_parameters: lora_parameters(&model.dit, &config.lora),
+        rebuilt_weight_bytes: rebuilt_weight_bytes(&model.dit, &config.lora),
         optimizer_state_per_parameter: config.optimizer.state_per_parameter(),
         dtype_bytes: dtype.size_in_bytes() as u64,
         cpu_kernels: KernelPolicy::for_device(device).host(device, dtype),
@@ -168,13 +169,33 @@ pub fn plan_for(config: &RunConfig, model: &ModelShape, device: &Device, machine
     }
 }
 
-/// LoRA elements `lora` adds to the DiT `cfg` describes.
+/// Trainable elements the adapter `lora` adds to the DiT `cfg` describes.
 pub fn lora_parameters(cfg: &crate::model::DitConfig, lora: &LoraConfig) -> u64 {
+    adapted_layers(cfg, lora).map(|(inp, out)| parameters_per_layer(lora, inp, out) as u64).sum()
+}
+
+/// Bytes of f32 weights one DiT layer's adapter builds whole in a step and keeps for its
+/// backward: LoKr's change, the adapted weight and the change in the compute dtype (DoRA
+/// adds its rescaled weight); LoRA's delta never exists whole in training.
+pub fn rebuilt_weight_bytes(cfg: &crate::model::DitConfig, lora: &LoraConfig) -> u64 {
+    let copies = match (lora.kind, lora.use_dora) {
+        (AdapterKind::Lora, _) => 0,
+        (AdapterKind::Lokr, false) => 3,
+        (AdapterKind::Lokr, true) => 4,
+    };
+    let layers = cfg.num_hidden_layers.max(1) as u64;
+    adapted_layers(cfg, lora).map(|(inp, out)| copies * 4 * (inp * out) as u64).sum::<u64>() / layers
+}
+
+/// `(in, out)` of every layer `lora` adapts.
+fn adapted_layers<'a>(
+    cfg: &crate::model::DitConfig,
+    lora: &'a LoraConfig,
+) -> impl Iterator<Item = (usize, usize)> + 'a {
     crate::model::weights::layer_linears(cfg)
         .into_iter()
         .filter(|(name, _, _)| lora.targets(name))
-        .map(|(_, inp, out)| (lora.r * (inp + out)) as u64)
-        .sum()
+        .map(|(_, inp, out)| (inp, out))
 }
 
 /// Errs with the reason and a suggestion when `plan` does not fit.

@@ -97,7 +97,7 @@ pub fn save_checkpoint(
     let root = checkpoints_dir(run_dir);
     let target = root.join(step_dir_name(state.step));
     write_atomically(&root, &target, |tmp| {
-        adapter.save_peft(&tmp.join("adapter"))?;
+        adapter.save(&tmp.join("adapter"))?;
         let tensors: HashMap<String, candle_core::Tensor> = optimizer_tensors.into_iter().collect();
         let path = tmp.join(STATE_TENSORS);
         save_tensors(&tensors, &path)?;
@@ -121,7 +121,7 @@ pub fn save_best_adapter(run_dir: &Path, adapter: &LoraAdapter) -> Result<PathBu
 
 fn save_named_adapter(run_dir: &Path, name: &str, adapter: &LoraAdapter) -> Result<PathBuf> {
     let target = run_dir.join(name);
-    write_atomically(run_dir, &target, |tmp| adapter.save_peft(&tmp.join("adapter")))?;
+    write_atomically(run_dir, &target, |tmp| adapter.save(&tmp.join("adapter")))?;
     Ok(target.join("adapter"))
 }
 
@@ -190,7 +190,7 @@ fn prune(root: &Path, keep: usize) -> Result<()> {
 /// Reads one checkpoint; any missing or corrupt file is an error naming it.
 pub fn load_checkpoint(dir: &Path, model: &crate::model::DitModel) -> Result<Checkpoint> {
     let state: TrainingState = crate::error::read_json(&dir.join(STATE_JSON))?;
-    let adapter = LoraAdapter::load_peft(&dir.join("adapter"), model)?;
+    let adapter = LoraAdapter::load(&dir.join("adapter"), model)?;
     let tensors_path = dir.join(STATE_TENSORS);
     if !tensors_path.is_file() {
         return Err(Error::io(&tensors_path, std::io::Error::new(std::io::ErrorKind::NotFound, "file not found")));

@@ -41,7 +41,7 @@ impl Fixture {
             alpha: l["alpha"].as_f64().expect("lora.alpha"),
             dropout: l["dropout"].as_f64().unwrap_or(0.0),
             target_modules: serde_json::from_value(l["target_modules"].clone()).expect("targets"),
-            use_rslora: false,
+            ..LoraConfig::default()
         }
     }
 
@@ -78,6 +78,16 @@ pub fn sample_fixtures() -> Vec<Fixture> {
     let mut found = fixtures_in(&fixtures_dir(), "sample_");
     found.extend(fixtures_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"), "sample_"));
     assert!(!found.is_empty(), "no sample_*.safetensors + .json fixtures in {}", fixtures_dir().display());
+    found
+}
+
+/// Every `adapters_*` fixture (LoKr and DoRA as LyCORIS and PEFT compute them): this
+/// crate's own (`tests/fixtures/`, made by `scripts/make-adapter-fixtures`) and any in
+/// the fixture directory.
+pub fn adapter_fixtures() -> Vec<Fixture> {
+    let mut found = fixtures_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"), "adapters_");
+    found.extend(fixtures_in(&fixtures_dir(), "adapters_"));
+    assert!(!found.is_empty(), "no adapters_*.safetensors + .json fixtures in tests/fixtures");
     found
 }
 
