@@ -925,7 +925,7 @@ fn random_adapter(source: &ostinato_engine::load::source::ModelSource, dir: &Pat
     };
     let fresh = LoraAdapter::new(config.clone(), &dit, 1).unwrap();
     let tensors = fresh.named_tensors().into_iter().map(|(k, t)| (k, (t.randn_like(0.0, 0.5).unwrap()))).collect();
-    LoraAdapter::from_tensors(config, &dit, &tensors, dir).unwrap().save_peft(dir).unwrap();
+    LoraAdapter::from_tensors(config, &dit, &tensors, dir).unwrap().save(dir).unwrap();
 }
 
 #[test]

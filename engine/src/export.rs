@@ -101,7 +101,7 @@ pub fn export_run_adapter(run_dir: &Path, which: WhichAdapter, format: ExportFor
     }
     match format {
         ExportFormat::Peft | ExportFormat::Lycoris => {}
-        ExportFormat::Comfyui => write_comfyui(&adapter, to)?,
+        ExportFormat::Comfyui => write_comfyui(&adapter, &weights, to)?,
         ExportFormat::Merged => write_merged(&weights, &adapter, to)?,
         ExportFormat::MergedModel => match &config.model {
             ModelSource::Folder { path } => write_merged_model(&ModelFolder::open(path, None)?.dit_dir, &adapter, to)?,
@@ -120,8 +120,10 @@ pub fn export_run_adapter(run_dir: &Path, which: WhichAdapter, format: ExportFor
 /// `diffusion_model.decoder.<module>.` + `{lora_down, lora_up}.weight` (LoRA) or
 /// LyCORIS's `lokr_w1` ... (LoKr), `.alpha`, and DoRA's `.dora_scale` `[out, 1]`.
 /// ComfyUI scales LoRA by alpha / rank (so rsLoRA's alpha / sqrt(r) is written as
-/// alpha * sqrt(r)) and LoKr as LyCORIS does.
-pub fn write_comfyui(adapter: &LoraAdapter, path: &Path) -> Result<()> {
+/// alpha * sqrt(r)) and LoKr as LyCORIS does. Its DoRA divides by the row norms of the
+/// base weight `W`, where PEFT and LyCORIS divide by those of `W + delta`: the magnitude
+/// is written pre-multiplied by their ratio, so ComfyUI applies the trained weights.
+pub fn write_comfyui(adapter: &LoraAdapter, weights: &DecoderWeights, path: &Path) -> Result<()> {
     let c = &adapter.config;
     let mut out = HashMap::new();
     let tensors: HashMap<String, Tensor> = adapter.named_tensors().into_iter().collect();
@@ -139,13 +141,26 @@ pub fn write_comfyui(adapter: &LoraAdapter, path: &Path) -> Result<()> {
             let (name, t) = match param {
                 "lora_A.weight" => ("lora_down.weight", t.clone()),
                 "lora_B.weight" => ("lora_up.weight", t.clone()),
-                "lora_magnitude_vector" | "dora_scale" => ("dora_scale", t.reshape((out_features, 1))?),
+                "lora_magnitude_vector" | "dora_scale" => {
+                    ("dora_scale", comfyui_dora_scale(adapter, weights, &module, t)?)
+                }
                 lokr => (lokr, t.clone()),
             };
             out.insert(format!("{prefix}.{name}"), t);
         }
     }
     save(&out, path)
+}
+
+/// DoRA's magnitude `m` as ComfyUI needs it: `m (|W| + eps) / (|W + delta| + eps')`,
+/// `[out, 1]`, with ComfyUI's f32 eps and the trainer's (LyCORIS's f32 eps, PEFT none).
+fn comfyui_dora_scale(adapter: &LoraAdapter, weights: &DecoderWeights, module: &str, m: &Tensor) -> Result<Tensor> {
+    let w = weights.get(&format!("{module}.weight"))?.to_dtype(DType::F32)?;
+    let delta = adapter.kernel_delta(module)?.expect("an adapted module").to_device(w.device())?;
+    let norms = |t: &Tensor| -> Result<Tensor> { Ok(t.sqr()?.sum_keepdim(1)?.sqrt()?) };
+    let trainer_eps = if adapter.config.kind == AdapterKind::Lokr { f32::EPSILON as f64 } else { 0.0 };
+    let ratio = ((norms(&w)? + f32::EPSILON as f64)? / (norms(&(&w + delta)?)? + trainer_eps)?)?;
+    Ok(m.reshape(ratio.dims())?.to_device(w.device())?.mul(&ratio)?)
 }
 
 /// The whole decoder with the adapter merged, under `decoder.` + the original names.

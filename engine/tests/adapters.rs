@@ -175,3 +175,70 @@ fn lokr_and_dora_files_are_written_as_upstream_reads_them_and_read_back_exactly(
         }
     }
 }
+
+/// ComfyUI's merge of a weight from our ComfyUI file, as its `weight_adapter` code does
+/// it (lora.py, lokr.py, base.py's `weight_decompose` with `dora_scale` on the output
+/// axis): `W + alpha / rank * up down` or `W + alpha / dim * kron(w1, w2)` (scale 1 when
+/// no half is a product), then `* dora_scale / (|W| + eps)` per row with DoRA.
+fn comfyui_merge(file: &HashMap<String, Tensor>, module: &str, w: &Tensor) -> Tensor {
+    let key = |k: &str| format!("diffusion_model.decoder.{module}.{k}");
+    let get = |k: &str| file.get(&key(k)).cloned();
+    let alpha = get("alpha").expect("alpha").to_scalar::<f32>().unwrap() as f64;
+    let product = |a: &str, b: &str| get(a).map(|a| a.matmul(&get(b).unwrap()).unwrap());
+    let diff = match get("lora_up.weight") {
+        Some(up) => {
+            let down = get("lora_down.weight").unwrap();
+            (up.matmul(&down).unwrap() * (alpha / down.dims()[0] as f64)).unwrap()
+        }
+        None => {
+            let (w1, w2) = (
+                get("lokr_w1").or_else(|| product("lokr_w1_a", "lokr_w1_b")).unwrap(),
+                get("lokr_w2").or_else(|| product("lokr_w2_a", "lokr_w2_b")).unwrap(),
+            );
+            let dim = get("lokr_w2_b").or_else(|| get("lokr_w1_b")).map(|b| b.dims()[0] as f64);
+            let ((a, c), (b, d)) = (w1.dims2().unwrap(), w2.dims2().unwrap());
+            let kron = w1.reshape((a, 1, c, 1)).unwrap().broadcast_mul(&w2.reshape((1, b, 1, d)).unwrap()).unwrap();
+            (kron.reshape((a * b, c * d)).unwrap() * dim.map_or(1.0, |dim| alpha / dim)).unwrap()
+        }
+    };
+    let calc = (w + diff).unwrap();
+    match get("dora_scale") {
+        None => calc,
+        Some(scale) => {
+            let norm = (w.sqr().unwrap().sum_keepdim(1).unwrap().sqrt().unwrap() + f32::EPSILON as f64).unwrap();
+            calc.broadcast_mul(&scale.div(&norm).unwrap()).unwrap()
+        }
+    }
+}
+
+#[test]
+fn comfyui_files_merge_to_the_libraries_weights_under_comfyuis_rules() {
+    use ostinato_engine::export::write_comfyui;
+    for f in adapter_fixtures() {
+        let model = load_model(&f);
+        let weights = DecoderWeights::load(&[f.weights.as_path()], &f.config(), DType::F32, &Device::Cpu).unwrap();
+        for (case, adapter) in cases(&f, &model) {
+            let name = format!("{}/{case}", f.name);
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("comfy.safetensors");
+            write_comfyui(&adapter, &weights, &path).unwrap();
+            let file = candle_core::safetensors::load(&path, &Device::Cpu).unwrap();
+            // Every key is one ComfyUI reads for an adapted module of the decoder.
+            let known = ["lora_down.weight", "lora_up.weight", "alpha", "dora_scale", "lokr_w1", "lokr_w1_a"];
+            let known = [&known[..], &["lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b"]].concat();
+            for key in file.keys() {
+                let rest = key.strip_prefix("diffusion_model.decoder.").unwrap_or_else(|| panic!("{name}: `{key}`"));
+                let read = adapter.module_names().any(|m| {
+                    rest.strip_prefix(m.as_str()).and_then(|p| p.strip_prefix('.')).is_some_and(|p| known.contains(&p))
+                });
+                assert!(read, "{name}: ComfyUI reads no `{key}`");
+            }
+            for (key, reference) in f.group(&format!("{case}.merged.")) {
+                let module = key.strip_suffix(".weight").unwrap();
+                let err = max_abs_diff(&comfyui_merge(&file, module, f.t(&format!("decoder.{key}"))), &reference);
+                println!("{name}: ComfyUI's merge of {module} vs the library's, max abs {err:.3e}");
+                assert!(err <= FORWARD_TOL, "{name}: {module}: {err:e}");
+            }
+        }
+    }
+}

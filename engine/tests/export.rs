@@ -61,7 +61,7 @@ fn peft_header_carries_diffusers_metadata_and_format_pt() {
         };
         let a = adapter(&model, config);
         let dir = tempfile::tempdir().unwrap();
-        a.save_peft(dir.path()).unwrap();
+        a.save(dir.path()).unwrap();
         let file = dir.path().join("adapter_model.safetensors");
         let meta = header(&file);
         assert_eq!(meta.get("format").map(String::as_str), Some("pt"), "{meta:?}");
@@ -80,7 +80,7 @@ fn peft_header_carries_diffusers_metadata_and_format_pt() {
         assert!(keys.iter().all(|k| k.starts_with("transformer.")), "{keys:?}");
         assert!(raw.starts_with("{\n  \"transformer.alpha_pattern\": {},\n"), "{raw}");
         // The adapter reads back the same (PEFT's loader ignores the header).
-        let back = LoraAdapter::load_peft(dir.path(), &model).unwrap();
+        let back = LoraAdapter::load(dir.path(), &model).unwrap();
         assert_eq!(back.config.scaling(), a.config.scaling());
     }
 }
@@ -94,14 +94,14 @@ fn the_diffusers_metadata_has_no_dropout_and_the_peft_config_keeps_it() {
     let config = LoraConfig { r: 4, alpha: 8.0, dropout: 0.1, ..Default::default() };
     let a = adapter(&model, config);
     let dir = tempfile::tempdir().unwrap();
-    a.save_peft(dir.path()).unwrap();
+    a.save(dir.path()).unwrap();
     let meta = header(&dir.path().join("adapter_model.safetensors"));
     let lora: serde_json::Value = serde_json::from_str(&meta[LORA_METADATA_KEY]).unwrap();
     assert_eq!(lora["transformer.lora_dropout"].as_f64(), Some(0.0), "{lora}");
     let peft: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("adapter_config.json")).unwrap()).unwrap();
     assert_eq!(peft["lora_dropout"].as_f64(), Some(0.1), "{peft}");
-    assert_eq!(LoraAdapter::load_peft(dir.path(), &model).unwrap().config.dropout, 0.1);
+    assert_eq!(LoraAdapter::load(dir.path(), &model).unwrap().config.dropout, 0.1);
 }
 
 #[cfg(unix)]
@@ -112,11 +112,11 @@ fn every_exported_file_is_readable_by_others() {
     let a = adapter(&model, LoraConfig { r: 4, alpha: 8.0, ..Default::default() });
     let dir = tempfile::tempdir().unwrap();
     let peft = dir.path().join("peft");
-    a.save_peft(&peft).unwrap();
+    a.save(&peft).unwrap();
     let comfy = dir.path().join("comfy.safetensors");
-    write_comfyui(&a, &comfy).unwrap();
-    let merged = dir.path().join("merged.safetensors");
     let weights = folder.load_decoder(DType::F32, &Device::Cpu).unwrap();
+    write_comfyui(&a, &weights, &comfy).unwrap();
+    let merged = dir.path().join("merged.safetensors");
     write_merged(&weights, &a, &merged).unwrap();
     let model_dir = dir.path().join("acestep-v15-mine");
     write_merged_model(&folder.dit_dir, &a, &model_dir).unwrap();

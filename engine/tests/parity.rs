@@ -132,7 +132,7 @@ fn peft_adapter_directory_reproduces_lora_output_and_round_trips() {
         // replaces it; nothing of the first stacks on the second.
         let first = LoraAdapter::new(f.lora_config(), &model, 99).unwrap();
         model.forward(&f.inputs(), Some(&first.ctx(LoraMode::Eval, true))).unwrap();
-        let adapter = LoraAdapter::load_peft(&dir, &model).unwrap();
+        let adapter = LoraAdapter::load(&dir, &model).unwrap();
         let out = model.forward(&f.inputs(), Some(&adapter.ctx(LoraMode::Eval, false))).unwrap();
         let err = max_abs_diff(&out, f.t("out.lora"));
         println!("{}: PEFT adapter out.lora max abs error {err:.3e}", f.name);
@@ -141,7 +141,7 @@ fn peft_adapter_directory_reproduces_lora_output_and_round_trips() {
         assert!(max_abs_diff(&base, f.t("out.base")) <= FORWARD_TOL, "base weights untouched");
 
         let saved = tempfile::tempdir().unwrap();
-        adapter.save_peft(saved.path()).unwrap();
+        adapter.save(saved.path()).unwrap();
         let original = candle_core::safetensors::load(dir.join("adapter_model.safetensors"), &Device::Cpu).unwrap();
         let written =
             candle_core::safetensors::load(saved.path().join("adapter_model.safetensors"), &Device::Cpu).unwrap();
@@ -257,7 +257,7 @@ fn merged_weights_forward_equals_lora_forward_and_comfyui_file_is_complete() {
         assert!(err <= FORWARD_TOL);
 
         let comfy_path = dir.path().join("comfy.safetensors");
-        write_comfyui(&adapter, &comfy_path).unwrap();
+        write_comfyui(&adapter, &weights, &comfy_path).unwrap();
         let comfy = candle_core::safetensors::load(&comfy_path, &Device::Cpu).unwrap();
         let modules = adapter.module_names().count();
         assert_eq!(comfy.len(), 3 * modules);

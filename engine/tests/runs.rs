@@ -247,7 +247,9 @@ fn prodigy_and_adafactor_runs_resume_bit_exact() {
 fn lokr_and_dora_runs_resume_bit_exact_and_make_songs() {
     let tmp = tempfile::tempdir().unwrap();
     let plain = losses(&straight_run(tmp.path()));
-    for (name, kind, dora) in [("lokr", AdapterKind::Lokr, false), ("lokr-dora", AdapterKind::Lokr, true), ("dora", AdapterKind::Lora, true)] {
+    for (name, kind, dora) in
+        [("lokr", AdapterKind::Lokr, false), ("lokr-dora", AdapterKind::Lokr, true), ("dora", AdapterKind::Lora, true)]
+    {
         let chosen = |run: &str| {
             let mut c = config(tmp.path(), &format!("{name}-{run}"));
             c.lora.choose(kind);
@@ -277,8 +279,10 @@ fn lokr_and_dora_runs_resume_bit_exact_and_make_songs() {
         let song = new_song_path(&straight, 3);
         let spec = GenerateSpec { caption: "a test".into(), duration_seconds: 1.0, seed: 3, ..Default::default() };
         let mut steps = 0;
-        let end = generate_for_run(&straight, &spec, &song, &mut |e| steps += matches!(e, GenerateEvent::Step { .. }) as usize)
-            .unwrap_or_else(|e| panic!("{name}: no song: {e}"));
+        let end = generate_for_run(&straight, &spec, &song, &mut |e| {
+            steps += matches!(e, GenerateEvent::Step { .. }) as usize
+        })
+        .unwrap_or_else(|e| panic!("{name}: no song: {e}"));
         assert!(song.is_file() && steps == 8, "{name}: {end:?} after {steps} steps");
         println!("{name}: {} trainable tensors moved; losses {:?}", trained.named_tensors().len(), losses(&straight));
     }

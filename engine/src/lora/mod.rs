@@ -457,16 +457,28 @@ impl LoraAdapter {
 
     /// The weight change of module `m` on f32 base weight `w`, `strength` of it.
     fn weight_delta(&self, m: &Adapted, w: &Tensor, tracked: bool, strength: f64) -> Result<Tensor> {
-        let t = |v: &Var| if tracked { v.as_tensor().clone() } else { v.as_tensor().detach() };
-        let delta = match &m.kernel {
-            Kernel::Lora { a, b } => (t(b).matmul(&t(a))? * self.config.scaling())?,
-            Kernel::Lokr(k) => k.delta(tracked)?,
-        };
+        let delta = self.change(m, tracked)?;
         let delta = match &m.magnitude {
-            Some(magnitude) => dora_delta(self.config.kind, w, &delta, &t(magnitude))?,
+            Some(magnitude) if tracked => dora_delta(self.config.kind, w, &delta, magnitude.as_tensor())?,
+            Some(magnitude) => dora_delta(self.config.kind, w, &delta, &magnitude.as_tensor().detach())?,
             None => delta,
         };
         Ok(if strength == 1.0 { delta } else { (delta * strength)? })
+    }
+
+    /// Module `name`'s change before DoRA's rescaling (`scaling B A`, `scale kron(w1,
+    /// w2)`), f32; `None` if `name` is not adapted.
+    pub fn kernel_delta(&self, name: &str) -> Result<Option<Tensor>> {
+        self.modules.get(name).map(|m| self.change(m, false)).transpose()
+    }
+
+    /// Module `m`'s kernel as a weight change, f32, on the graph when `tracked`.
+    fn change(&self, m: &Adapted, tracked: bool) -> Result<Tensor> {
+        let t = |v: &Var| if tracked { v.as_tensor().clone() } else { v.as_tensor().detach() };
+        Ok(match &m.kernel {
+            Kernel::Lora { a, b } => (t(b).matmul(&t(a))? * self.config.scaling())?,
+            Kernel::Lokr(k) => k.delta(tracked)?,
+        })
     }
 
     /// The adapted weight of module `name` (`W + scaling B A`, `W + scale kron(w1, w2)`,
