@@ -21,7 +21,8 @@ For an adapter with alpha != r, and one with rsLoRA, trained for a few steps by 
    and the folder's other files; diffusers' transformer loads its decoder;
 5. every exported file is mode 0644.
 
-Prints each measured difference; exits non-zero on the first failure.
+LoKr, DoRA and ComfyUI: check_adapters.py. Prints each measured difference; exits
+non-zero on the first failure.
 """
 
 import argparse
@@ -107,20 +108,34 @@ def inputs():
     )
 
 
-def train_and_export(ostinato, work, name, lora):
-    config = os.path.join(work, f"{name}.toml")
-    with open(config, "w") as f:
-        f.write("[lora]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in lora.items()))
-    run = [ostinato, "train", os.path.join(ROOT, "assets", "demo"), "--model", MODEL, "--config", config,
+def train(ostinato, work, name, args):
+    """Trains run `name` for 4 steps at a high rate, so the adapter moves; `args`: its
+    adapter's flags, or `--config` with them."""
+    run = [ostinato, "train", os.path.join(ROOT, "assets", "demo"), "--model", MODEL, *args,
            "--runs-dir", os.path.join(work, "runs"), "--name", name, "--max-steps", "4", "--lr", "0.05",
            "--crop-seconds", "2", "--no-cache", "--save-every-steps", "2", "--quiet"]
     subprocess.run(run, check=True, stdout=subprocess.DEVNULL)
-    run_dir = os.path.join(work, "runs", name)
+    return os.path.join(work, "runs", name)
+
+
+def export(ostinato, run_dir, fmt, path, *extra):
+    subprocess.run([ostinato, "export", run_dir, "--format", fmt, "--to", path, *extra], check=True, stdout=subprocess.DEVNULL)
+    return path
+
+
+def config_args(work, name, lora):
+    """`--config` with a run config whose [lora] table holds `lora`."""
+    config = os.path.join(work, f"{name}.toml")
+    with open(config, "w") as f:
+        f.write("[lora]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in lora.items()))
+    return ["--config", config]
+
+
+def train_and_export(ostinato, work, name, args):
+    run_dir = train(ostinato, work, name, args)
     out = {"run": run_dir}
     for fmt, to, extra in [("peft", "peft", []), ("merged", "merged.safetensors", []), ("merged", "acestep-v15-merged", ["--full"])]:
-        path = os.path.join(work, name, to)
-        subprocess.run([ostinato, "export", run_dir, "--format", fmt, "--to", path, *extra], check=True, stdout=subprocess.DEVNULL)
-        out[to] = path
+        out[to] = export(ostinato, run_dir, fmt, os.path.join(work, name, to), *extra)
     return out
 
 
@@ -129,7 +144,7 @@ def diffusers_own_metadata(lora):
     model = AceStepTransformer1DModel(**dit_config()).eval()
     # Dropout 0 whatever the run trained with: the metadata is for inference.
     config = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], target_modules=list(TARGETS.values()),
-                        use_rslora=lora["use_rslora"], lora_dropout=0.0)
+                        use_rslora=lora["use_rslora"], use_dora=lora.get("use_dora", False), lora_dropout=0.0)
     model.add_adapter(config)
     with tempfile.TemporaryDirectory() as d:
         AceStepLoraLoaderMixin.save_lora_weights(
@@ -160,9 +175,12 @@ def ace_step_decoder(decoder_state):
     return decoder
 
 
-def check_case(ostinato, work, name, lora):
-    print(f"\n== {name}: r {lora['r']}, alpha {lora['alpha']}, rsLoRA {lora['use_rslora']}")
-    paths = train_and_export(ostinato, work, name, lora)
+def check_case(ostinato, work, name, lora, flags=None):
+    """The checks above for a run trained with `flags`, or else with `lora` as its config
+    (`lora` describes the adapter either way); returns the run's and exports' paths."""
+    print(f"\n== {name}: r {lora['r']}, alpha {lora['alpha']}, rsLoRA {lora['use_rslora']}, DoRA {lora.get('use_dora', False)}"
+          + (f" ({' '.join(flags)})" if flags else ""))
+    paths = train_and_export(ostinato, work, name, flags if flags is not None else config_args(work, name, lora))
     peft_file = os.path.join(paths["peft"], "adapter_model.safetensors")
     source = load_file(os.path.join(DIT, "model.safetensors"))
     merged = load_file(paths["merged.safetensors"])
@@ -236,6 +254,7 @@ def check_case(ostinato, work, name, lora):
         files += [os.path.join(d, f) for f in os.listdir(d)]
     modes = {os.path.relpath(f, work): oct(stat.S_IMODE(os.stat(f).st_mode)) for f in files}
     check(all(m == "0o644" for m in modes.values()), f"mode 0644: {len(modes)} files ({sorted(set(modes.values()))})")
+    return paths
 
 
 def main():
