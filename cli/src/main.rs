@@ -63,12 +63,13 @@ enum Command {
     /// Export a run's adapter.
     Export {
         run_dir: PathBuf,
-        /// peft (a LoRA's folder for ACE-Step, diffusers and PEFT), lycoris (a LoKr's
+        /// adapter (the adapter's own folder: PEFT's for LoRA, lycoris's for LoKr), peft
+        /// (a LoRA's folder for ACE-Step, diffusers and PEFT), lycoris (a LoKr's
         /// lokr_weights.safetensors folder, as upstream ACE-Step writes it), comfyui
         /// (one file for ComfyUI) or merged (the decoder with the adapter merged).
         #[arg(long, value_parser = parse_with::<ExportFormat>)]
         format: ExportFormat,
-        /// Output directory (peft, lycoris, merged --full) or .safetensors file (comfyui, merged).
+        /// Output directory (adapter, peft, lycoris, merged --full) or .safetensors file (comfyui, merged).
         #[arg(long)]
         to: PathBuf,
         /// best (lowest validation loss), final (else the newest checkpoint) or step-N.

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use ostinato_engine::events::{to_json_line, DatasetSummary, Event, IssueKind};
+use ostinato_engine::lora::LoraAdapter;
 use ostinato_engine::metrics::LossSmoother;
 use ostinato_engine::run_state::{preparation_fraction, RunState};
 use ostinato_engine::train::fit;
@@ -262,7 +263,7 @@ impl Progress {
         let elapsed = self.state.last_step.as_ref().map_or(0.0, |s| s.elapsed_s);
         Some(format!(
             "adapter: {}\n{} steps in {elapsed:.1} s{loss}",
-            adapter.join("adapter_model.safetensors").display(),
+            LoraAdapter::weights_file(adapter).display(),
             self.state.steps,
         ))
     }
@@ -273,9 +274,9 @@ fn note(event: &Event) -> Option<String> {
     Some(match event {
         Event::DatasetIssue { file, reason, kind } => issue_line(file, reason, *kind),
         Event::DatasetFile { file, note, seconds_in_file, .. } => cut_line(file, note.as_deref(), *seconds_in_file)?,
-        Event::RunStarted { device, precision, memory, dataset, trainable_params, cfg_dropout, .. } => format!(
+        Event::RunStarted { device, precision, adapter, memory, dataset, trainable_params, cfg_dropout, .. } => format!(
             "training on {device}, {precision}; {} songs ({} used, {} cached, {} encoded, {} skipped); \
-             {trainable_params} trainable parameters; gradient checkpointing {}, latent cache {}, CFG dropout {cfg_dropout}{}",
+             {adapter}, {trainable_params} trainable parameters; gradient checkpointing {}, latent cache {}, CFG dropout {cfg_dropout}{}",
             dataset.usable,
             seconds_text(dataset),
             dataset.cache_hits,
@@ -400,6 +401,7 @@ mod tests {
                 predicted_peak_bytes: None,
                 machine: None,
             },
+            adapter: "LoRA r 64 alpha 128".into(),
             trainable_params: 1,
             total_params: 1,
             cfg_dropout: 0.0,

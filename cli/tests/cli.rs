@@ -921,7 +921,7 @@ fn random_adapter(source: &ostinato_engine::load::source::ModelSource, dir: &Pat
         alpha: 4.0,
         dropout: 0.0,
         target_modules: targets.iter().map(|t| t.to_string()).collect(),
-        use_rslora: false,
+        ..LoraConfig::default()
     };
     let fresh = LoraAdapter::new(config.clone(), &dit, 1).unwrap();
     let tensors = fresh.named_tensors().into_iter().map(|(k, t)| (k, (t.randn_like(0.0, 0.5).unwrap()))).collect();
@@ -1642,4 +1642,50 @@ fn optimizers_are_chosen_by_flag_or_config_and_checked() {
     );
     std::fs::write(&file, "[optimizer]\nkind = \"prodigy\"\nd0 = 0\n").unwrap();
     fails_with(&mut train(tmp.path(), &songs, "d0", &config_arg), "optimizer.d0");
+}
+
+/// `--adapter lokr` (with its factor, decompose-both and DoRA) and `--dora` reach
+/// run.toml and the run's summary line; the final folder is the adapter's own file,
+/// exported as such and refused in the other kind's format; bad combinations are named
+/// by their run.toml field.
+#[test]
+fn adapters_are_chosen_by_flag_and_checked() {
+    use ostinato_engine::lora::AdapterKind;
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let lokr = ["--max-steps", "2", "--adapter", "lokr", "--factor", "4", "--decompose-both", "--dora"];
+    let out = ok(train(tmp.path(), &songs, "lokr", &lokr).output().unwrap());
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let run = tmp.path().join("runs/lokr");
+    let config = RunConfig::from_toml_file(&run.join("run.toml")).unwrap();
+    let l = &config.lora;
+    assert_eq!(
+        (l.kind, l.r, l.factor, l.decompose_both, l.use_dora, l.dropout),
+        (AdapterKind::Lokr, 4, 4, true, true, 0.0)
+    );
+    assert!(stderr.contains("LoKr + DoRA r 4 alpha 8"), "the run's summary line: {stderr}");
+    let weights = run.join("final/adapter/lokr_weights.safetensors");
+    assert!(stdout.contains(&weights.display().to_string()), "{stdout}");
+    let exported = tmp.path().join("exported");
+    ok(ostinato()
+        .args(["export", run.to_str().unwrap(), "--format", "lycoris", "--to"])
+        .arg(&exported)
+        .output()
+        .unwrap());
+    assert_eq!(std::fs::read(exported.join("lokr_weights.safetensors")).unwrap(), std::fs::read(&weights).unwrap());
+    let peft = tmp.path().join("peft");
+    let mut refused = ostinato();
+    refused.args(["export", run.to_str().unwrap(), "--format", "peft", "--to"]).arg(&peft);
+    fails_with(&mut refused, "a lokr adapter is exported as lycoris");
+
+    ok(train(tmp.path(), &songs, "dora", &["--max-steps", "1", "--dora", "--quiet"]).output().unwrap());
+    let dora = RunConfig::from_toml_file(&tmp.path().join("runs/dora/run.toml")).unwrap().lora;
+    assert_eq!((dora.kind, dora.use_dora), (AdapterKind::Lora, true));
+    let adapter_config =
+        std::fs::read_to_string(tmp.path().join("runs/dora/final/adapter/adapter_config.json")).unwrap();
+    assert!(adapter_config.contains("\"use_dora\": true"), "{adapter_config}");
+
+    fails_with(&mut train(tmp.path(), &songs, "loha", &["--adapter", "loha"]), "--adapter: unknown adapter `loha`");
+    fails_with(&mut train(tmp.path(), &songs, "f", &["--factor", "2"]), "lora.factor");
+    fails_with(&mut train(tmp.path(), &songs, "d", &["--adapter", "lokr", "--dropout", "0.1"]), "lora.dropout");
 }

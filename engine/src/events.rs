@@ -85,7 +85,11 @@ pub enum Event {
         precision: String,
         /// Memory-saving mechanisms in use.
         memory: MemoryFeatures,
-        /// Elements in the trained LoRA tensors.
+        /// The adapter trained, as the engine describes it (`LoKr + DoRA r 4 alpha 8`);
+        /// empty in older logs.
+        #[serde(default)]
+        adapter: String,
+        /// Elements in the trained adapter tensors.
         trainable_params: u64,
         /// Elements in the whole model, base plus LoRA.
         total_params: u64,
@@ -393,6 +397,7 @@ mod tests {
                     predicted_peak_bytes: Some(3 << 30),
                     machine: None,
                 },
+                adapter: "LoRA r 64 alpha 128".into(),
                 trainable_params: 1000,
                 total_params: 100_000,
                 cfg_dropout: 0.15,

@@ -19,6 +19,8 @@ use crate::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ExportFormat {
+    /// The adapter's own folder: PEFT's for LoRA, upstream ACE-Step's LoKr file for LoKr.
+    Adapter,
     /// `adapter_config.json` + `adapter_model.safetensors`, as PEFT saves them (LoRA).
     Peft,
     /// `lokr_weights.safetensors`, as upstream ACE-Step saves a LoKr through LyCORIS.
@@ -38,13 +40,14 @@ impl std::str::FromStr for ExportFormat {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
+            "adapter" => Ok(Self::Adapter),
             "peft" => Ok(Self::Peft),
             "lycoris" => Ok(Self::Lycoris),
             "comfyui" => Ok(Self::Comfyui),
             "merged" => Ok(Self::Merged),
             "merged-model" => Ok(Self::MergedModel),
             other => Err(format!(
-                "unknown export format `{other}` (expected peft, lycoris, comfyui, merged or merged-model)"
+                "unknown export format `{other}` (expected adapter, peft, lycoris, comfyui, merged or merged-model)"
             )),
         }
     }
@@ -80,27 +83,27 @@ pub fn export_run(run_dir: &Path, format: ExportFormat, to: &Path) -> Result<Pat
     export_run_adapter(run_dir, WhichAdapter::Final, format, to)
 }
 
-/// Writes the run's `which` adapter to `to`: a directory for PEFT and the merged
-/// model, a `.safetensors` file otherwise.
+/// Writes the run's `which` adapter to `to`: a directory for the adapter's own formats
+/// (adapter, peft, lycoris) and the merged model, a `.safetensors` file otherwise.
 pub fn export_run_adapter(run_dir: &Path, which: WhichAdapter, format: ExportFormat, to: &Path) -> Result<PathBuf> {
     let config = RunConfig::from_toml_file(&run_dir.join("run.toml"))?;
     let adapter_dir = adapter_dir(run_dir, which)?;
     let (cfg, weights) = config.model.load_decoder(DType::F32, &Device::Cpu)?;
     let model = DitModel::new(&cfg, &weights)?;
     let adapter = LoraAdapter::load(&adapter_dir, &model)?;
-    match (format, adapter.config.kind) {
-        (ExportFormat::Peft, AdapterKind::Lora) | (ExportFormat::Lycoris, AdapterKind::Lokr) => adapter.save(to)?,
-        (ExportFormat::Peft | ExportFormat::Lycoris, kind) => {
-            let native = if kind == AdapterKind::Lokr { "lycoris" } else { "peft" };
-            return Err(Error::setting(
-                "format",
-                format!("a {} adapter is exported as {native} (or comfyui, merged, merged-model)", kind.name()),
-            ));
-        }
-        _ => {}
-    }
     match format {
-        ExportFormat::Peft | ExportFormat::Lycoris => {}
+        ExportFormat::Adapter => adapter.save(to)?,
+        ExportFormat::Peft | ExportFormat::Lycoris => {
+            let own = if adapter.config.kind == AdapterKind::Lokr { ExportFormat::Lycoris } else { ExportFormat::Peft };
+            if format != own {
+                let kind = adapter.config.kind.name();
+                return Err(Error::setting(
+                    "format",
+                    format!("a {kind} adapter is exported as {own:?} (or adapter, comfyui, merged)").to_lowercase(),
+                ));
+            }
+            adapter.save(to)?
+        }
         ExportFormat::Comfyui => write_comfyui(&adapter, &weights, to)?,
         ExportFormat::Merged => write_merged(&weights, &adapter, to)?,
         ExportFormat::MergedModel => match &config.model {

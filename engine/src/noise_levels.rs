@@ -115,6 +115,7 @@ mod tests {
                 predicted_peak_bytes: None,
                 machine: None,
             },
+            adapter: "LoRA r 64 alpha 128".into(),
             trainable_params: 1,
             total_params: 2,
             cfg_dropout: 0.0,

@@ -42,6 +42,8 @@ impl RunStatus {
 pub struct Started {
     pub device: String,
     pub precision: String,
+    /// The adapter trained (`LoRA r 64 alpha 128`).
+    pub adapter: String,
     pub memory: MemoryFeatures,
     pub trainable_params: u64,
     pub total_params: u64,
@@ -149,6 +151,7 @@ impl RunState {
             Event::RunStarted {
                 device,
                 precision,
+                adapter,
                 memory,
                 trainable_params,
                 total_params,
@@ -161,6 +164,7 @@ impl RunState {
                 self.started = Some(Started {
                     device: device.clone(),
                     precision: precision.clone(),
+                    adapter: adapter.clone(),
                     memory: memory.clone(),
                     trainable_params: *trainable_params,
                     total_params: *total_params,
@@ -289,6 +293,7 @@ mod tests {
                 predicted_peak_bytes: None,
                 machine: None,
             },
+            adapter: "LoRA r 64 alpha 128".into(),
             trainable_params: 10,
             total_params: 100,
             cfg_dropout: 0.0,

@@ -54,9 +54,7 @@ fn config(dir: &Path, name: &str) -> RunConfig {
 }
 
 fn adapter_bytes(run_dir: &Path) -> Vec<u8> {
-    let dir = run_dir.join("final/adapter");
-    let lokr = dir.join("lokr_weights.safetensors");
-    std::fs::read(if lokr.is_file() { lokr } else { dir.join("adapter_model.safetensors") }).unwrap()
+    std::fs::read(LoraAdapter::weights_file(&run_dir.join("final/adapter"))).unwrap()
 }
 
 /// step -> `value(loss, lr)` of its step event, the latest entry winning (steps redone

@@ -44,14 +44,20 @@ impl Settings {
         RunConfig { name: default_run_name(), runs_dir, ..self.run.clone() }
     }
 
-    /// `self` changed to `new`, where a new choice of optimizer brings the settings the
-    /// engine sets with it (`RunConfig::choose_optimizer`: Prodigy's lr 1 and constant
-    /// schedule), as `--optimizer` does.
+    /// `self` changed to `new`, where a new choice of optimizer or adapter brings the
+    /// settings the engine sets with it (`RunConfig::choose_optimizer`: Prodigy's lr 1
+    /// and constant schedule; `LoraConfig::choose`: LoKr without dropout), as
+    /// `--optimizer` and `--adapter` do.
     pub fn adopting(&self, mut new: Settings) -> Settings {
         let kind = new.run.optimizer.kind();
         if kind != self.run.optimizer.kind() {
             new.run.optimizer = self.run.optimizer;
             new.run.choose_optimizer(kind).expect("a kind the engine named");
+        }
+        let adapter = new.run.lora.kind;
+        if adapter != self.run.lora.kind {
+            new.run.lora.kind = self.run.lora.kind;
+            new.run.lora.choose(adapter);
         }
         new
     }
@@ -173,6 +179,13 @@ mod tests {
         };
         tuned.run.lr = 0.8;
         assert_eq!(adopted.adopting(tuned.clone()), tuned);
+
+        // LoKr trains without dropout: choosing it sets 0, as --adapter does.
+        let mut lokr = Settings::default();
+        lokr.run.lora.kind = ostinato_engine::lora::AdapterKind::Lokr;
+        let adopted = old.adopting(lokr);
+        assert_eq!(adopted.run.lora.dropout, 0.0);
+        adopted.validate().unwrap();
     }
 
     #[test]

@@ -385,9 +385,12 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
         (Some(0.2), Some(2))
     );
 
-    // The optimizer and the schedule are the engine's choices, offered by their names;
-    // the run trains with them (`trained_with_the_labels` reads its run.toml).
-    for (id, value) in [("set-optimizer", "adafactor"), ("set-lr-schedule", "constant")] {
+    // The adapter, the optimizer and the schedule are the engine's choices, offered by
+    // their names; the run trains with them (`trained_with_the_labels` reads its
+    // run.toml). LoKr's own setting (its factor) shows once it is chosen.
+    let factor_shown = "return !document.getElementById('set-factor').closest('.field').hidden";
+    assert_eq!(js(&c, factor_shown).await, false, "LoKr's factor hidden while LoRA is chosen");
+    for (id, value) in [("set-adapter", "lokr"), ("set-optimizer", "adafactor"), ("set-lr-schedule", "constant")] {
         js(&c, &format!("const e = document.getElementById('{id}'); e.value = '{value}'; e.dispatchEvent(new Event('change', {{bubbles: true}})); return true")).await;
         wait_js(
             &c,
@@ -396,6 +399,10 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
         )
         .await;
     }
+    assert_eq!(js(&c, factor_shown).await, true, "LoKr's factor shown once LoKr is chosen");
+    js(&c, "document.getElementById('set-dora').scrollIntoView({block: 'center'}); return true").await;
+    c.find(Locator::Id("set-dora")).await.unwrap().click().await.unwrap();
+    wait_js(&c, "return document.getElementById('settings-status').dataset.state === 'saved'", "DoRA to save").await;
     // What the adapter trains, by the engine's groups: both attentions by default, and
     // the MLP ticked here.
     let ticked = "return ['self', 'cross', 'mlp'].map(g => document.getElementById('set-targets-' + g).checked).join()";
@@ -559,12 +566,12 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     assert!(!summary.contains("Preparing") && summary.contains("usable"), "{summary}");
     assert!(!c.find(Locator::Id("dataset-progress")).await.unwrap().is_displayed().await.unwrap());
     let run = std::fs::read_dir(&runs).unwrap().next().unwrap().unwrap().path();
-    assert!(run.join("final/adapter/adapter_model.safetensors").is_file());
+    assert!(run.join("final/adapter/lokr_weights.safetensors").is_file(), "LoKr's file, as upstream writes it");
     trained_with_the_labels(&run);
     let started = js(&c, "return [...document.querySelectorAll('#activity li')].map(e => e.textContent).find(t => t.includes('Run started')) || ''").await;
     assert!(
-        started.as_str().unwrap_or_default().contains("adafactor, constant schedule"),
-        "the run's optimizer in its activity line: {started}"
+        started.as_str().unwrap_or_default().contains("LoKr + DoRA r 32 alpha 128, adafactor, constant schedule"),
+        "the run's adapter and optimizer in its activity line: {started}"
     );
     write_sidecars(&c, &songs).await;
     eprintln!("e2e: paused at step {paused_at}, stopped with {}", text(&c, "#sb-step").await);
@@ -751,6 +758,8 @@ fn trained_with_the_labels(run: &Path) {
     );
     assert_eq!(config.data.trigger.as_ref().map(|t| t.tag.as_str()), Some("ostn"));
     assert_eq!((config.optimizer.kind(), config.lr_schedule.kind()), ("adafactor", "constant"), "the window's choices");
+    let lora = &config.lora;
+    assert_eq!((lora.kind, lora.use_dora, lora.dropout), (ostinato_engine::lora::AdapterKind::Lokr, true, 0.0));
     assert_eq!(config.lora.target_modules, ostinato_engine::lora::parse_targets("self,cross,mlp").unwrap());
     let events = ostinato_engine::events::read_events(&run.join("events.jsonl")).unwrap();
     let first_step = events.iter().position(|e| matches!(e, ostinato_engine::events::Event::Step { .. })).unwrap();

@@ -125,6 +125,8 @@ function showSettings(s) {
     else if (el.dataset.kind === 'enum') el.value = v ?? el.options[0].value;
     else if (document.activeElement !== el) el.value = v ?? '';
   }
+  // Settings of one adapter kind only (LoKr's factor) show while it is chosen.
+  for (const el of document.querySelectorAll('[data-only-adapter]')) el.hidden = (s.run.lora.kind ?? 'lora') !== el.dataset.onlyAdapter;
   const folder = s.run.model && s.run.model.kind === 'folder';
   $('model-demo').checked = !folder;
   $('model-folder').checked = folder;
@@ -151,11 +153,13 @@ function readSettings() {
       if ((current?.kind ?? el.options[0]?.value) !== el.value) setSetting(s, el, { kind: el.value });
     } else if (kind === 'enum') setSetting(s, el, el.value);
     else if (kind.startsWith('opt') && raw === '') setSetting(s, el, null);
+    // A setting run.toml omits at its default (LoKr's factor): empty sends none.
+    else if (kind === 'signedint' && raw === '') setSetting(s, el, undefined);
     else if (kind === 'opttext') setSetting(s, el, raw);
     else {
       const v = Number(raw);
       if (raw === '' || !Number.isFinite(v)) errors[key] = 'enter a number';
-      else if (kind.endsWith('int') && (!Number.isInteger(v) || v < 0)) errors[key] = 'enter a whole number';
+      else if (kind.endsWith('int') && (!Number.isInteger(v) || (v < 0 && kind !== 'signedint'))) errors[key] = 'enter a whole number';
       else setSetting(s, el, v);
     }
   }
@@ -377,7 +381,7 @@ function onEngineEvent(ev) {
   switch (ev.type) {
     case 'run_started':
       // (An optimizer table without `kind` is AdamW's, as run.toml writes it.)
-      activity(`Run started on ${ev.device} (${ev.precision}), ${ev.config?.optimizer?.kind ?? 'adamw'}, ${(ev.config?.lr_schedule?.kind ?? '').replace(/_/g, ' ')} schedule`);
+      activity(`Run started on ${ev.device} (${ev.precision}), ${ev.adapter}, ${ev.config?.optimizer?.kind ?? 'adamw'}, ${(ev.config?.lr_schedule?.kind ?? '').replace(/_/g, ' ')} schedule`);
       break;
     case 'dataset_issue':
       // A warning is about a song that is still used: it stays marked usable.
@@ -494,7 +498,7 @@ async function refreshRuns() {
     btn('Charts', 'run-charts', () => historyCharts(r));
     btn('Listen', 'run-listen', () => { showRun(r.dir, r.name); selectTab('listen'); });
     btn('Resume', 'run-resume', () => command('resume_past_run', { dir: r.dir }), r.resumable && !ui.run?.active);
-    btn('PEFT', 'export-peft', () => exportRun(r, 'peft'), !r.active);
+    btn('Adapter', 'export-adapter', () => exportRun(r, 'adapter'), !r.active);
     btn('ComfyUI', 'export-comfyui', () => exportRun(r, 'comfyui'), !r.active);
     btn('Merged', 'export-merged', () => exportRun(r, 'merged'), !r.active);
     actions.append(box);

@@ -397,6 +397,17 @@ impl LoraAdapter {
         dir.join(peft::CONFIG_FILE).is_file() || dir.join(lycoris::WEIGHTS_FILE).is_file()
     }
 
+    /// The weights file of adapter folder `dir`: upstream's LoKr file where there is
+    /// one, else PEFT's.
+    pub fn weights_file(dir: &Path) -> std::path::PathBuf {
+        let lokr = dir.join(lycoris::WEIGHTS_FILE);
+        if lokr.is_file() {
+            lokr
+        } else {
+            dir.join(peft::WEIGHTS_FILE)
+        }
+    }
+
     /// Writes the adapter folder its kind's tools load: PEFT's for LoRA (ACE-Step,
     /// diffusers, PEFT), upstream ACE-Step's LyCORIS file for LoKr.
     pub fn save(&self, dir: &Path) -> Result<()> {

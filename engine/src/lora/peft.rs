@@ -20,7 +20,7 @@ const PEFT_PREFIX: &str = "base_model.model.";
 pub const LORA_METADATA_KEY: &str = "lora_adapter_metadata";
 const DIFFUSERS_PREFIX: &str = "transformer";
 pub const CONFIG_FILE: &str = "adapter_config.json";
-const WEIGHTS_FILE: &str = "adapter_model.safetensors";
+pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
 
 /// Reads a PEFT adapter directory.
 pub fn load(dir: &Path, model: &DitModel) -> Result<LoraAdapter> {

@@ -866,6 +866,7 @@ fn run_started(
             predicted_peak_bytes: Some(plan.predicted_peak_bytes),
             machine: plan.machine.clone(),
         },
+        adapter: config.lora.describe(),
         trainable_params: trainable,
         total_params: parameters + trainable,
         cfg_dropout,

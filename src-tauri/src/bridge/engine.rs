@@ -144,12 +144,14 @@ pub fn replay_charts(log: &Path, dark: bool) -> Result<Charts, BridgeError> {
     render_charts(&RunState::replay(&read_events(log).map_err(engine_err)?), dark)
 }
 
-/// Into the folder `to`: `<run>-peft/`, `<run>-comfyui.safetensors`,
+/// Into the folder `to`: `<run>-adapter/` (or `-peft/`, `-lycoris/`), `<run>-comfyui.safetensors`,
 /// `<run>-merged.safetensors` or `<run>-merged-model/`.
 pub fn export(run_dir: &Path, format: ExportFormat, to: &Path) -> Result<PathBuf, BridgeError> {
     let run = run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let target = match format {
+        ExportFormat::Adapter => to.join(format!("{run}-adapter")),
         ExportFormat::Peft => to.join(format!("{run}-peft")),
+        ExportFormat::Lycoris => to.join(format!("{run}-lycoris")),
         ExportFormat::Comfyui => to.join(format!("{run}-comfyui.safetensors")),
         ExportFormat::Merged => to.join(format!("{run}-merged.safetensors")),
         ExportFormat::MergedModel => to.join(format!("{run}-merged-model")),

@@ -141,6 +141,7 @@ pub struct MemoryView {
 /// The names the form's choices offer: the engine's.
 #[derive(Debug, Clone, Serialize)]
 pub struct Choices {
+    pub adapters: &'static [&'static str],
     pub optimizers: &'static [&'static str],
     pub lr_schedules: &'static [&'static str],
     /// What an adapter can train, by group, with the modules each one names.
@@ -149,7 +150,12 @@ pub struct Choices {
 
 impl Default for Choices {
     fn default() -> Self {
-        Self { optimizers: &optim::OPTIMIZERS, lr_schedules: &schedule::SCHEDULES, target_groups: &lora::TARGET_GROUPS }
+        Self {
+            adapters: &lora::ADAPTERS,
+            optimizers: &optim::OPTIMIZERS,
+            lr_schedules: &schedule::SCHEDULES,
+            target_groups: &lora::TARGET_GROUPS,
+        }
     }
 }
 
