@@ -17,6 +17,7 @@ use ostinato_engine::device::Precision;
 use ostinato_engine::export::{ExportFormat, WhichAdapter};
 use ostinato_engine::generate::GenerateSpec;
 use ostinato_engine::load::source::ModelSource;
+use ostinato_engine::lora::AdapterKind;
 use ostinato_engine::model::{AttentionScores, KernelPolicy, SlidingAttention};
 use ostinato_engine::runtime;
 use ostinato_engine::train::fit::Fit;
@@ -95,6 +96,13 @@ enum Command {
         /// Change the preset's number of layers.
         #[arg(long)]
         layers: Option<usize>,
+        /// The adapter the DiT training presets train: lora (the default) or lokr, at
+        /// the preset's rank 16.
+        #[arg(long, value_name = "KIND", default_value = "lora", value_parser = parse_with::<AdapterKind>)]
+        adapter: AdapterKind,
+        /// With DoRA (DiT training presets).
+        #[arg(long)]
+        dora: bool,
         #[arg(long, default_value_t = 2)]
         warmup: usize,
         #[arg(long, default_value_t = 5)]
@@ -460,6 +468,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             preset,
             gradient_checkpointing,
             layers,
+            adapter,
+            dora,
             warmup,
             steps,
             cpu,
@@ -474,6 +484,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 checkpointing: gradient_checkpointing,
                 kernels,
                 layers,
+                adapter,
+                dora,
                 warmup,
                 steps,
                 cpu,

@@ -14,7 +14,7 @@ use ostinato_engine::load::folder::ModelFolder;
 use ostinato_engine::load::folder::{LYRIC_TOKENS, TEXT_TOKENS};
 use ostinato_engine::load::footprint::{self, Workload};
 use ostinato_engine::load::source::ModelSource;
-use ostinato_engine::lora::LoraConfig;
+use ostinato_engine::lora::{AdapterKind, LoraConfig};
 use ostinato_engine::model::KernelPolicy;
 use ostinato_engine::train::config::default_runs_dir;
 use ostinato_engine::train::fit::lora_parameters;
@@ -164,9 +164,22 @@ pub struct BenchRequest {
     /// The DiT's kernels (training presets only).
     pub kernels: KernelPolicy,
     pub layers: Option<usize>,
+    /// The adapter a DiT training preset trains.
+    pub adapter: AdapterKind,
+    pub dora: bool,
     pub warmup: usize,
     pub steps: usize,
     pub cpu: bool,
+}
+
+/// Errs where `preset` does not take the DiT presets' flags and they were changed.
+fn ensure_dit_only(req: &BenchRequest, preset: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(req.layers.is_none(), "--layers applies to the DiT presets, not {preset}");
+    anyhow::ensure!(
+        (req.adapter, req.dora) == (AdapterKind::Lora, false),
+        "--adapter and --dora apply to the DiT training presets, not {preset}"
+    );
+    ensure_default_kernels(req, preset)
 }
 
 /// Errs where `preset` does not take the kernel flags and they were changed.
@@ -186,8 +199,7 @@ pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
     let preset = match req.preset {
         AnyPreset::Dit(p) => p,
         AnyPreset::Vae(p) => {
-            anyhow::ensure!(req.layers.is_none(), "--layers applies to the DiT presets, not {}", p.name());
-            ensure_default_kernels(req, p.name())?;
+            ensure_dit_only(req, p.name())?;
             let report = run_vae(p, req.warmup, req.steps, &selected.device)?;
             match json {
                 true => println!("{}", serde_json::to_string(&report)?),
@@ -196,8 +208,7 @@ pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
             return Ok(());
         }
         AnyPreset::Label => {
-            anyhow::ensure!(req.layers.is_none(), "--layers applies to the DiT presets, not {}", label::LABEL_240S);
-            ensure_default_kernels(req, label::LABEL_240S)?;
+            ensure_dit_only(req, label::LABEL_240S)?;
             let report = label::run_label(req.warmup, req.steps)?;
             match json {
                 true => println!("{}", serde_json::to_string(&report)?),
@@ -206,8 +217,7 @@ pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
             return Ok(());
         }
         AnyPreset::Text => {
-            anyhow::ensure!(req.layers.is_none(), "--layers applies to the DiT presets, not {}", text::TEXT_ENCODE);
-            ensure_default_kernels(req, text::TEXT_ENCODE)?;
+            ensure_dit_only(req, text::TEXT_ENCODE)?;
             let report = text::run_text(req.warmup, req.steps, &selected.device)?;
             match json {
                 true => println!("{}", serde_json::to_string(&report)?),
@@ -216,10 +226,15 @@ pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
             return Ok(());
         }
     };
-    let (spec, name) = match req.layers {
+    let (mut spec, mut name) = match req.layers {
         Some(n) => (preset.spec().with_layers(n), format!("{preset} ({n} layers)")),
         None => (preset.spec(), preset.to_string()),
     };
+    if (req.adapter, req.dora) != (AdapterKind::Lora, false) {
+        spec.lora.choose(req.adapter);
+        spec.lora.use_dora = req.dora;
+        name = format!("{name}, {}", spec.lora.describe());
+    }
     let dtype = Precision::Auto.dtype(&selected.device);
     match preset {
         Preset::FullGenerate30s => {

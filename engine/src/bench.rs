@@ -454,7 +454,7 @@ impl BenchReport {
              kernels                 {}\n\
              device / dtype          {} / {}\n\
              shape                   {} layers, T = {} frames ({} patches), batch {}\n\
-             parameters              {} base, {} LoRA\n\
+             parameters              {} base, {} adapter\n\
              median s/step           {:.4} (over {} steps after {} warm-up)\n\
              samples/s               {:.3}\n\
              peak RSS                {:.1} MiB\n\

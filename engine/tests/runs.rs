@@ -127,6 +127,15 @@ fn stop_resume_pause_resume_is_bit_exact() {
 }
 
 /// Trains `c` to its end (all `STEPS`); the run directory.
+/// The run of `c` stopped at a third of its steps, then resumed to the end.
+fn stopped_and_resumed(c: RunConfig) -> PathBuf {
+    let first = Run::start(RunConfig { stop_at_step: Some(STEPS / 3), ..c }).unwrap();
+    let run_dir = first.run_dir().to_path_buf();
+    assert!(matches!(first.join().unwrap(), RunEnd::Stopped { steps: 3, .. }));
+    assert!(matches!(Run::resume(&run_dir).unwrap().join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
+    run_dir
+}
+
 fn finish(c: RunConfig) -> PathBuf {
     let handle = Run::start(c).unwrap();
     let run_dir = handle.run_dir().to_path_buf();
@@ -217,10 +226,7 @@ fn prodigy_and_adafactor_runs_resume_bit_exact() {
         assert!(toml.contains(&format!("kind = \"{name}\"")), "{toml}");
         assert_ne!(losses(&straight), adamw, "{name} trains differently from AdamW");
 
-        let first = Run::start(RunConfig { stop_at_step: Some(STEPS / 3), ..chosen("interrupted") }).unwrap();
-        let run_dir = first.run_dir().to_path_buf();
-        assert!(matches!(first.join().unwrap(), RunEnd::Stopped { steps: 3, .. }));
-        assert!(matches!(Run::resume(&run_dir).unwrap().join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
+        let run_dir = stopped_and_resumed(chosen("interrupted"));
         assert_eq!(losses(&straight), losses(&run_dir), "{name}: identical loss sequence");
         assert_eq!(step_sizes(&straight), step_sizes(&run_dir), "{name}: identical step sizes");
         assert!(adapter_bytes(&straight) == adapter_bytes(&run_dir), "{name}: identical adapter bytes");
@@ -255,14 +261,10 @@ fn lokr_and_dora_runs_resume_bit_exact_and_make_songs() {
             c
         };
         let straight = finish(chosen("straight"));
-        let toml = std::fs::read_to_string(straight.join("run.toml")).unwrap();
-        assert_eq!(RunConfig::from_toml_file(&straight.join("run.toml")).unwrap().lora, chosen("x").lora, "{toml}");
+        assert_eq!(RunConfig::from_toml_file(&straight.join("run.toml")).unwrap().lora, chosen("x").lora);
         assert_ne!(losses(&straight), plain, "{name} trains differently from LoRA");
 
-        let first = Run::start(RunConfig { stop_at_step: Some(STEPS / 3), ..chosen("interrupted") }).unwrap();
-        let run_dir = first.run_dir().to_path_buf();
-        assert!(matches!(first.join().unwrap(), RunEnd::Stopped { steps: 3, .. }));
-        assert!(matches!(Run::resume(&run_dir).unwrap().join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
+        let run_dir = stopped_and_resumed(chosen("interrupted"));
         assert_eq!(losses(&straight), losses(&run_dir), "{name}: identical loss sequence");
         assert!(adapter_bytes(&straight) == adapter_bytes(&run_dir), "{name}: identical adapter bytes");
 

@@ -15,7 +15,7 @@ use crate::Result;
 /// LyCORIS's `factorization`: `dimension = m n` with `m <= n`, the pair closest to
 /// balanced whose `m` is at most `factor` (-1: any), or exactly `factor` when it divides.
 pub fn factorization(dimension: usize, factor: i64) -> (usize, usize) {
-    if factor > 0 && dimension % factor as usize == 0 {
+    if factor > 0 && dimension.is_multiple_of(factor as usize) {
         let (m, n) = (factor as usize, dimension / factor as usize);
         return (m.min(n), m.max(n));
     }
@@ -23,7 +23,7 @@ pub fn factorization(dimension: usize, factor: i64) -> (usize, usize) {
     let (mut m, mut n) = (1, dimension);
     while m < n {
         let mut next = m + 1;
-        while dimension % next != 0 {
+        while !dimension.is_multiple_of(next) {
             next += 1;
         }
         let paired = dimension / next;
@@ -141,12 +141,13 @@ pub struct Lokr {
 }
 
 impl Lokr {
-    /// `scale * kron(w1, w2)`, `[a b, c d]`, f32.
+    /// `scale * kron(w1, w2)`, `[a b, c d]`, f32. The scale goes on the small `w1`: one
+    /// full-size tensor fewer on the graph.
     pub fn delta(&self, tracked: bool) -> Result<Tensor> {
-        let (w1, w2) = (self.w1.matrix(tracked)?, self.w2.matrix(tracked)?);
+        let (w1, w2) = ((self.w1.matrix(tracked)? * self.scale)?, self.w2.matrix(tracked)?);
         let ((a, c), (b, d)) = (w1.dims2()?, w2.dims2()?);
         let kron = w1.reshape((a, 1, c, 1))?.broadcast_mul(&w2.reshape((1, b, 1, d))?)?;
-        Ok((kron.reshape((a * b, c * d))? * self.scale)?)
+        Ok(kron.reshape((a * b, c * d))?)
     }
 
     /// `(suffix, var)` under LyCORIS's names: w1's, then w2's.

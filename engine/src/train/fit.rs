@@ -175,12 +175,15 @@ pub fn lora_parameters(cfg: &crate::model::DitConfig, lora: &LoraConfig) -> u64 
 }
 
 /// Bytes of f32 weights one DiT layer's adapter builds whole in a step and keeps for its
-/// backward: LoKr's change, the adapted weight and the change in the compute dtype (DoRA
-/// adds its rescaled weight); LoRA's delta never exists whole in training.
+/// backward, in copies of its adapted layers' weights, as measured (`ostinato bench
+/// --adapter`, tests/footprint.rs): LoKr's Kronecker product and adapted weight (2),
+/// DoRA's norms and rescaled weight besides (4), PEFT's DoRA about one (its norm is a
+/// constant in backward); LoRA's delta never exists whole in training.
 pub fn rebuilt_weight_bytes(cfg: &crate::model::DitConfig, lora: &LoraConfig) -> u64 {
     let copies = match (lora.kind, lora.use_dora) {
-        (AdapterKind::Lora, _) => 0,
-        (AdapterKind::Lokr, false) => 3,
+        (AdapterKind::Lora, false) => 0,
+        (AdapterKind::Lora, true) => 1,
+        (AdapterKind::Lokr, false) => 2,
         (AdapterKind::Lokr, true) => 4,
     };
     let layers = cfg.num_hidden_layers.max(1) as u64;

@@ -1,0 +1,171 @@
+//! The adapter in a forward pass: each adapted linear layer with its LoRA (the fused
+//! op), PEFT's DoRA or LoKr's rebuilt weight, train-only dropout, and generation's
+//! strength.
+
+use candle_core::{DType, Tensor, Var};
+
+use super::{row_norms, Kernel, LoraAdapter};
+use crate::model::lora_linear::lora_linear;
+use crate::model::{ops, LinearAdapter};
+use crate::Result;
+
+/// How the adapter takes part in a forward pass.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LoraMode {
+    /// No dropout; the graph is recorded (inference, parity checks).
+    Eval,
+    /// Dropout with masks derived from `dropout_seed` and the module name, so a
+    /// recomputed block (gradient checkpointing) draws exactly the same masks.
+    Train { dropout_seed: u64 },
+}
+
+/// The adapter as seen by one forward pass.
+#[derive(Clone, Copy)]
+pub struct LoraCtx<'a> {
+    adapter: &'a LoraAdapter,
+    mode: LoraMode,
+    /// Whether the adapter's tensors record a graph. Off for the no-graph forward of
+    /// gradient checkpointing.
+    tracked: bool,
+    /// How much of the adapter applies (generation's adapter strength); 1 in training.
+    strength: f64,
+}
+
+impl<'a> LoraCtx<'a> {
+    pub(super) fn new(adapter: &'a LoraAdapter, mode: LoraMode, tracked: bool) -> Self {
+        Self { adapter, mode, tracked, strength: 1.0 }
+    }
+
+    /// The same adapter applied at `strength` (0 adds nothing, 1 is the adapter as
+    /// trained; DoRA's and LoKr's weights move linearly from the base's, as ComfyUI
+    /// applies a strength).
+    pub fn with_strength(self, strength: f64) -> Self {
+        Self { strength, ..self }
+    }
+
+    fn weight(&self, v: &Var, dtype: DType) -> Result<Tensor> {
+        let t = if self.tracked { v.as_tensor().clone() } else { v.as_tensor().detach() };
+        Ok(t.to_dtype(dtype)?)
+    }
+
+    /// PEFT's DoRA: `W x + (m / |W + s B A| - 1) W xd + (m / |W + s B A|) s B A xd`,
+    /// the norm a constant in backward; without dropout, `(m / |..|) (W + s B A) x`.
+    fn dora_linear(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        a: &Var,
+        b: &Var,
+        magnitude: &Var,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let scaling = self.adapter.config.scaling();
+        let delta = (b.as_tensor().detach().matmul(&a.as_tensor().detach())? * scaling)?;
+        let norms = row_norms(&(w.to_dtype(DType::F32)? + delta)?)?.squeeze(1)?;
+        let scale = self.weight(magnitude, DType::F32)?.div(&norms)?.to_dtype(x.dtype())?;
+        let xd = match mask {
+            Some(m) => x.mul(m)?,
+            None => x.clone(),
+        };
+        let (a, b) = (self.weight(a, x.dtype())?, self.weight(b, x.dtype())?);
+        let adapted = lora_linear(&xd, w, &a, &b, scaling, None)?.broadcast_mul(&scale)?;
+        Ok(match mask {
+            Some(_) => ops::add(&ops::linear(&(x - &xd)?, w, None)?, &adapted)?,
+            None => adapted,
+        })
+    }
+}
+
+impl LinearAdapter for LoraCtx<'_> {
+    /// Whether module `name` carries an adapter.
+    fn adapts(&self, name: &str) -> bool {
+        self.adapter.adapts(name)
+    }
+
+    /// Module `name` with weight `w` applied to `x`, its adapter included, or `None`
+    /// when the module is not adapted. Adapter tensors are f32 and cast to the compute
+    /// dtype here.
+    fn linear(&self, name: &str, x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+        let Some(m) = self.adapter.modules.get(name) else {
+            return Ok(None);
+        };
+        let config = &self.adapter.config;
+        let mask = match self.mode {
+            LoraMode::Train { dropout_seed } if config.dropout > 0.0 => {
+                Some(dropout_mask(dropout_seed, name, x, config.dropout)?)
+            }
+            _ => None,
+        };
+        let y = match (&m.kernel, &m.magnitude) {
+            (Kernel::Lora { a, b }, None) => {
+                let (a, b) = (self.weight(a, x.dtype())?, self.weight(b, x.dtype())?);
+                return Ok(Some(lora_linear(x, w, &a, &b, config.scaling() * self.strength, mask.as_ref())?));
+            }
+            (Kernel::Lora { a, b }, Some(magnitude)) => self.dora_linear(x, w, a, b, magnitude, mask.as_ref())?,
+            // LoKr: the adapted weight built whole and applied, in f32 as one GEMM. In a
+            // 16-bit dtype (or part of the way) the change gets its own GEMM, as a small
+            // change added to the base weight would round away.
+            (Kernel::Lokr(_), _) => {
+                let w32 = w.to_dtype(DType::F32)?;
+                let adapted = self.adapter.adapted_weight(m, &w32, self.tracked)?;
+                return Ok(Some(match (x.dtype(), self.strength) {
+                    (DType::F32, 1.0) => ops::linear(x, &adapted, None)?,
+                    (dtype, s) => {
+                        let change = ((adapted - &w32)? * s)?.to_dtype(dtype)?;
+                        ops::add(&ops::linear(x, w, None)?, &ops::linear(x, &change, None)?)?
+                    }
+                }));
+            }
+        };
+        Ok(Some(match self.strength {
+            1.0 => y,
+            s => {
+                let base = ops::linear(x, w, None)?;
+                ops::add(&base, &((y - &base)? * s)?)?
+            }
+        }))
+    }
+}
+
+/// Inverted-dropout mask (0 or 1/(1-p)) shaped like `x`, a pure function of
+/// (seed, module name, element index): the same masks on every recompute.
+fn dropout_mask(seed: u64, name: &str, x: &Tensor, p: f64) -> Result<Tensor> {
+    let mut h = seed ^ 0x9E37_79B9_7F4A_7C15;
+    for byte in name.bytes() {
+        h = splitmix64(h ^ byte as u64);
+    }
+    let keep = 1.0 - p;
+    let threshold = (keep * (1u64 << 53) as f64) as u64;
+    let scale = (1.0 / keep) as f32;
+    let values: Vec<f32> = (0..x.elem_count() as u64)
+        .map(|i| if splitmix64(h.wrapping_add(i)) >> 11 < threshold { scale } else { 0.0 })
+        .collect();
+    Ok(Tensor::from_vec(values, x.shape(), x.device())?.to_dtype(x.dtype())?)
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropout_mask_is_deterministic_and_has_the_right_rate() -> Result<()> {
+        let x = Tensor::zeros((4, 1000), DType::F32, &candle_core::Device::Cpu)?;
+        let m1 = dropout_mask(7, "layers.0.self_attn.q_proj", &x, 0.1)?;
+        let m2 = dropout_mask(7, "layers.0.self_attn.q_proj", &x, 0.1)?;
+        let m3 = dropout_mask(7, "layers.0.self_attn.k_proj", &x, 0.1)?;
+        let v1 = m1.flatten_all()?.to_vec1::<f32>()?;
+        assert_eq!(v1, m2.flatten_all()?.to_vec1::<f32>()?);
+        assert_ne!(v1, m3.flatten_all()?.to_vec1::<f32>()?);
+        let dropped = v1.iter().filter(|v| **v == 0.0).count() as f64 / v1.len() as f64;
+        assert!((dropped - 0.1).abs() < 0.02, "dropped fraction {dropped}");
+        assert!(v1.iter().all(|v| *v == 0.0 || (*v - 1.0 / 0.9).abs() < 1e-6));
+        Ok(())
+    }
+}
