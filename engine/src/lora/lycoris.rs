@@ -3,7 +3,7 @@
 //! `.dora_scale`) and the header its loader reads: `algo`, `format` and `lokr_config`
 //! (upstream's `LoKRConfig.to_dict()`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
@@ -68,23 +68,53 @@ pub fn load(dir: &Path, model: &DitModel) -> Result<LoraAdapter> {
         .into_iter()
         .filter_map(|(name, w)| w.dims2().ok().map(|(out, inp)| (lycoris_name(&name), (name, (inp, out)))))
         .collect();
-    let mut tensors = HashMap::new();
+    let mut by_module: BTreeMap<String, Vec<(String, Tensor)>> = BTreeMap::new();
     for (key, t) in raw {
         let (prefix, param) = split_key(&key);
-        let Some((module, (inp, out))) = modules.get(prefix) else {
-            return Err(bad(format!("tensor `{key}` names no linear layer of this model")));
+        by_module.entry(prefix.to_string()).or_default().push((param.to_string(), t));
+    }
+    let mut tensors = HashMap::new();
+    for (prefix, params) in by_module {
+        let Some((module, (inp, out))) = modules.get(&prefix).filter(|(name, _)| config.targets(name)) else {
+            // Upstream's LyCORIS call wraps every linear layer and convolution of the
+            // decoder and trains only the targets: the others are saved as made, a zero
+            // change, and are passed over. One that changes anything is refused.
+            if changes_nothing(&params)? {
+                continue;
+            }
+            return Err(bad(format!(
+                "`{prefix}` changes a layer this model does not adapt with targets {:?}",
+                config.target_modules
+            )));
         };
-        if param != "alpha" {
-            tensors.insert(format!("{module}.{param}"), t);
-            continue;
-        }
-        let expected = Layout::of(&config, *inp, *out).alpha(&config);
-        let found = t.to_dtype(candle_core::DType::F64)?.flatten_all()?.to_vec1::<f64>()?;
-        if found.len() != 1 || (found[0] - expected).abs() > 1e-6 * expected.abs().max(1.0) {
-            return Err(bad(format!("tensor `{key}` is {found:?}; lokr_config's linear_alpha gives {expected}")));
+        for (param, t) in params {
+            if param != "alpha" {
+                tensors.insert(format!("{module}.{param}"), t);
+                continue;
+            }
+            let expected = Layout::of(&config, *inp, *out).alpha(&config);
+            let found = t.to_dtype(candle_core::DType::F64)?.flatten_all()?.to_vec1::<f64>()?;
+            if found.len() != 1 || (found[0] - expected).abs() > 1e-6 * expected.abs().max(1.0) {
+                return Err(bad(format!(
+                    "tensor `{prefix}.alpha` is {found:?}; lokr_config's linear_alpha gives {expected}"
+                )));
+            }
         }
     }
     LoraAdapter::from_tensors(config, model, &tensors, &path)
+}
+
+/// Whether a module's LoKr tensors make no change: its `w2` (or `w2`'s up factor) or
+/// `w1` all zero, as LyCORIS makes a module it never trains.
+fn changes_nothing(params: &[(String, Tensor)]) -> Result<bool> {
+    for (param, t) in params {
+        if ["lokr_w1", "lokr_w2", "lokr_w2_b"].contains(&param.as_str())
+            && t.abs()?.flatten_all()?.max(0)?.to_dtype(candle_core::DType::F32)?.to_scalar::<f32>()? == 0.0
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// `layers.0.self_attn.q_proj.lokr_w1` -> (`layers.0.self_attn.q_proj`, `lokr_w1`).
@@ -118,4 +148,47 @@ fn config_from_json(text: &str) -> std::result::Result<LoraConfig, String> {
         factor: get("factor")?.as_i64().ok_or("`factor` must be a whole number")?,
         decompose_both: flag("decompose_both"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::DType;
+
+    /// An upstream file holds a module for every linear layer and convolution of the
+    /// decoder, the untrained ones a zero change: read, they are passed over; a module
+    /// that changes a layer the settings do not adapt is refused, named.
+    #[test]
+    fn upstreams_untrained_modules_are_passed_over_and_a_trained_stray_is_refused() {
+        let (cfg, weights) = crate::load::source::ModelSource::Demo.load_decoder(DType::F32, &Device::Cpu).unwrap();
+        let model = DitModel::new(&cfg, &weights).unwrap();
+        let config = LoraConfig { kind: AdapterKind::Lokr, r: 4, alpha: 8.0, dropout: 0.0, ..Default::default() };
+        let fresh = LoraAdapter::new(config.clone(), &model, 1).unwrap();
+        let trained: HashMap<String, Tensor> =
+            fresh.named_tensors().into_iter().map(|(k, t)| (k, t.randn_like(0.0, 0.1).unwrap())).collect();
+        let adapter = LoraAdapter::from_tensors(config, &model, &trained, Path::new("test")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        save(&adapter, dir.path()).unwrap();
+        let path = dir.path().join(WEIGHTS_FILE);
+        let header = header_metadata(&path).unwrap();
+        let mut file = candle_core::safetensors::load(&path, &Device::Cpu).unwrap();
+        let ones = |shape: &[usize]| Tensor::ones(shape, DType::F32, &Device::Cpu).unwrap();
+        let zeros = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &Device::Cpu).unwrap();
+        // An MLP projection and the patch convolution, as upstream's call wraps them.
+        for (module, w2) in
+            [("lycoris_layers_0_mlp_up_proj", zeros(&[16, 32])), ("lycoris_proj_in_1", zeros(&[16, 12, 2]))]
+        {
+            file.insert(format!("{module}.lokr_w1"), ones(&[16, 16]));
+            file.insert(format!("{module}.lokr_w2"), w2);
+            file.insert(format!("{module}.alpha"), Tensor::new(4f32, &Device::Cpu).unwrap());
+        }
+        crate::tensor_io::save_tensors_with_metadata(&file, Some(header.clone()), &path).unwrap();
+        let back = load(dir.path(), &model).unwrap();
+        assert_eq!(back.module_names().count(), adapter.module_names().count());
+
+        file.insert("lycoris_layers_0_mlp_up_proj.lokr_w2".into(), ones(&[16, 32]));
+        crate::tensor_io::save_tensors_with_metadata(&file, Some(header), &path).unwrap();
+        let err = load(dir.path(), &model).err().expect("a trained module outside the targets").to_string();
+        assert!(err.contains("`lycoris_layers_0_mlp_up_proj` changes a layer this model does not adapt"), "{err}");
+    }
 }
