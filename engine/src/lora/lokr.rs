@@ -83,12 +83,6 @@ impl Layout {
         }
     }
 
-    /// Trainable values of one module (without DoRA's magnitude).
-    pub fn parameters(&self, r: usize) -> usize {
-        let half = |(rows, cols): (usize, usize), product: bool| if product { r * (rows + cols) } else { rows * cols };
-        half(self.w1, self.w1_product) + half(self.w2, self.w2_product)
-    }
-
     /// The alpha LyCORIS uses: r itself when both halves are whole matrices (scale 1).
     pub fn alpha(&self, config: &LoraConfig) -> f64 {
         match self.w1_product || self.w2_product {
@@ -201,7 +195,13 @@ mod tests {
         let q = Layout::of(&lokr(64, -1, false), 2048, 2048);
         assert_eq!((q.w1, q.w2, q.w1_product, q.w2_product), ((32, 32), (64, 64), false, false));
         assert_eq!(q.scale(&lokr(64, -1, false)), 1.0);
-        assert_eq!(q.parameters(64), 32 * 32 + 64 * 64);
+        assert_eq!(super::super::parameters_per_layer(&lokr(64, -1, false), 2048, 2048), 32 * 32 + 64 * 64);
+        let dora = LoraConfig { use_dora: true, ..lokr(64, -1, false) };
+        assert_eq!(
+            super::super::parameters_per_layer(&dora, 2048, 1024),
+            32 * 32 + 32 * 64 + 1024,
+            "and a magnitude a row"
+        );
         // A small rank factorises w2 (and w1 with decompose_both) and scales by alpha / r.
         let small = lokr(4, -1, true);
         let k = Layout::of(&small, 2048, 1024);

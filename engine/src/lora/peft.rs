@@ -54,7 +54,7 @@ pub fn save(adapter: &LoraAdapter, dir: &Path) -> Result<()> {
 /// Its dropout is 0: diffusers injects the LoRA layers in training mode into a
 /// model the user already put in eval mode, so a dropout there would run at
 /// inference (two identical forwards differ, and neither matches the merged weights).
-pub fn header_metadata(c: &LoraConfig) -> HashMap<String, String> {
+fn header_metadata(c: &LoraConfig) -> HashMap<String, String> {
     let mut targets: Vec<String> = c.target_modules.iter().map(|t| diffusers_target(t)).collect();
     targets.sort();
     let fields = [
