@@ -512,7 +512,9 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
         "const p = document.getElementById('player'); return p.dataset.key === {} && p.readyState >= 1 && p.duration > 0",
         json!(path.to_str().unwrap())
     );
-    wait_js(&c, &loaded, "the player to load the preview").await;
+    // The run trains on every core meanwhile (LoKr + DoRA, the heavier adapter): room
+    // for a loaded machine, as the engine's own waits have.
+    wait_js_for(&c, &loaded, "the player to load the preview", ENGINE_WAIT).await;
     let state = js(&c, "const p = document.getElementById('player'); return [p.readyState, p.duration, p.src]").await;
     eprintln!("e2e: player {state}");
     let (ready, duration) = (state[0].as_u64().unwrap(), state[1].as_f64().unwrap());
