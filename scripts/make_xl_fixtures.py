@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from diffusers.models.transformers.ace_step_transformer import AceStepTransformer1DModel
-from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+from peft import LoraConfig, get_peft_model
 
-from make_real_fixtures import diffusers_names, original_names
+from make_real_fixtures import original_names
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 OUT = os.path.join(ROOT, "engine", "tests", "fixtures")
@@ -340,7 +340,7 @@ def main():
         "in.timestep_r": torch.tensor(TIMESTEP),
         "in.target": torch.randn(BATCH, FRAMES, audio, generator=gen),
     }
-    ace_state = {k: v for k, v in original_names(state, "").items()}
+    ace_state = original_names(state, "")
 
     # Base forward: diffusers against the transcription of upstream's decoder.
     with torch.no_grad():
