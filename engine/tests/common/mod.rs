@@ -67,7 +67,10 @@ impl Fixture {
 
 /// Every `dit_*.safetensors` with a same-named `.json` in the fixture directory.
 pub fn dit_fixtures() -> Vec<Fixture> {
-    let found = fixtures_in(&fixtures_dir(), "dit_");
+    let mut found = fixtures_in(&fixtures_dir(), "dit_");
+    // This crate's own after them (the XL decoder, `scripts/make-xl-fixtures`): dit_tiny
+    // stays first.
+    found.extend(fixtures_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"), "dit_"));
     assert!(!found.is_empty(), "no dit_*.safetensors + .json fixtures in {}", fixtures_dir().display());
     found
 }
