@@ -153,6 +153,50 @@ fn splitmix64(x: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lora::LoraConfig;
+    use crate::model::DitModel;
+    use candle_core::Device;
+    use std::collections::HashMap;
+
+    /// DoRA with dropout in training is PEFT's `W x + (m / |W + s B A| - 1) W xd +
+    /// (m / |W + s B A|) s B A xd` (xd the dropped input): the fixture has no dropout
+    /// (PEFT's masks are torch's), so the same masks are put through that formula here.
+    #[test]
+    fn dora_with_dropout_is_pefts_formula() -> Result<()> {
+        let dev = Device::Cpu;
+        let (cfg, weights) = crate::load::source::ModelSource::Demo.load_decoder(DType::F32, &dev)?;
+        let model = DitModel::new(&cfg, &weights)?;
+        let config = LoraConfig { r: 4, alpha: 8.0, dropout: 0.3, use_dora: true, ..Default::default() };
+        let fresh = LoraAdapter::new(config.clone(), &model, 1)?;
+        let moved: HashMap<String, Tensor> = fresh
+            .named_tensors()
+            .into_iter()
+            .map(|(k, t)| Ok((k, (&t + t.randn_like(0.0, 0.2)?)?)))
+            .collect::<Result<_>>()?;
+        let adapter = LoraAdapter::from_tensors(config.clone(), &model, &moved, std::path::Path::new("test"))?;
+        let name = "layers.0.self_attn.q_proj";
+        let w = weights.get(&format!("{name}.weight"))?;
+        let x = Tensor::randn(0f32, 1.0, (1, 7, w.dim(1)?), &dev)?;
+        let ours = adapter.ctx(LoraMode::Train { dropout_seed: 5 }, false).linear(name, &x, &w)?.expect("adapted");
+
+        let xd = (&x * dropout_mask(5, name, &x, config.dropout)?)?;
+        let t = |param: &str| moved[&format!("{name}.{param}")].clone();
+        let (a, b, m) = (t("lora_A.weight"), t("lora_B.weight"), t("lora_magnitude_vector"));
+        let s = config.scaling();
+        let norms = (&w + (b.matmul(&a)? * s)?)?.sqr()?.sum(1)?.sqrt()?;
+        let ratio = m.div(&norms)?;
+        let wx = x.broadcast_matmul(&w.t()?)?;
+        let wxd = xd.broadcast_matmul(&w.t()?)?;
+        let bax = (xd.broadcast_matmul(&a.t()?)?.broadcast_matmul(&b.t()?)? * s)?;
+        let theirs = (wx + wxd.broadcast_mul(&(&ratio - 1.0)?)? + bax.broadcast_mul(&ratio)?)?;
+        let err = (&ours - &theirs)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let scale = theirs.abs()?.max_all()?.to_scalar::<f32>()?;
+        println!("DoRA with dropout vs PEFT's formula: max abs {err:.3e} (outputs up to {scale:.2})");
+        assert!(err <= 1e-5 * scale.max(1.0));
+        let dropped = dropout_mask(5, name, &x, config.dropout)?.eq(0f32)?.to_dtype(DType::F32)?.sum_all()?;
+        assert!(dropped.to_scalar::<f32>()? > 0.0, "the mask drops something");
+        Ok(())
+    }
 
     #[test]
     fn dropout_mask_is_deterministic_and_has_the_right_rate() -> Result<()> {
