@@ -166,7 +166,8 @@ def ace_step_decoder(decoder_state):
             for proj in TARGETS:
                 w = decoder_state[f"layers.{i}.{attn}.{proj}.weight"].float()
                 linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
-                linear.weight.copy_(w)
+                with torch.no_grad():  # callers may have gradients on (the fixture scripts)
+                    linear.weight.copy_(w)
                 setattr(block, proj, linear)
             setattr(layer, attn, block)
         layers.append(layer)

@@ -34,6 +34,8 @@ from safetensors.torch import load_file, save_file
 from diffusers.models.transformers.ace_step_transformer import AceStepTransformer1DModel
 from peft import LoraConfig, get_peft_model
 
+from check_exports import ace_step_decoder
+from make_adapter_fixtures import forward
 from make_real_fixtures import original_names
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -106,14 +108,6 @@ def transformer(state):
     model.load_state_dict(state, strict=True)
     model.requires_grad_(False)
     return model.float().train()
-
-
-def forward(model, inputs):
-    return model(
-        hidden_states=inputs["in.hidden_states"], timestep=inputs["in.timestep"],
-        timestep_r=inputs["in.timestep_r"], encoder_hidden_states=inputs["in.encoder_hidden_states"],
-        context_latents=inputs["in.context_latents"], return_dict=False,
-    )[0]
 
 
 def ace_step_module(diffusers_module):
@@ -250,30 +244,9 @@ def diffusers_trace(model, inputs):
     return {k: v.contiguous() for k, v in trace.items()}
 
 
-def ace_step_named_attention(state):
-    """A module tree with ACE-Step's attention projection names (as ACE-Step's decoder has
-    them), for PEFT to save an adapter under the keys ACE-Step loads."""
-    layers = torch.nn.ModuleList()
-    for i in range(CONFIG["num_hidden_layers"]):
-        layer = torch.nn.Module()
-        for attn in ["self_attn", "cross_attn"]:
-            block = torch.nn.Module()
-            for proj in TARGETS:
-                w = state[f"layers.{i}.{attn}.{proj}.weight"]
-                linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
-                with torch.no_grad():
-                    linear.weight.copy_(w)
-                setattr(block, proj, linear)
-            setattr(layer, attn, block)
-        layers.append(layer)
-    decoder = torch.nn.Module()
-    decoder.layers = layers
-    return decoder
-
-
 def write_peft_adapter(ace_state, lora, out_dir):
     """PEFT's save_pretrained of the same LoRA on ACE-Step-named modules."""
-    model = get_peft_model(ace_step_named_attention(ace_state),
+    model = get_peft_model(ace_step_decoder(ace_state),
                            LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=TARGETS))
     params = dict(model.named_parameters())
     with torch.no_grad():
