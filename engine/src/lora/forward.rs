@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Tensor, Var};
 
-use super::{row_norms, Kernel, LoraAdapter};
+use super::{on_graph, row_norms, Kernel, LoraAdapter};
 use crate::model::lora_linear::lora_linear;
 use crate::model::{ops, LinearAdapter};
 use crate::Result;
@@ -44,8 +44,7 @@ impl<'a> LoraCtx<'a> {
     }
 
     fn weight(&self, v: &Var, dtype: DType) -> Result<Tensor> {
-        let t = if self.tracked { v.as_tensor().clone() } else { v.as_tensor().detach() };
-        Ok(t.to_dtype(dtype)?)
+        Ok(on_graph(v, self.tracked).to_dtype(dtype)?)
     }
 
     /// PEFT's DoRA: `W x + (m / |W + s B A| - 1) W xd + (m / |W + s B A|) s B A xd`,
@@ -107,11 +106,10 @@ impl LinearAdapter for LoraCtx<'_> {
             // change added to the base weight would round away.
             (Kernel::Lokr(_), _) => {
                 let w32 = w.to_dtype(DType::F32)?;
-                let adapted = self.adapter.adapted_weight(m, &w32, self.tracked)?;
                 return Ok(Some(match (x.dtype(), self.strength) {
-                    (DType::F32, 1.0) => ops::linear(x, &adapted, None)?,
+                    (DType::F32, 1.0) => ops::linear(x, &self.adapter.adapted_weight(m, &w32, self.tracked)?, None)?,
                     (dtype, s) => {
-                        let change = ((adapted - &w32)? * s)?.to_dtype(dtype)?;
+                        let change = (self.adapter.weight_change(m, &w32, self.tracked)? * s)?.to_dtype(dtype)?;
                         ops::add(&ops::linear(x, w, None)?, &ops::linear(x, &change, None)?)?
                     }
                 }));
@@ -161,12 +159,12 @@ mod tests {
     /// DoRA with dropout in training is PEFT's `W x + (m / |W + s B A| - 1) W xd +
     /// (m / |W + s B A|) s B A xd` (xd the dropped input): the fixture has no dropout
     /// (PEFT's masks are torch's), so the same masks are put through that formula here.
-    #[test]
-    fn dora_with_dropout_is_pefts_formula() -> Result<()> {
+    /// An adapter of `config` on the demo DiT with every tensor moved off its start, its
+    /// tensors, layer 0's q_proj weight and an input for it.
+    fn moved_adapter(config: &LoraConfig) -> Result<(LoraAdapter, HashMap<String, Tensor>, Tensor, Tensor)> {
         let dev = Device::Cpu;
         let (cfg, weights) = crate::load::source::ModelSource::Demo.load_decoder(DType::F32, &dev)?;
         let model = DitModel::new(&cfg, &weights)?;
-        let config = LoraConfig { r: 4, alpha: 8.0, dropout: 0.3, use_dora: true, ..Default::default() };
         let fresh = LoraAdapter::new(config.clone(), &model, 1)?;
         let moved: HashMap<String, Tensor> = fresh
             .named_tensors()
@@ -174,9 +172,52 @@ mod tests {
             .map(|(k, t)| Ok((k, (&t + t.randn_like(0.0, 0.2)?)?)))
             .collect::<Result<_>>()?;
         let adapter = LoraAdapter::from_tensors(config.clone(), &model, &moved, std::path::Path::new("test"))?;
-        let name = "layers.0.self_attn.q_proj";
-        let w = weights.get(&format!("{name}.weight"))?;
+        let w = weights.get("layers.0.self_attn.q_proj.weight")?;
         let x = Tensor::randn(0f32, 1.0, (1, 7, w.dim(1)?), &dev)?;
+        Ok((adapter, moved, w, x))
+    }
+
+    /// LoKr part of the way (generation's strength) applies `W + s (W' - W)`, and a
+    /// 16-bit input gets the same through the change's own GEMM.
+    #[test]
+    fn lokr_at_a_strength_and_in_16_bit_applies_part_of_the_adapted_weight() -> Result<()> {
+        let name = "layers.0.self_attn.q_proj";
+        for use_dora in [false, true] {
+            let config = LoraConfig {
+                kind: crate::lora::AdapterKind::Lokr,
+                r: 4,
+                alpha: 8.0,
+                dropout: 0.0,
+                use_dora,
+                ..Default::default()
+            };
+            let (adapter, _, w, x) = moved_adapter(&config)?;
+            let adapted = adapter.merged_weight(name, &w)?.expect("adapted");
+            let half = (&w + ((&adapted - &w)? * 0.5)?)?;
+            let ctx = adapter.ctx(LoraMode::Eval, false);
+            let ours = ctx.with_strength(0.5).linear(name, &x, &w)?.expect("adapted");
+            let err = (&ours - x.broadcast_matmul(&half.t()?)?)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            let (x16, w16) = (x.to_dtype(DType::BF16)?, w.to_dtype(DType::BF16)?);
+            let ours16 = ctx.linear(name, &x16, &w16)?.expect("adapted").to_dtype(DType::F32)?;
+            let full = x.broadcast_matmul(&adapted.t()?)?;
+            let err16 = (&ours16 - &full)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            let scale = full.abs()?.max_all()?.to_scalar::<f32>()?;
+            println!(
+                "LoKr (DoRA {use_dora}): strength 0.5 max abs {err:.3e}; bf16 {err16:.3e} of outputs up to {scale:.2}"
+            );
+            assert!(err <= 1e-5 * scale.max(1.0));
+            assert!(err16 <= 2e-2 * scale, "bf16 off by more than its rounding");
+            let effect = (&full - x.broadcast_matmul(&w.t()?)?)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(effect > 10.0 * err16, "the adapter's effect ({effect:.3e}) is what the bf16 check sees");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn dora_with_dropout_is_pefts_formula() -> Result<()> {
+        let config = LoraConfig { r: 4, alpha: 8.0, dropout: 0.3, use_dora: true, ..Default::default() };
+        let (adapter, moved, w, x) = moved_adapter(&config)?;
+        let name = "layers.0.self_attn.q_proj";
         let ours = adapter.ctx(LoraMode::Train { dropout_seed: 5 }, false).linear(name, &x, &w)?.expect("adapted");
 
         let xd = (&x * dropout_mask(5, name, &x, config.dropout)?)?;

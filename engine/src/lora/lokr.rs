@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Tensor, Var};
 use rand_chacha::ChaCha8Rng;
 
-use super::{kaiming_uniform, LoraConfig};
+use super::{kaiming_uniform, on_graph, LoraConfig};
 use crate::Result;
 
 /// LyCORIS's `factorization`: `dimension = m n` with `m <= n`, the pair closest to
@@ -44,10 +44,9 @@ pub enum Half {
 impl Half {
     /// `[rows, cols]` as a tensor (the product taken), on the graph when `tracked`.
     fn matrix(&self, tracked: bool) -> Result<Tensor> {
-        let t = |v: &Var| if tracked { v.as_tensor().clone() } else { v.as_tensor().detach() };
         Ok(match self {
-            Half::Whole(w) => t(w),
-            Half::Product(a, b) => t(a).matmul(&t(b))?,
+            Half::Whole(w) => on_graph(w, tracked),
+            Half::Product(a, b) => on_graph(a, tracked).matmul(&on_graph(b, tracked))?,
         })
     }
 

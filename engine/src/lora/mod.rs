@@ -246,6 +246,15 @@ fn expected_params(config: &LoraConfig, inp: usize, out: usize) -> Vec<(String, 
     params
 }
 
+/// `v`'s tensor, on the graph only when `tracked` (off for checkpointing's no-graph pass).
+fn on_graph(v: &Var, tracked: bool) -> Tensor {
+    if tracked {
+        v.as_tensor().clone()
+    } else {
+        v.as_tensor().detach()
+    }
+}
+
 /// Row norms `[out, 1]` of an f32 `[out, in]` weight.
 fn row_norms(w: &Tensor) -> Result<Tensor> {
     Ok(w.sqr()?.sum_keepdim(1)?.sqrt()?)
@@ -449,9 +458,17 @@ impl LoraAdapter {
     fn adapted_weight(&self, m: &Adapted, w: &Tensor, tracked: bool) -> Result<Tensor> {
         let merged = (w + self.change(m, tracked)?)?;
         match &m.magnitude {
-            Some(magnitude) if tracked => dora_rescale(self.config.kind, &merged, magnitude.as_tensor()),
-            Some(magnitude) => dora_rescale(self.config.kind, &merged, &magnitude.as_tensor().detach()),
+            Some(magnitude) => dora_rescale(self.config.kind, &merged, &on_graph(magnitude, tracked)),
             None => Ok(merged),
+        }
+    }
+
+    /// Module `m`'s adapted weight less `w`: the kernel's change itself, or DoRA's
+    /// rescaled weight less `w`.
+    fn weight_change(&self, m: &Adapted, w: &Tensor, tracked: bool) -> Result<Tensor> {
+        match m.magnitude {
+            Some(_) => Ok((self.adapted_weight(m, w, tracked)? - w)?),
+            None => self.change(m, tracked),
         }
     }
 
@@ -463,9 +480,8 @@ impl LoraAdapter {
 
     /// Module `m`'s kernel as a weight change, f32, on the graph when `tracked`.
     fn change(&self, m: &Adapted, tracked: bool) -> Result<Tensor> {
-        let t = |v: &Var| if tracked { v.as_tensor().clone() } else { v.as_tensor().detach() };
         Ok(match &m.kernel {
-            Kernel::Lora { a, b } => (t(b).matmul(&t(a))? * self.config.scaling())?,
+            Kernel::Lora { a, b } => (on_graph(b, tracked).matmul(&on_graph(a, tracked))? * self.config.scaling())?,
             Kernel::Lokr(k) => k.delta(tracked)?,
         })
     }
