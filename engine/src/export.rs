@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::load::folder::ModelFolder;
 use crate::load::source::ModelSource;
 use crate::lora::lokr::Layout;
-use crate::lora::{AdapterKind, LoraAdapter};
+use crate::lora::{row_norms, AdapterKind, LoraAdapter};
 use crate::model::{DecoderWeights, DitModel};
 use crate::tensor_io::{save_tensors, write_safetensors};
 use crate::train::{state, RunConfig};
@@ -145,7 +145,7 @@ pub fn write_comfyui(adapter: &LoraAdapter, weights: &DecoderWeights, path: &Pat
                 "lora_A.weight" => ("lora_down.weight", t.clone()),
                 "lora_B.weight" => ("lora_up.weight", t.clone()),
                 "lora_magnitude_vector" | "dora_scale" => {
-                    ("dora_scale", comfyui_dora_scale(adapter, weights, &module, t)?)
+                    ("dora_scale", comfyui_dora_scale(adapter, weights, &module)?)
                 }
                 lokr => (lokr, t.clone()),
             };
@@ -155,15 +155,12 @@ pub fn write_comfyui(adapter: &LoraAdapter, weights: &DecoderWeights, path: &Pat
     save(&out, path)
 }
 
-/// DoRA's magnitude `m` as ComfyUI needs it: `m (|W| + eps) / (|W + delta| + eps')`,
-/// `[out, 1]`, with ComfyUI's f32 eps and the trainer's (LyCORIS's f32 eps, PEFT none).
-fn comfyui_dora_scale(adapter: &LoraAdapter, weights: &DecoderWeights, module: &str, m: &Tensor) -> Result<Tensor> {
+/// DoRA's magnitude as ComfyUI needs it: the trainer's factor `m / |W + delta|` times
+/// ComfyUI's divisor `|W| + eps` (f32), `[out, 1]`.
+fn comfyui_dora_scale(adapter: &LoraAdapter, weights: &DecoderWeights, module: &str) -> Result<Tensor> {
     let w = weights.get(&format!("{module}.weight"))?.to_dtype(DType::F32)?;
-    let delta = adapter.kernel_delta(module)?.expect("an adapted module").to_device(w.device())?;
-    let norms = |t: &Tensor| -> Result<Tensor> { Ok(t.sqr()?.sum_keepdim(1)?.sqrt()?) };
-    let trainer_eps = if adapter.config.kind == AdapterKind::Lokr { f32::EPSILON as f64 } else { 0.0 };
-    let ratio = ((norms(&w)? + f32::EPSILON as f64)? / (norms(&(&w + delta)?)? + trainer_eps)?)?;
-    Ok(m.reshape(ratio.dims())?.to_device(w.device())?.mul(&ratio)?)
+    let factor = adapter.dora_factor(module, &w)?.expect("a DoRA module");
+    Ok(factor.mul(&(row_norms(&w)? + f32::EPSILON as f64)?)?)
 }
 
 /// The whole decoder with the adapter merged, under `decoder.` + the original names.

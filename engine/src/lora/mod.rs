@@ -256,7 +256,7 @@ fn on_graph(v: &Var, tracked: bool) -> Tensor {
 }
 
 /// Row norms `[out, 1]` of an f32 `[out, in]` weight.
-fn row_norms(w: &Tensor) -> Result<Tensor> {
+pub(crate) fn row_norms(w: &Tensor) -> Result<Tensor> {
     Ok(w.sqr()?.sum_keepdim(1)?.sqrt()?)
 }
 
@@ -264,13 +264,18 @@ fn row_norms(w: &Tensor) -> Result<Tensor> {
 /// output row. PEFT takes the norm as a constant in backward and adds no epsilon;
 /// LyCORIS differentiates it, plus f32's eps.
 fn dora_rescale(kind: AdapterKind, merged: &Tensor, magnitude: &Tensor) -> Result<Tensor> {
+    Ok(merged.broadcast_mul(&dora_factor(kind, merged, magnitude)?)?)
+}
+
+/// `m / |merged|` per output row, `[out, 1]` (see [`dora_rescale`]).
+fn dora_factor(kind: AdapterKind, merged: &Tensor, magnitude: &Tensor) -> Result<Tensor> {
     let norms = row_norms(merged)?;
     let norms = match kind {
         AdapterKind::Lora => norms.detach(),
         AdapterKind::Lokr => (norms + f32::EPSILON as f64)?,
     };
     let (out, _) = merged.dims2()?;
-    Ok(merged.broadcast_mul(&magnitude.reshape((out, 1))?.div(&norms)?)?)
+    Ok(magnitude.reshape((out, 1))?.div(&norms)?)
 }
 
 impl LoraAdapter {
@@ -472,10 +477,18 @@ impl LoraAdapter {
         }
     }
 
-    /// Module `name`'s change before DoRA's rescaling (`scaling B A`, `scale kron(w1,
-    /// w2)`), f32; `None` if `name` is not adapted.
-    pub fn kernel_delta(&self, name: &str) -> Result<Option<Tensor>> {
-        self.modules.get(name).map(|m| self.change(m, false)).transpose()
+    /// DoRA's factor on module `name`'s rows over base weight `base`: `m / |base + change|`
+    /// `[out, 1]` as the trainer takes the norm; `None` without DoRA or an adapter there.
+    pub fn dora_factor(&self, name: &str, base: &Tensor) -> Result<Option<Tensor>> {
+        let Some(m) = self.modules.get(name) else {
+            return Ok(None);
+        };
+        let Some(magnitude) = &m.magnitude else {
+            return Ok(None);
+        };
+        let w = base.to_dtype(DType::F32)?;
+        let merged = (&w + self.change(m, false)?.to_device(w.device())?)?;
+        Ok(Some(dora_factor(self.config.kind, &merged, &magnitude.as_tensor().to_device(w.device())?)?))
     }
 
     /// Module `m`'s kernel as a weight change, f32, on the graph when `tracked`.
