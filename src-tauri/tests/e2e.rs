@@ -502,25 +502,38 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     assert_eq!(js(&c, first).await, "preview-base", "the base model's preview comes first");
     let pictures = "const rows = document.querySelectorAll('#preview-list > li'); return [...rows].every(r => r.querySelector('.audio-picture svg polyline') !== null)";
     wait_js(&c, pictures, "every preview's picture").await;
-    // Play a step's preview: the player loads that file, all of it.
-    let path = js(&c, "return document.querySelector('#preview-list [data-testid=preview]').dataset.path").await;
-    let path = PathBuf::from(path.as_str().unwrap());
-    // That row's own button: newer previews keep arriving and the list may have grown.
-    let row = format!("#preview-list [data-testid=preview][data-path={}] .play", json!(path.to_str().unwrap()));
-    c.find(Locator::Css(&row)).await.unwrap().click().await.unwrap();
-    let loaded = format!(
-        "const p = document.getElementById('player'); return p.dataset.key === {} && p.readyState >= 1 && p.duration > 0",
-        json!(path.to_str().unwrap())
-    );
+    // Play a step's preview: the player loads that file, all of it. A preview arriving
+    // as the click lands pushes the rows down under the pointer, so the one played is
+    // whichever step's row took the click.
+    c.find(Locator::Css("#preview-list [data-testid=preview] .play")).await.unwrap().click().await.unwrap();
+    let loaded = "const p = document.getElementById('player'); \
+        const rows = [...document.querySelectorAll('#preview-list [data-testid=preview]')]; \
+        return rows.some(r => r.dataset.path === p.dataset.key) && p.readyState >= 1 && p.duration > 0";
     // The run trains on every core meanwhile (LoKr + DoRA, the heavier adapter): room
     // for a loaded machine, as the engine's own waits have.
-    wait_js_for(&c, &loaded, "the player to load the preview", ENGINE_WAIT).await;
+    wait_js_for(&c, loaded, "the player to load the preview", ENGINE_WAIT).await;
+    let path = js(&c, "return document.getElementById('player').dataset.key").await;
+    let path = PathBuf::from(path.as_str().unwrap());
+    let row = format!("#preview-list [data-testid=preview][data-path={}]", json!(path.to_str().unwrap()));
     let state = js(&c, "const p = document.getElementById('player'); return [p.readyState, p.duration, p.src]").await;
     eprintln!("e2e: player {state}");
     let (ready, duration) = (state[0].as_u64().unwrap(), state[1].as_f64().unwrap());
     assert!(ready >= 1 && state[2].as_str().unwrap().starts_with("blob:"), "{state}");
     let want = wav_seconds(&path);
     assert!((duration - want).abs() < 0.02, "the player's {duration} s against the file's {want} s");
+    // Newer previews join the list without redrawing it: a row shown stays the same
+    // element (its picture drawn once, its Play kept), the base model first, then newest.
+    let keep = format!(
+        "window.keptRow = document.querySelector({}); window.keptRows = document.querySelectorAll('#preview-list > li').length; return true",
+        json!(row)
+    );
+    js(&c, &keep).await;
+    let grown = "return document.querySelectorAll('#preview-list > li').length > window.keptRows";
+    wait_js_for(&c, grown, "a newer preview", ENGINE_WAIT).await;
+    let kept = "const rows = [...document.querySelectorAll('#preview-list > li')]; \
+        const steps = rows.slice(1).map(r => Number(r.dataset.step)); \
+        return [window.keptRow.isConnected, rows[0].dataset.step, steps.every((s, i) => i === 0 || steps[i - 1] > s)]";
+    assert_eq!(js(&c, kept).await, json!([true, "0", true]), "the shown row kept, the base first, then newest first");
 
     // Generate from the live run: it waits for a step boundary, then the song plays here
     // and is saved under the run.

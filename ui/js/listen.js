@@ -88,17 +88,24 @@ function previewRow(p) {
   return li;
 }
 
+/** Puts a preview's row in its place: the base model first, then the newest. Rows
+ * already shown stay as they are (their pictures drawn once, a pressed Play kept). */
+function insertPreview(p) {
+  const list = $('preview-list');
+  list.querySelector('.empty')?.remove();
+  const next = [...list.children].find((r) => r.dataset.step !== '0' && (p.step === 0 || Number(r.dataset.step) < p.step));
+  list.insertBefore(previewRow(p), next ?? null);
+  $('listen-count').textContent = String(state.previews.length);
+}
+
 function showPreviews() {
   const list = $('preview-list');
   list.replaceChildren();
-  // The base model first, then the newest: base against step N is one click each.
-  const base = state.previews.filter((p) => p.step === 0);
-  const steps = state.previews.filter((p) => p.step !== 0).sort((a, b) => b.step - a.step);
-  for (const p of [...base, ...steps]) list.append(previewRow(p));
+  $('listen-count').textContent = '';
+  for (const p of state.previews) insertPreview(p);
   if (!state.previews.length) {
     list.innerHTML = '<li class="empty">No previews yet. Set "Preview every (steps)" in the settings to hear the adapter as it trains.</li>';
   }
-  $('listen-count').textContent = state.previews.length ? String(state.previews.length) : '';
 }
 
 /** Shows the run in `dir` (null: none): its previews, its songs (made in any session),
@@ -129,8 +136,9 @@ export function onPreview(ev, dir) {
   if (!dir || dir !== state.dir) return;
   const path = `${dir}/${ev.path}`;
   if (state.previews.some((p) => p.step === ev.step)) return;
-  state.previews.push({ step: ev.step, path, caption: ev.caption, seconds: ev.seconds, took_s: ev.took_s });
-  showPreviews();
+  const p = { step: ev.step, path, caption: ev.caption, seconds: ev.seconds, took_s: ev.took_s };
+  state.previews.push(p);
+  insertPreview(p);
 }
 
 // ---- generate -------------------------------------------------------------------
