@@ -7,11 +7,12 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::load::folder::ModelFolder;
+use crate::load::folder::{ModelFolder, DIT_WEIGHTS};
 use crate::load::source::ModelSource;
 use crate::lora::lokr::Layout;
 use crate::lora::{row_norms, AdapterKind, LoraAdapter};
 use crate::model::{DecoderWeights, DitModel};
+use crate::tensor_io::shards::{weight_files, weights_in};
 use crate::tensor_io::{save_tensors, write_safetensors};
 use crate::train::{state, RunConfig};
 use crate::{Error, Result};
@@ -178,7 +179,8 @@ pub fn write_merged(weights: &DecoderWeights, adapter: &LoraAdapter, path: &Path
 
 /// The DiT folder `dit_dir` (`acestep-v15-*`) with the adapter merged, written to the
 /// new folder `to`: its model.safetensors holds every tensor of the source's (the
-/// condition encoder, the null condition, the decoder) in the source's dtype, the
+/// condition encoder, the null condition, the decoder; one file where the source's
+/// were shards) in the source's dtype, the
 /// adapted decoder weights as `W + scaling * B A` (computed in f32); every other file
 /// is copied. Put it beside `vae/` and `Qwen3-Embedding-0.6B/` and ACE-Step, or
 /// `--model`, opens it as a model. Written under a temporary name and renamed; the
@@ -206,41 +208,49 @@ pub fn write_merged_model(dit_dir: &Path, adapter: &LoraAdapter, to: &Path) -> R
     written
 }
 
-const MODEL_WEIGHTS: &str = "model.safetensors";
-
 fn fill_merged_model(source: &Path, adapter: &LoraAdapter, out: &Path) -> Result<()> {
     std::fs::create_dir(out).map_err(|e| Error::io(out, e))?;
+    // One model.safetensors replaces the source's, or its shards and their index.
+    let weights_path = weights_in(source, DIT_WEIGHTS);
+    let weight_files = weight_files(&weights_path)?;
     for entry in std::fs::read_dir(source).map_err(|e| Error::io(source, e))? {
         let path = entry.map_err(|e| Error::io(source, e))?.path();
-        if path.is_file() && path.file_name().is_some_and(|n| n != MODEL_WEIGHTS) {
+        let replaced = path == weights_path || weight_files.contains(&path);
+        if path.is_file() && !replaced {
             let copy = out.join(path.file_name().expect("a file has a name"));
             std::fs::copy(&path, &copy).map_err(|e| Error::io(&path, e))?;
         }
     }
-    let weights_path = source.join(MODEL_WEIGHTS);
-    // SAFETY: the file is only read, as every safetensors reader does.
-    let file = unsafe { candle_core::safetensors::MmapedSafetensors::new(&weights_path) }
-        .map_err(|e| Error::BadFile { path: weights_path.clone(), reason: format!("cannot read safetensors: {e}") })?;
+    let files = weight_files
+        .iter()
+        .map(|path| {
+            // SAFETY: the file is only read, as every safetensors reader does.
+            unsafe { candle_core::safetensors::MmapedSafetensors::new(path) }
+                .map_err(|e| Error::BadFile { path: path.clone(), reason: format!("cannot read safetensors: {e}") })
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut merged = 0;
     let mut tensors = Vec::new();
-    for (key, view) in file.tensors() {
-        let module = key.strip_prefix("decoder.").and_then(|k| k.strip_suffix(".weight"));
-        let base = || {
-            file.load(&key, &Device::Cpu).map_err(|e| Error::ModelFile {
-                path: weights_path.clone(),
-                key: key.clone(),
-                reason: e.to_string(),
-            })
-        };
-        let entry = match module {
-            Some(module) if adapter.adapts(module) => {
-                merged += 1;
-                let weight = adapter.merged_weight(module, &base()?)?.expect("the adapter adapts this module");
-                WeightEntry::Merged(weight)
-            }
-            _ => WeightEntry::Source(view),
-        };
-        tensors.push((key, entry));
+    for (file, file_path) in files.iter().zip(&weight_files) {
+        for (key, view) in file.tensors() {
+            let module = key.strip_prefix("decoder.").and_then(|k| k.strip_suffix(".weight"));
+            let base = || {
+                file.load(&key, &Device::Cpu).map_err(|e| Error::ModelFile {
+                    path: file_path.clone(),
+                    key: key.clone(),
+                    reason: e.to_string(),
+                })
+            };
+            let entry = match module {
+                Some(module) if adapter.adapts(module) => {
+                    merged += 1;
+                    let weight = adapter.merged_weight(module, &base()?)?.expect("the adapter adapts this module");
+                    WeightEntry::Merged(weight)
+                }
+                _ => WeightEntry::Source(view),
+            };
+            tensors.push((key, entry));
+        }
     }
     if merged != adapter.module_names().count() {
         return Err(Error::BadFile {
@@ -252,7 +262,7 @@ fn fill_merged_model(source: &Path, adapter: &LoraAdapter, out: &Path) -> Result
         });
     }
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-    write_safetensors(tensors.iter().map(|(k, e)| (k.as_str(), e)), Some(metadata), &out.join(MODEL_WEIGHTS))
+    write_safetensors(tensors.iter().map(|(k, e)| (k.as_str(), e)), Some(metadata), &out.join(DIT_WEIGHTS))
 }
 
 /// A tensor of the merged model's file: the source's bytes, or a merged weight.

@@ -6,6 +6,11 @@
 //! padded rows, in order; the new mask is 1 for the first `valid` rows. With lyrics,
 //! one timbre row and text this gives: valid lyric rows, the timbre row, valid text
 //! rows, padded lyric rows, padded text rows.
+//!
+//! ACE-Step 1.5 XL's code (`acestep/models/xl_*`) builds these encoders from the
+//! config's `encoder_*` sizes, narrower than its DiT, and its timbre encoder prepends a
+//! learned `special_token` whose output is the timbre embedding; the 2B code reads no
+//! `encoder_*` size and pools the first audio frame (its prepend is commented out).
 
 use candle_core::Tensor;
 use serde_json::Value;
@@ -30,6 +35,8 @@ pub struct ConditionEncoderConfig {
     pub sliding_window: Option<usize>,
     /// The DiT's layer types; encoder layer i takes entry i.
     pub layer_types: Vec<LayerType>,
+    /// The timbre encoder prepends its `special_token` (XL's code).
+    pub timbre_special_token: bool,
 }
 
 impl ConditionEncoderConfig {
@@ -45,12 +52,16 @@ impl ConditionEncoderConfig {
                     .ok_or_else(|| bad(format!("`{name}` must be a non-negative integer"))),
             }
         };
+        let xl = uses_xl_code(value, dit);
+        // XL's encoder sizes, each the DiT's where its config leaves it out (as upstream's
+        // `getattr(config, "encoder_...", None) or config....`).
+        let encoder_size = |name: &str, dit_value: usize| if xl { field(name, dit_value) } else { Ok(dit_value) };
         let cfg = Self {
             dims: LayerDims {
                 hidden: dit.encoder_hidden_size,
-                intermediate: dit.intermediate_size,
-                heads: dit.num_attention_heads,
-                kv_heads: dit.num_key_value_heads,
+                intermediate: encoder_size("encoder_intermediate_size", dit.intermediate_size)?,
+                heads: encoder_size("encoder_num_attention_heads", dit.num_attention_heads)?,
+                kv_heads: encoder_size("encoder_num_key_value_heads", dit.num_key_value_heads)?,
                 head_dim: dit.head_dim,
                 eps: dit.rms_norm_eps,
             },
@@ -61,6 +72,7 @@ impl ConditionEncoderConfig {
             rope_theta: dit.rope_theta,
             sliding_window: dit.use_sliding_window.then_some(dit.sliding_window),
             layer_types: dit.layer_types.clone(),
+            timbre_special_token: xl,
         };
         let most = cfg.lyric_layers.max(cfg.timbre_layers);
         if most > cfg.layer_types.len() {
@@ -69,14 +81,32 @@ impl ConditionEncoderConfig {
                 cfg.layer_types.len()
             )));
         }
+        if cfg.dims.heads == 0 || !cfg.dims.heads.is_multiple_of(cfg.dims.kv_heads) {
+            return Err(bad(format!(
+                "{} attention heads cannot share {} key/value heads",
+                cfg.dims.heads, cfg.dims.kv_heads
+            )));
+        }
         Ok(cfg)
     }
+}
+
+/// Whether `config.json` is one of upstream's XL code: its `auto_map` names an XL
+/// module, or its encoders are narrower than its DiT, which only that code builds.
+fn uses_xl_code(value: &Value, dit: &DitConfig) -> bool {
+    let names_xl = value
+        .get("auto_map")
+        .and_then(Value::as_object)
+        .is_some_and(|map| map.values().filter_map(Value::as_str).any(|m| m.contains("modeling_acestep_v15_xl")));
+    names_xl || dit.encoder_hidden_size != dit.hidden_size
 }
 
 /// A stack of encoder layers over projected inputs, then RMSNorm.
 struct Stack {
     embed_w: Tensor,
     embed_b: Tensor,
+    /// `[1, H]`, put before the inputs (XL's timbre encoder).
+    special_token: Option<Tensor>,
     layers: Vec<Layer>,
     norm: Tensor,
 }
@@ -87,6 +117,7 @@ impl Stack {
         prefix: &str,
         input_dim: usize,
         n: usize,
+        special_token: bool,
         cfg: &ConditionEncoderConfig,
     ) -> Result<Self> {
         let diffusers = uses_diffusers_names(&f.keys());
@@ -101,6 +132,10 @@ impl Stack {
         Ok(Self {
             embed_w: f.get(&format!("{prefix}.embed_tokens.weight"), &[h, input_dim])?,
             embed_b: f.get(&format!("{prefix}.embed_tokens.bias"), &[h])?,
+            special_token: match special_token {
+                true => Some(f.get(&format!("{prefix}.special_token"), &[1, 1, h])?.reshape((1, h))?),
+                false => None,
+            },
             layers: (0..n)
                 .map(|i| Layer::load(f, &format!("{prefix}.layers.{i}"), cfg.dims, &name))
                 .collect::<Result<_>>()?,
@@ -108,8 +143,9 @@ impl Stack {
         })
     }
 
-    /// `x [L, in]`, `valid [L]` -> `[L, H]`. Full layers mask padded keys; sliding
-    /// layers also the band |i - j| <= window.
+    /// `x [L, in]`, `valid [L]` -> `[L, H]` (`[1 + L, H]` after a special token, which
+    /// is always valid). Full layers mask padded keys; sliding layers also the band
+    /// |i - j| <= window.
     fn forward(
         &self,
         k: KernelPolicy,
@@ -118,14 +154,20 @@ impl Stack {
         cfg: &ConditionEncoderConfig,
     ) -> Result<Tensor> {
         let dev = x.device();
-        let l = x.dim(0)?;
+        let mut h = linear(x, &self.embed_w, Some(&self.embed_b))?;
+        let mut valid = valid.map(<[bool]>::to_vec);
+        if let Some(token) = &self.special_token {
+            h = Tensor::cat(&[token, &h], 0)?;
+            valid = valid.map(|v| std::iter::once(true).chain(v).collect());
+        }
+        let valid = valid.as_deref();
+        let l = h.dim(0)?;
         let rope = Rope::new(cfg.dims.head_dim, cfg.rope_theta, l, dev)?;
         let full = additive_mask(l, false, None, valid, dev)?;
         let sliding = match cfg.sliding_window {
             Some(w) => additive_mask(l, false, Some(w), valid, dev)?,
             None => None,
         };
-        let mut h = linear(x, &self.embed_w, Some(&self.embed_b))?;
         for (layer, kind) in self.layers.iter().zip(&cfg.layer_types) {
             let mask = match kind {
                 LayerType::SlidingAttention => sliding.as_ref(),
@@ -172,8 +214,15 @@ impl ConditionEncoder {
         Ok(Self {
             cfg: cfg.clone(),
             text_projector: f.get(&p("text_projector.weight"), &[cfg.dims.hidden, cfg.text_hidden_dim])?,
-            lyric: Stack::load(f, &p("lyric_encoder"), cfg.text_hidden_dim, cfg.lyric_layers, cfg)?,
-            timbre: Stack::load(f, &p("timbre_encoder"), cfg.timbre_hidden_dim, cfg.timbre_layers, cfg)?,
+            lyric: Stack::load(f, &p("lyric_encoder"), cfg.text_hidden_dim, cfg.lyric_layers, false, cfg)?,
+            timbre: Stack::load(
+                f,
+                &p("timbre_encoder"),
+                cfg.timbre_hidden_dim,
+                cfg.timbre_layers,
+                cfg.timbre_special_token,
+                cfg,
+            )?,
             kernels: KernelPolicy::for_device(f.device()),
         })
     }
@@ -189,7 +238,7 @@ impl ConditionEncoder {
     }
 
     /// The timbre embedding `[1, H]` of a reference `[R, timbre_dim]`: the first row of
-    /// the encoded sequence.
+    /// the encoded sequence (the special token's, where there is one).
     pub fn timbre(&self, reference: &Tensor) -> Result<Tensor> {
         Ok(self.timbre.forward(self.kernels, reference, None, &self.cfg)?.narrow(0, 0, 1)?)
     }
@@ -218,6 +267,42 @@ impl ConditionEncoder {
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    /// A DiT config of width 64 (4 heads of 16, 2 KV heads, MLP 128) with `extra` fields.
+    fn config(extra: serde_json::Value) -> ConditionEncoderConfig {
+        let mut value = serde_json::json!({
+            "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 8, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "in_channels": 24, "audio_acoustic_hidden_dim": 8,
+            "patch_size": 2, "sliding_window": 8, "use_sliding_window": true, "rope_theta": 1e6,
+            "rms_norm_eps": 1e-6,
+        });
+        value.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        ConditionEncoderConfig::from_value(&value, &DitConfig::from_value(&value).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn xl_code_sizes_the_encoders_from_their_own_fields_and_prepends_the_timbre_token() {
+        let sizes = serde_json::json!({"encoder_intermediate_size": 96, "encoder_num_attention_heads": 2,
+            "encoder_num_key_value_heads": 1});
+        let dims = |c: &ConditionEncoderConfig| (c.dims.hidden, c.dims.intermediate, c.dims.heads, c.dims.kv_heads);
+        // 2B code: its DiT's sizes, whatever else the file holds.
+        let two_b = config(sizes.clone());
+        assert_eq!((dims(&two_b), two_b.timbre_special_token), ((64, 128, 4, 2), false));
+        // XL code named by auto_map, at the DiT's width.
+        let mut named = sizes.clone();
+        named["auto_map"] =
+            serde_json::json!({"AutoModel": "modeling_acestep_v15_xl_sft.AceStepConditionGenerationModel"});
+        let named = config(named);
+        assert_eq!((dims(&named), named.timbre_special_token), ((64, 96, 2, 1), true));
+        // XL code known by its narrower encoders; sizes it leaves out are the DiT's.
+        let narrower = config(serde_json::json!({"encoder_hidden_size": 32}));
+        assert_eq!((dims(&narrower), narrower.timbre_special_token), ((32, 128, 4, 2), true));
+        let value = serde_json::json!({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 8,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "in_channels": 24, "audio_acoustic_hidden_dim": 8,
+            "patch_size": 2, "encoder_hidden_size": 32, "encoder_num_attention_heads": 3});
+        let err = ConditionEncoderConfig::from_value(&value, &DitConfig::from_value(&value).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("3 attention heads cannot share 2 key/value heads"), "{err}");
+    }
 
     #[test]
     fn packing_puts_valid_rows_first_in_order() {

@@ -25,6 +25,7 @@ use crate::codec::{SongMeta, INSTRUMENTAL};
 use crate::model::timesteps::TimestepSampling;
 use crate::model::weights::{expected_shapes, match_header, DecoderWeights};
 use crate::model::DitConfig;
+use crate::tensor_io::shards::weights_in;
 use crate::tensor_io::torch_pt::read_pt;
 use crate::tensor_io::TensorFile;
 use crate::{Error, Result};
@@ -35,6 +36,8 @@ pub const DIT_PREFIX: &str = "acestep-v15-";
 pub const DEFAULT_DIT: &str = "acestep-v15-turbo";
 /// The unconditional embedding of guidance and CFG dropout, top-level in model.safetensors.
 pub const NULL_CONDITION_KEY: &str = "null_condition_emb";
+/// The DiT folder's weights file (or, sharded, its index's name less `.index.json`).
+pub const DIT_WEIGHTS: &str = "model.safetensors";
 /// ACE-Step's text and lyric token lengths: training pads to them, generation cuts
 /// at them (lyrics at the longer `GENERATION_LYRIC_TOKENS`).
 pub const TEXT_TOKENS: usize = 256;
@@ -230,8 +233,9 @@ impl ModelFolder {
         Self::open(&cache, None)
     }
 
+    /// `model.safetensors`, or the index of its shards (XL's repositories ship four).
     pub fn dit_weights(&self) -> PathBuf {
-        self.dit_dir.join("model.safetensors")
+        weights_in(&self.dit_dir, DIT_WEIGHTS)
     }
 
     pub fn dit_config_path(&self) -> PathBuf {
@@ -360,7 +364,7 @@ fn read_dit_part(dit_dir: &Path, problems: &mut Vec<String>) -> DitPart {
         _ => None,
     };
     check_safetensors(
-        &dit_dir.join("model.safetensors"),
+        &weights_in(dit_dir, DIT_WEIGHTS),
         &["decoder.proj_in.1.weight", "encoder.text_projector.weight"],
         problems,
     );
@@ -467,14 +471,15 @@ impl RealConditioner {
         let text_dir = folder.text_dir();
         let qwen_file = TensorFile::open(&text_dir.join("model.safetensors"), device)?;
         let dit_file = TensorFile::open(&folder.dit_weights(), device)?;
-        let id = file_identity(&[
-            &folder.dit_dir.join("config.json"),
-            &folder.dit_weights(),
-            &folder.dit_dir.join("silence_latent.pt"),
-            &text_dir.join("model.safetensors"),
-            &text_dir.join("tokenizer.json"),
-            &text_dir.join("tokenizer_config.json"),
-        ])?;
+        let config = folder.dit_dir.join("config.json");
+        let silence = folder.dit_dir.join("silence_latent.pt");
+        let text_files = ["model.safetensors", "tokenizer.json", "tokenizer_config.json"].map(|f| text_dir.join(f));
+        let identified: Vec<&Path> = std::iter::once(config.as_path())
+            .chain(dit_file.file_paths().iter().map(PathBuf::as_path))
+            .chain([silence.as_path()])
+            .chain(text_files.iter().map(PathBuf::as_path))
+            .collect();
+        let id = file_identity(&identified)?;
         let tokenizer = |max_len, padding| TextTokenizer::from_dir(&text_dir, max_len, padding);
         Ok(Self {
             qwen: Qwen3Encoder::load(&folder.text, &qwen_file)?,

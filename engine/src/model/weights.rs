@@ -3,12 +3,13 @@
 //! every tensor's presence and shape against the config.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use super::DitConfig;
+use crate::tensor_io::shards::weight_files;
 use crate::{Error, Result};
 
 /// The DiT's weights under their original names without the `decoder.` prefix
@@ -157,9 +158,12 @@ impl DecoderWeights {
                 return Err(Error::io(*p, std::io::Error::new(std::io::ErrorKind::NotFound, "weights file not found")));
             }
         }
+        // A sharded model's index stands for its shards.
+        let files: Vec<PathBuf> =
+            paths.iter().map(|p| weight_files(p)).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
         // SAFETY: the files are only read; a file changed on disk while mapped is the
         // caller's problem exactly as with any reader of safetensors checkpoints.
-        let st = unsafe { MmapedSafetensors::multi(paths) }.map_err(|e| Error::BadFile {
+        let st = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| Error::BadFile {
             path: paths.first().map(|p| p.to_path_buf()).unwrap_or_default(),
             reason: format!("cannot read safetensors: {e}"),
         })?;

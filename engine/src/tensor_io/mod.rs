@@ -1,7 +1,8 @@
 //! Tensor files. Named tensors from memory-mapped safetensors files, for the
 //! inference-only parts of the real model (VAE, Qwen3, condition encoder): every
 //! lookup checks the shape and names the file and key at fault; tensors come back as
-//! f32. Safetensors written whole or not at all. `torch_pt` reads torch's `.pt` files.
+//! f32. A file is one safetensors file or a sharded model's index (`shards`).
+//! Safetensors written whole or not at all. `torch_pt` reads torch's `.pt` files.
 //!
 //! A file opened for checking reads headers only: each lookup records what is missing
 //! or mis-shaped and hands back a stand-in without storage, so a module's own loader
@@ -16,13 +17,19 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::{Error, Result};
 
+pub mod shards;
 mod source;
 pub mod torch_pt;
 
 pub use source::{RandomTensors, TensorSource};
 
 pub struct TensorFile {
-    st: MmapedSafetensors,
+    /// The safetensors files, one unless the weights are sharded.
+    files: Vec<MmapedSafetensors>,
+    /// Each file's path, and which of them holds each tensor.
+    file_paths: Vec<PathBuf>,
+    holder: HashMap<String, usize>,
+    /// The path the user gave: the file, or the shards' index.
     path: PathBuf,
     device: Device,
     /// `Some` when opened for checking: the lookups made and the problems found.
@@ -36,16 +43,29 @@ struct ShapeCheck {
 }
 
 impl TensorFile {
+    /// Opens a safetensors file, or every shard of the index at `path`.
     pub fn open(path: &Path, device: &Device) -> Result<Self> {
         if !path.is_file() {
             return Err(Error::io(path, std::io::Error::new(std::io::ErrorKind::NotFound, "weights file not found")));
         }
-        // SAFETY: the file is only read, as every safetensors reader does.
-        let st = unsafe { MmapedSafetensors::new(path) }.map_err(|e| Error::BadFile {
-            path: path.to_path_buf(),
-            reason: format!("cannot read safetensors: {e}"),
-        })?;
-        Ok(Self { st, path: path.to_path_buf(), device: device.clone(), check: None })
+        let file_paths = shards::weight_files(path)?;
+        let mut files = Vec::with_capacity(file_paths.len());
+        let mut holder = HashMap::new();
+        for (i, file) in file_paths.iter().enumerate() {
+            // SAFETY: the file is only read, as every safetensors reader does.
+            let st = unsafe { MmapedSafetensors::new(file) }
+                .map_err(|e| Error::BadFile { path: file.clone(), reason: format!("cannot read safetensors: {e}") })?;
+            for (key, _) in st.tensors() {
+                if let Some(first) = holder.insert(key.clone(), i) {
+                    return Err(Error::BadFile {
+                        path: file.clone(),
+                        reason: format!("tensor `{key}` is also in {}", file_paths[first].display()),
+                    });
+                }
+            }
+            files.push(st);
+        }
+        Ok(Self { files, file_paths, holder, path: path.to_path_buf(), device: device.clone(), check: None })
     }
 
     /// Opens `path` for checking only (see the module doc): lookups never fail on a
@@ -72,16 +92,27 @@ impl TensorFile {
         &self.device
     }
 
+    /// Every file the tensors are read from (the shards of an index).
+    pub fn file_paths(&self) -> &[PathBuf] {
+        &self.file_paths
+    }
+
     pub fn keys(&self) -> Vec<String> {
-        self.st.tensors().into_iter().map(|(k, _)| k).collect()
+        self.files.iter().flat_map(|f| f.tensors().into_iter().map(|(k, _)| k)).collect()
     }
 
     pub fn contains(&self, key: &str) -> bool {
-        self.st.get(key).is_ok()
+        self.holder.contains_key(key)
     }
 
+    fn view(&self, key: &str) -> Option<safetensors::tensor::TensorView<'_>> {
+        self.files[*self.holder.get(key)?].get(key).ok()
+    }
+
+    /// An error about `key`, naming the file that holds it (the path given when none does).
     fn error(&self, key: &str, reason: impl Into<String>) -> Error {
-        Error::ModelFile { path: self.path.clone(), key: key.to_string(), reason: reason.into() }
+        let path = self.holder.get(key).map_or(&self.path, |&i| &self.file_paths[i]);
+        Error::ModelFile { path: path.clone(), key: key.to_string(), reason: reason.into() }
     }
 
     /// The first of `keys` present, as f32, checked against `shape`.
@@ -103,7 +134,7 @@ impl TensorFile {
             .iter()
             .find(|k| self.contains(k))
             .ok_or_else(|| self.error(keys[0], format!("missing (expected shape {shape:?})")))?;
-        let t = self.st.load(key, &self.device).map_err(|e| self.error(key, e.to_string()))?;
+        let t = self.files[self.holder[*key]].load(key, &self.device).map_err(|e| self.error(key, e.to_string()))?;
         if t.dims() != shape {
             return Err(self.error(key, format!("shape {:?}, expected {shape:?}", t.dims())));
         }
@@ -116,7 +147,7 @@ impl TensorFile {
 
     /// The shape of `key` without loading it.
     pub fn shape(&self, key: &str) -> Option<Vec<usize>> {
-        self.st.get(key).ok().map(|v| v.shape().to_vec())
+        self.view(key).map(|v| v.shape().to_vec())
     }
 }
 
