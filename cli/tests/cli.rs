@@ -410,6 +410,85 @@ fn trains_an_acestep_model_folder_end_to_end() {
 }
 
 #[test]
+fn trains_validates_previews_generates_and_exports_with_an_xl_model_folder() {
+    // The tiny ACE-Step 1.5 XL model: a sharded DiT 40 wide over 32-wide encoders with
+    // their own heads, the timbre encoder's special token (engine/tests/xl_model.rs
+    // checks it against upstream's XL code).
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/real_xl/model");
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let mut c = ostinato();
+    c.args(["train", songs.to_str().unwrap(), "--model", model.to_str().unwrap(), "--name", "xl"])
+        .args(["--runs-dir", tmp.path().join("runs").to_str().unwrap()])
+        .args(["--crop-seconds", "2", "--rank", "2", "--max-steps", "4", "--cfg-dropout", "0.5"])
+        .args([
+            "--val-fraction",
+            "0.34",
+            "--val-every-steps",
+            "2",
+            "--preview-every-steps",
+            "2",
+            "--preview-seconds",
+            "1",
+        ])
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"));
+    ok(c.output().unwrap());
+    let run = tmp.path().join("runs/xl");
+    assert!(step_losses(&run).len() == 4 && step_losses(&run).iter().all(|s| s.2.is_finite()));
+    let events = read_events(&run.join("events.jsonl")).unwrap();
+    let validations = events.iter().filter(|e| matches!(e, Event::Validation { .. })).count();
+    let previews = events.iter().filter(|e| matches!(e, Event::Preview { .. })).count();
+    assert!(validations >= 2 && previews >= 2, "{validations} validations, {previews} previews");
+
+    // A song from the run's adapter.
+    let song = tmp.path().join("song.wav");
+    let final_adapter = run.join("final/adapter");
+    ok(ostinato()
+        .args(["generate", "--model", model.to_str().unwrap(), "--adapter", final_adapter.to_str().unwrap()])
+        .args(["--caption", "warm lo-fi piano", "--duration", "1", "--out", song.to_str().unwrap()])
+        .output()
+        .unwrap());
+    let audio = ostinato_engine::data::audio::decode(&song).unwrap();
+    assert_eq!((audio.sample_rate, audio.frames()), (48_000, 25 * 1920));
+
+    // Every export; the merged DiT folder is one model.safetensors (no shards, no index)
+    // that opens as a model beside the VAE and text encoder.
+    let root = tmp.path().join("merged-model");
+    std::fs::create_dir(&root).unwrap();
+    for shared in ["vae", "Qwen3-Embedding-0.6B"] {
+        std::os::unix::fs::symlink(model.join(shared), root.join(shared)).unwrap();
+    }
+    let merged_dit = root.join("acestep-v15-xl-turbo");
+    for (format, to, full) in [
+        ("peft", tmp.path().join("peft"), false),
+        ("comfyui", tmp.path().join("comfy.safetensors"), false),
+        ("merged", tmp.path().join("merged.safetensors"), false),
+        ("merged", merged_dit.clone(), true),
+    ] {
+        let mut c = ostinato();
+        c.args(["export", run.to_str().unwrap(), "--format", format, "--to", to.to_str().unwrap()]);
+        if full {
+            c.arg("--full");
+        }
+        ok(c.output().unwrap());
+        assert!(to.exists(), "{format}");
+    }
+    let mut files: Vec<String> =
+        std::fs::read_dir(&merged_dit).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    files.sort();
+    assert_eq!(files, ["config.json", "model.safetensors", "silence_latent.pt"]);
+    let out = ok(ostinato().args(["inspect", root.to_str().unwrap()]).output().unwrap());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("weights: all"));
+    let merged_song = tmp.path().join("merged.wav");
+    ok(ostinato()
+        .args(["generate", "--model", root.to_str().unwrap(), "--caption", "warm lo-fi piano", "--duration", "1"])
+        .args(["--out", merged_song.to_str().unwrap()])
+        .output()
+        .unwrap());
+    assert!(merged_song.is_file());
+}
+
+#[test]
 fn bench_reports_one_configuration_as_json() {
     for (flag, on) in [("off", false), ("on", true)] {
         let out = ok(ostinato()
