@@ -103,6 +103,10 @@ enum Command {
         /// With DoRA (DiT training presets).
         #[arg(long)]
         dora: bool,
+        /// The DiT training presets' precision, as `train --precision` takes it
+        /// (default: the device's).
+        #[arg(long, default_value = "auto", value_parser = parse_with::<Precision>)]
+        precision: Precision,
         #[arg(long, default_value_t = 2)]
         warmup: usize,
         #[arg(long, default_value_t = 5)]
@@ -377,8 +381,9 @@ pub struct TrainArgs {
     /// Finish early after K validations without a better loss.
     #[arg(long)]
     pub patience: Option<u64>,
-    /// Compute precision: auto (the device's best), f32, bf16 or f16 (trainable
-    /// weights and optimizer state stay f32).
+    /// Compute precision: auto (the device's best), f32, bf16, f16, or bf16-weights
+    /// (frozen weights held in bf16, computed in f32 layer by layer: half the weights'
+    /// memory on the CPU). Trainable weights and optimizer state stay f32.
     #[arg(long, value_parser = parse_with::<Precision>)]
     pub precision: Option<Precision>,
     /// A trigger word or phrase joined to every song's caption, so the adapter
@@ -470,6 +475,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             layers,
             adapter,
             dora,
+            precision,
             warmup,
             steps,
             cpu,
@@ -486,6 +492,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 layers,
                 adapter,
                 dora,
+                precision,
                 warmup,
                 steps,
                 cpu,

@@ -113,6 +113,7 @@ pub fn inspect(model_dir: &Path) -> anyhow::Result<()> {
         rebuilt_weight_bytes: 0,
         optimizer_state_per_parameter: OptimizerConfig::default().state_per_parameter(),
         dtype_bytes: 2,
+        layer_weights_dtype_bytes: 2,
         cpu_kernels: false,
     };
     let f = footprint::estimate(cfg, &workload);
@@ -167,6 +168,7 @@ pub struct BenchRequest {
     /// The adapter a DiT training preset trains.
     pub adapter: AdapterKind,
     pub dora: bool,
+    pub precision: Precision,
     pub warmup: usize,
     pub steps: usize,
     pub cpu: bool,
@@ -176,8 +178,8 @@ pub struct BenchRequest {
 fn ensure_dit_only(req: &BenchRequest, preset: &str) -> anyhow::Result<()> {
     anyhow::ensure!(req.layers.is_none(), "--layers applies to the DiT presets, not {preset}");
     anyhow::ensure!(
-        (req.adapter, req.dora) == (AdapterKind::Lora, false),
-        "--adapter and --dora apply to the DiT training presets, not {preset}"
+        (req.adapter, req.dora, req.precision) == (AdapterKind::Lora, false, Precision::Auto),
+        "--adapter, --dora and --precision apply to the DiT training presets, not {preset}"
     );
     ensure_default_kernels(req, preset)
 }
@@ -235,7 +237,6 @@ pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
         spec.lora.use_dora = req.dora;
         name = format!("{name}, {}", spec.lora.describe());
     }
-    let dtype = Precision::Auto.dtype(&selected.device);
     match preset {
         Preset::FullGenerate30s => {
             ensure_default_kernels(req, preset.name())?;
@@ -250,7 +251,8 @@ pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
         }
         _ => {
             let (device, kernels) = (&selected.device, req.kernels);
-            let report = run_spec(&name, &spec, req.checkpointing, kernels, req.warmup, req.steps, device, dtype)?;
+            let report =
+                run_spec(&name, &spec, req.checkpointing, kernels, req.warmup, req.steps, device, req.precision)?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {

@@ -129,6 +129,28 @@ fn json_mode_prints_only_events() {
 }
 
 #[test]
+fn bf16_weights_train_and_are_reported_and_resume() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let args = ["--max-steps", "4", "--precision", "bf16-weights", "--json"];
+    let out = ok(train(tmp.path(), &songs, "held", &args).output().unwrap());
+    let started = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["type"] == "run_started")
+        .expect("a run_started event");
+    assert_eq!(started["precision"], "f32, weights held in bf16", "{started}");
+    let run = tmp.path().join("runs/held");
+    assert!(std::fs::read_to_string(run.join("run.toml")).unwrap().contains("precision = \"bf16-weights\""));
+    // Stopped halfway and resumed: the same losses.
+    let split = ["--max-steps", "4", "--precision", "bf16-weights", "--stop-at-step", "2"];
+    ok(train(tmp.path(), &songs, "split", &split).output().unwrap());
+    ok(ostinato().args(["resume", tmp.path().join("runs/split").to_str().unwrap()]).output().unwrap());
+    assert_eq!(step_losses(&tmp.path().join("runs/split")), step_losses(&run));
+    fails_with(&mut train(tmp.path(), &songs, "bad", &["--precision", "bf8"]), "bf16-weights");
+}
+
+#[test]
 fn stop_at_step_then_resume_matches_an_uninterrupted_run() {
     let tmp = tempfile::tempdir().unwrap();
     let songs = audio(tmp.path());

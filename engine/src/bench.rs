@@ -22,6 +22,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::device::Precision;
 use crate::load::footprint::{self, Workload};
 use crate::lora::{LoraAdapter, LoraConfig};
 use crate::model::timesteps::TimestepSampling;
@@ -282,7 +283,7 @@ pub fn run_spec(
     warmup: usize,
     steps: usize,
     device: &Device,
-    dtype: DType,
+    precision: Precision,
 ) -> Result<BenchReport> {
     if steps == 0 {
         return Err(Error::setting("steps", "bench needs at least one timed step"));
@@ -292,8 +293,9 @@ pub fn run_spec(
     // 1. Model, adapter, optimizer, one batch: the resident baseline.
     let heap_start = heap::live_bytes();
     heap::reset_peak();
-    let weights = DecoderWeights::random(cfg, 0xBE_0C4, 0.02, dtype, device)?;
-    let model = DitModel::new(cfg, &weights)?.with_kernels(kernels);
+    let dtype = precision.dtype(device);
+    let weights = DecoderWeights::random(cfg, 0xBE_0C4, 0.02, precision.weights_dtype(device), device)?;
+    let model = DitModel::new(cfg, &weights)?.computing_in(dtype)?.with_kernels(kernels);
     drop(weights);
     let base_parameters = footprint::dit_parameters(cfg) as usize;
     let mut trainer = trainer(spec, model, checkpointing)?;
@@ -331,7 +333,7 @@ pub fn run_spec(
         gradient_checkpointing: checkpointing,
         kernels,
         device: device_name(device).to_string(),
-        dtype: format!("{dtype:?}").to_lowercase(),
+        dtype: precision.describe(device),
         frames: spec.frames,
         patches: spec.frames.div_ceil(cfg.patch_size),
         layers: cfg.num_hidden_layers,
@@ -346,7 +348,7 @@ pub fn run_spec(
         activation_bytes: peak.saturating_sub(baseline),
         activation_heap_bytes,
         peak_heap_bytes,
-        predicted_peak_bytes: predicted_peak(spec, checkpointing, kernels.host(device, dtype), dtype),
+        predicted_peak_bytes: predicted_peak(spec, checkpointing, kernels.host(device, dtype), precision, device),
         base_parameters,
         lora_parameters,
         first_loss,
@@ -389,7 +391,14 @@ pub(crate) fn train_step(trainer: &mut Trainer, batch: &Batch) -> Result<f64> {
 }
 
 /// The footprint estimate's peak for `spec`, with or without the CPU kernels.
-pub fn predicted_peak(spec: &BenchSpec, checkpointing: bool, cpu_kernels: bool, dtype: DType) -> u64 {
+pub fn predicted_peak(
+    spec: &BenchSpec,
+    checkpointing: bool,
+    cpu_kernels: bool,
+    precision: Precision,
+    device: &Device,
+) -> u64 {
+    let dtype = precision.dtype(device);
     let workload = Workload {
         frames: spec.frames,
         batch: spec.batch,
@@ -398,6 +407,7 @@ pub fn predicted_peak(spec: &BenchSpec, checkpointing: bool, cpu_kernels: bool, 
         rebuilt_weight_bytes: rebuilt_weight_bytes(&spec.config, &spec.lora),
         optimizer_state_per_parameter: OptimizerConfig::default().state_per_parameter(),
         dtype_bytes: dtype.size_in_bytes() as u64,
+        layer_weights_dtype_bytes: precision.weights_dtype(device).size_in_bytes() as u64,
         cpu_kernels,
     };
     footprint::estimate(&spec.config, &workload).total(checkpointing)

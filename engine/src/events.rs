@@ -81,7 +81,8 @@ pub enum Event {
         config: serde_json::Value,
         /// The device trained on, with the reason for the choice, e.g. "cpu (Metal unavailable)".
         device: String,
-        /// The compute dtype of the base model: "f32", "bf16" or "f16".
+        /// The compute dtype of the base model: "f32", "bf16", "f16" or "f32, weights held
+        /// in bf16" (`Precision::describe`).
         precision: String,
         /// Memory-saving mechanisms in use.
         memory: MemoryFeatures,

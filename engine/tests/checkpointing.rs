@@ -119,3 +119,49 @@ fn random_eight_layer_model(name: &str, targets: &[&str], (b, t): (usize, usize)
     flow.inputs.encoder_hidden_states = CfgDropout::new(0.15, null).apply(cond, dropped).unwrap();
     assert_same_gradients(name, &model, &adapter, &flow, LoraMode::Train { dropout_seed: 77 });
 }
+
+/// Weights held in bf16 and computed in f32 (`Precision::Bf16Weights`) give, in both
+/// paths, exactly what f32 weights of the same values give: widening is exact, and each
+/// layer is widened while it runs.
+#[test]
+fn bf16_held_weights_train_as_their_f32_values_in_both_paths() {
+    let cfg = DitConfig::from_value(&serde_json::json!({
+        "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "in_channels": 192, "audio_acoustic_hidden_dim": 64, "patch_size": 2,
+        "sliding_window": 4
+    }))
+    .unwrap();
+    let dev = Device::Cpu;
+    let held = DecoderWeights::random(&cfg, 3, 0.05, DType::BF16, &dev).unwrap();
+    let widened: std::collections::HashMap<String, Tensor> =
+        held.iter().map(|(k, t)| (k.to_string(), t.to_dtype(DType::F32).unwrap())).collect();
+    let bf16_held = DitModel::new(&cfg, &held).unwrap().computing_in(DType::F32).unwrap();
+    let f32_model = DitModel::new(&cfg, &DecoderWeights::from_tensors(widened, &cfg).unwrap()).unwrap();
+    assert_eq!(bf16_held.dtype(), DType::F32);
+    assert_eq!(bf16_held.layers()[0].linears()[0].weight().dtype(), DType::BF16, "the layers stay in bf16");
+
+    let lora = LoraConfig { r: 4, alpha: 8.0, ..Default::default() };
+    let adapter = LoraAdapter::new(lora, &f32_model, 11).unwrap();
+    let filled: std::collections::HashMap<String, Tensor> =
+        adapter.named_tensors().into_iter().map(|(k, t)| (k, t.randn_like(0.0, 0.05).unwrap())).collect();
+    let adapter =
+        LoraAdapter::from_tensors(adapter.config.clone(), &f32_model, &filled, std::path::Path::new("t")).unwrap();
+    let (b, t) = (2, 23);
+    let batch = Batch {
+        target_latents: Tensor::randn(0f32, 1., (b, t, 64), &dev).unwrap(),
+        frame_mask: Tensor::ones((b, t), DType::F32, &dev).unwrap(),
+        encoder_hidden_states: Tensor::randn(0f32, 1., (b, 7, 64), &dev).unwrap(),
+        context_latents: Tensor::randn(0f32, 1., (b, t, 128), &dev).unwrap(),
+    };
+    let flow = FlowBatch::new(&batch, &[0.75, 0.5], &mut ChaCha8Rng::seed_from_u64(9)).unwrap();
+    for checkpointing in [false, true] {
+        let a = grads::compute(&bf16_held, &adapter, &flow, LoraMode::Eval, checkpointing, 1.0).unwrap();
+        let b = grads::compute(&f32_model, &adapter, &flow, LoraMode::Eval, checkpointing, 1.0).unwrap();
+        assert_eq!(a.loss, b.loss, "checkpointing {checkpointing}");
+        for (i, (x, y)) in a.grads.iter().zip(&b.grads).enumerate() {
+            assert_eq!(common::max_abs_diff(x, y), 0.0, "checkpointing {checkpointing}: gradient {i}");
+        }
+        println!("bf16-held weights, checkpointing {checkpointing}: loss {} as f32 weights, gradients equal", a.loss);
+    }
+}

@@ -1,10 +1,12 @@
 //! The footprint estimate against measured peaks: the small bench presets with and
-//! without gradient checkpointing (and the short one training LoKr with DoRA), their heap counted by the allocator below (every
-//! byte live at once, from before the model is built to the end of the second step).
+//! without gradient checkpointing (the short one also training LoKr with DoRA, and with
+//! its weights held in bf16), their heap counted by the allocator below (every byte
+//! live at once, from before the model is built to the end of the second step).
 //! One test, so that nothing else allocates in this binary meanwhile.
 
-use candle_core::{DType, Device};
+use candle_core::Device;
 use ostinato_engine::bench::{run_spec, BenchSpec, Preset};
+use ostinato_engine::device::Precision;
 use ostinato_engine::heap::Counting;
 use ostinato_engine::lora::AdapterKind;
 use ostinato_engine::model::KernelPolicy;
@@ -15,26 +17,29 @@ static ALLOC: Counting<std::alloc::System> = Counting::new(std::alloc::System);
 #[test]
 fn predicted_peak_is_within_15_percent_of_the_measured_heap_peak() {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    // LoRA on both presets; LoKr with DoRA, which builds its weights whole, on the short.
+    // LoRA on both presets; LoKr with DoRA, which builds its weights whole, and bf16
+    // weights, widened a layer at a time, on the short.
     let lokr = |mut spec: BenchSpec| {
         spec.lora.choose(AdapterKind::Lokr);
         spec.lora.use_dora = true;
         spec
     };
     let cases = [
-        (Preset::Small30s, Preset::Small30s.spec()),
-        (Preset::Small240s, Preset::Small240s.spec()),
-        (Preset::Small30s, lokr(Preset::Small30s.spec())),
+        (Preset::Small30s, Preset::Small30s.spec(), Precision::F32),
+        (Preset::Small240s, Preset::Small240s.spec(), Precision::F32),
+        (Preset::Small30s, lokr(Preset::Small30s.spec()), Precision::F32),
+        (Preset::Small30s, Preset::Small30s.spec(), Precision::Bf16Weights),
     ];
-    for (preset, spec) in cases {
+    for (preset, spec, precision) in cases {
         for checkpointing in [true, false] {
             let cpu = KernelPolicy::cpu();
-            let r = run_spec(preset.name(), &spec, checkpointing, cpu, 1, 1, &Device::Cpu, DType::F32).unwrap();
+            let r = run_spec(preset.name(), &spec, checkpointing, cpu, 1, 1, &Device::Cpu, precision).unwrap();
             let measured = r.peak_heap_bytes.expect("the heap is counted");
             let ratio = r.predicted_peak_bytes as f64 / measured as f64;
             println!(
-                "{preset} {} checkpointing {}: measured peak {:.1} MiB, predicted {:.1} MiB, ratio {ratio:.3}",
+                "{preset} {} {}, checkpointing {}: measured peak {:.1} MiB, predicted {:.1} MiB, ratio {ratio:.3}",
                 spec.lora.describe(),
+                r.dtype,
                 if checkpointing { "on" } else { "off" },
                 mib(measured),
                 mib(r.predicted_peak_bytes)

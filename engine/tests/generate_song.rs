@@ -11,6 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use ostinato_engine::codec::condition::{lyrics_prompt, text_prompt};
 use ostinato_engine::codec::tokenizer::{Padding, TextTokenizer};
 use ostinato_engine::codec::SongMeta;
+use ostinato_engine::device::Precision;
 use ostinato_engine::generate::sampler::{sample, timesteps, Conditions};
 use ostinato_engine::generate::{GenerateSpec, Generator};
 use ostinato_engine::load::folder::{ModelFolder, GENERATION_LYRIC_TOKENS, TEXT_TOKENS};
@@ -35,7 +36,7 @@ fn text2music_condition_and_latents_match_diffusers_pipeline() {
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture.join("text2music.json")).unwrap()).unwrap();
     let source = ModelSource::Folder { path: model.clone() };
-    let loaded = source.load(DType::F32, &Device::Cpu).unwrap();
+    let loaded = source.load(Precision::F32, &Device::Cpu).unwrap();
     let generator = Generator::load(&source).unwrap();
     let folder = ModelFolder::open(&model, None).unwrap();
     let text_tokens = TextTokenizer::from_dir(&folder.text_dir(), TEXT_TOKENS, Padding::None).unwrap();

@@ -108,7 +108,7 @@ fn settings_persist_across_launches() {
         let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
         s["run"]["gradient_checkpointing"] = json!(false);
         s["run"]["lora"]["r"] = json!(16);
-        s["run"]["precision"] = json!("bf16");
+        s["run"]["precision"] = json!("bf16-weights");
         s["run"]["model"] = json!({"kind": "folder", "path": "/models/acestep-v15"});
         let saved = app.invoke("save_settings", json!({ "settings": s })).unwrap();
         assert_eq!(saved["run"]["lora"]["r"], 16);
@@ -121,7 +121,7 @@ fn settings_persist_across_launches() {
     let s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
     assert_eq!(s["run"]["gradient_checkpointing"], false);
     assert_eq!(s["run"]["lora"]["r"], 16);
-    assert_eq!(s["run"]["precision"], "bf16");
+    assert_eq!(s["run"]["precision"], "bf16-weights");
     assert_eq!(s["run"]["model"]["path"], "/models/acestep-v15");
 
     let reset = app.invoke("reset_settings", json!({})).unwrap();

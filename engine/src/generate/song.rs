@@ -5,12 +5,13 @@
 
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::sampler::{self, Conditions, Guidance};
 use crate::cancel::Cancel;
 use crate::codec::{Conditioner, LatentDecoder, SongMeta, StereoAudio, INSTRUMENTAL};
+use crate::device::Precision;
 use crate::load::source::ModelSource;
 use crate::lora::{LoraAdapter, LoraMode};
 use crate::model::timesteps::TimestepSampling;
@@ -113,7 +114,7 @@ impl Generator {
     /// Loads the DiT, conditioner and decoder of `source` on the CPU in f32.
     pub fn load(source: &ModelSource) -> Result<Self> {
         let device = Device::Cpu;
-        let loaded = source.load(DType::F32, &device)?;
+        let loaded = source.load(Precision::F32, &device)?;
         Ok(Self {
             dit: loaded.dit,
             conditioner: loaded.conditioner,

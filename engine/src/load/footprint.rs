@@ -28,8 +28,12 @@ pub struct Workload {
     /// f32 values of optimizer state per LoRA element
     /// (`OptimizerConfig::state_per_parameter`: AdamW's 2).
     pub optimizer_state_per_parameter: u64,
-    /// Bytes of an element of the base weights and activations (the compute dtype).
+    /// Bytes of an element of the activations and of the weights around the layers (the
+    /// compute dtype).
     pub dtype_bytes: u64,
+    /// Bytes of an element of the layers' weights as held: `dtype_bytes`, or 2 where
+    /// bf16 weights are widened to the compute dtype while their layer runs.
+    pub layer_weights_dtype_bytes: u64,
     /// Attention through the CPU kernels, which keep no `P x S` scores; candle's ops
     /// (GPUs) keep them for blocks of up to 2M scores.
     pub cpu_kernels: bool,
@@ -64,6 +68,15 @@ pub fn dit_parameters(cfg: &DitConfig) -> u64 {
     expected_shapes(cfg).values().map(|s| s.iter().product::<usize>() as u64).sum()
 }
 
+/// Elements of the DiT's layers (all but the embeddings and the head around them).
+fn layer_parameters(cfg: &DitConfig) -> u64 {
+    expected_shapes(cfg)
+        .iter()
+        .filter(|(name, _)| name.starts_with("layers."))
+        .map(|(_, s)| s.iter().product::<usize>() as u64)
+        .sum()
+}
+
 /// Per patch and layer, what a layer holds for its backward at the step's peak, in
 /// halves of a hidden-sized vector (norm inputs, the projections' inputs, attention's
 /// inputs and output, residual branches, and the backward's gradients on top of what
@@ -96,7 +109,14 @@ pub fn estimate(cfg: &DitConfig, w: &Workload) -> Footprint {
             2 * 4 * (rows * cfg.num_attention_heads as u64 * patches).min(SCORE_BLOCK)
         }
     };
-    let layer = rows * (KEPT_HALF_HIDDEN * h / 2 + KEPT_MLP * mlp) * e + scores + w.rebuilt_weight_bytes;
+    // Weights held narrower than the compute dtype: one layer's widened while it runs
+    // (and, without checkpointing, kept by every layer's graph).
+    let in_layers = layer_parameters(cfg);
+    let widened = match w.layer_weights_dtype_bytes == e {
+        true => 0,
+        false => in_layers / layers.max(1) * e,
+    };
+    let layer = rows * (KEPT_HALF_HIDDEN * h / 2 + KEPT_MLP * mlp) * e + scores + w.rebuilt_weight_bytes + widened;
     let lora_grads = w.lora_parameters * 4;
     // Plain: every layer's graph at once.
     let activations_bytes = layers * layer + lora_grads;
@@ -114,7 +134,7 @@ pub fn estimate(cfg: &DitConfig, w: &Workload) -> Footprint {
     Footprint {
         dit_parameters,
         lora_parameters: w.lora_parameters,
-        weights_bytes: dit_parameters * e,
+        weights_bytes: in_layers * w.layer_weights_dtype_bytes + (dit_parameters - in_layers) * e,
         trainable_state_bytes: w.lora_parameters * 4 * (1 + w.optimizer_state_per_parameter),
         batch_bytes,
         activations_bytes,

@@ -12,6 +12,7 @@ use super::folder::{ModelFolder, LYRIC_TOKENS, TEXT_TOKENS};
 use crate::codec::vae::VAE_WEIGHTS;
 use crate::codec::{Conditioner, HashConditioner, LatentEncoder, MelEncoder};
 use crate::codec::{LatentDecoder, MelDecoder, VaeDecoder};
+use crate::device::Precision;
 use crate::model::timesteps::TimestepSampling;
 use crate::model::{DecoderWeights, DitConfig, DitModel};
 use crate::tensor_io::TensorFile;
@@ -151,11 +152,11 @@ impl ModelSource {
         })
     }
 
-    /// Everything a run needs.
-    pub fn load(&self, dtype: DType, device: &Device) -> Result<LoadedModel> {
-        let (cfg, weights) = self.load_decoder(dtype, device)?;
+    /// Everything a run needs, the DiT's weights held and computed as `precision` says.
+    pub fn load(&self, precision: Precision, device: &Device) -> Result<LoadedModel> {
+        let (cfg, weights) = self.load_decoder(precision.weights_dtype(device), device)?;
         let parameters = weights.iter().map(|(_, t)| t.elem_count() as u64).sum();
-        let dit = DitModel::new(&cfg, &weights)?;
+        let dit = DitModel::new(&cfg, &weights)?.computing_in(precision.dtype(device))?;
         let (encoder, conditioner, default_timesteps) = self.encoders(device)?;
         let (null_condition, default_cfg_dropout) = self.guidance(device)?;
         Ok(LoadedModel {

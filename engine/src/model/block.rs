@@ -1,6 +1,8 @@
 //! One DiT layer: AdaLN self-attention (GQA, q/k RMSNorm, RoPE, sliding band) ->
 //! cross-attention -> AdaLN SwiGLU MLP. Plus the shared pieces: `Linear`, RoPE.
 
+use std::borrow::Cow;
+
 use candle_core::{DType, Device, Tensor, D};
 
 use super::attention::{self, KeptOutput, SlidingPlan};
@@ -14,6 +16,7 @@ use super::{DitConfig, LinearAdapter};
 use crate::Result;
 
 /// A frozen linear layer that a LoRA adapter may extend, known by its module name.
+#[derive(Clone)]
 pub struct Linear {
     pub name: String,
     weight: Tensor,
@@ -51,6 +54,15 @@ impl Linear {
         &self.weight
     }
 
+    /// The same layer with its tensors in `dtype`.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            name: self.name.clone(),
+            weight: self.weight.to_dtype(dtype)?,
+            bias: self.bias.as_ref().map(|b| b.to_dtype(dtype)).transpose()?,
+        })
+    }
+
     /// `(in, out)` features.
     pub fn features(&self) -> (usize, usize) {
         let (out, inp) = self.weight.dims2().expect("linear weights are 2-D");
@@ -81,6 +93,7 @@ impl Rope {
     }
 }
 
+#[derive(Clone)]
 struct Attention {
     q_proj: Linear,
     k_proj: Linear,
@@ -156,8 +169,21 @@ impl Attention {
     fn linears(&self) -> [&Linear; 4] {
         [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj]
     }
+
+    fn to_dtype(&self, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            q_proj: self.q_proj.to_dtype(dtype)?,
+            k_proj: self.k_proj.to_dtype(dtype)?,
+            v_proj: self.v_proj.to_dtype(dtype)?,
+            o_proj: self.o_proj.to_dtype(dtype)?,
+            q_norm: self.q_norm.to_dtype(dtype)?,
+            k_norm: self.k_norm.to_dtype(dtype)?,
+            ..*self
+        })
+    }
 }
 
+#[derive(Clone)]
 struct Mlp {
     gate_proj: Linear,
     up_proj: Linear,
@@ -199,6 +225,14 @@ impl Mlp {
         let biased = linears.iter().any(|m| m.bias.is_some());
         (!adapted && !biased).then(|| linears.map(Linear::weight))
     }
+
+    fn to_dtype(&self, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            gate_proj: self.gate_proj.to_dtype(dtype)?,
+            up_proj: self.up_proj.to_dtype(dtype)?,
+            down_proj: self.down_proj.to_dtype(dtype)?,
+        })
+    }
 }
 
 /// A layer's state before its MLP: the residual stream `x`, the MLP's input `normed`,
@@ -222,6 +256,7 @@ pub struct LayerContext {
     pub kernels: KernelPolicy,
 }
 
+#[derive(Clone)]
 pub struct DitLayer {
     sliding: bool,
     eps: f64,
@@ -253,6 +288,24 @@ impl DitLayer {
             },
             scale_shift_table: w.get(&format!("{l}.scale_shift_table"))?,
         })
+    }
+
+    /// The layer computing in `dtype`: itself, or a copy of its weights widened from the
+    /// dtype they are held in (bf16-weights), which lives while the layer runs.
+    pub fn in_dtype(&self, dtype: DType) -> Result<Cow<'_, Self>> {
+        if self.scale_shift_table.dtype() == dtype {
+            return Ok(Cow::Borrowed(self));
+        }
+        Ok(Cow::Owned(Self {
+            self_attn_norm: self.self_attn_norm.to_dtype(dtype)?,
+            self_attn: self.self_attn.to_dtype(dtype)?,
+            cross_attn_norm: self.cross_attn_norm.to_dtype(dtype)?,
+            cross_attn: self.cross_attn.to_dtype(dtype)?,
+            mlp_norm: self.mlp_norm.to_dtype(dtype)?,
+            mlp: self.mlp.to_dtype(dtype)?,
+            scale_shift_table: self.scale_shift_table.to_dtype(dtype)?,
+            ..*self
+        }))
     }
 
     /// `x [B, P, H] -> [B, P, H]`.

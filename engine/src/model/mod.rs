@@ -65,6 +65,14 @@ impl TimestepEmbedding {
         })
     }
 
+    fn to_dtype(&self, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            linear_1: self.linear_1.to_dtype(dtype)?,
+            linear_2: self.linear_2.to_dtype(dtype)?,
+            time_proj: self.time_proj.to_dtype(dtype)?,
+        })
+    }
+
     /// `t [B]` -> (`temb [B, H]`, `timestep_proj [B, 6, H]`).
     fn forward(&self, t: &Tensor, dtype: DType) -> Result<(Tensor, Tensor)> {
         let half = TIMESTEP_CHANNELS / 2;
@@ -93,6 +101,7 @@ pub struct Prepared {
 
 pub struct DitModel {
     cfg: DitConfig,
+    /// The compute dtype; the layers' weights may be held narrower (`Self::computing_in`).
     dtype: DType,
     device: Device,
     kernels: KernelPolicy,
@@ -136,10 +145,31 @@ impl DitModel {
         })
     }
 
+    /// The model computing in `dtype` while its layers' weights stay in the dtype they
+    /// were loaded in, each layer widened while it runs (`Precision::Bf16Weights`). The
+    /// small tensors around the layers are converted once.
+    pub fn computing_in(self, dtype: DType) -> Result<Self> {
+        if dtype == self.dtype {
+            return Ok(self);
+        }
+        Ok(Self {
+            dtype,
+            proj_in: self.proj_in.to_dtype(dtype)?,
+            time_embed: self.time_embed.to_dtype(dtype)?,
+            time_embed_r: self.time_embed_r.to_dtype(dtype)?,
+            condition_embedder: self.condition_embedder.to_dtype(dtype)?,
+            norm_out: self.norm_out.to_dtype(dtype)?,
+            scale_shift_table: self.scale_shift_table.to_dtype(dtype)?,
+            proj_out: self.proj_out.to_dtype(dtype)?,
+            ..self
+        })
+    }
+
     pub fn config(&self) -> &DitConfig {
         &self.cfg
     }
 
+    /// The compute dtype.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
@@ -160,8 +190,14 @@ impl DitModel {
         self
     }
 
+    /// The layers as held (their weights possibly narrower than the compute dtype).
     pub fn layers(&self) -> &[DitLayer] {
         &self.layers
+    }
+
+    /// Layer `i` ready to run in the compute dtype.
+    pub fn layer(&self, i: usize) -> Result<std::borrow::Cow<'_, DitLayer>> {
+        self.layers[i].in_dtype(self.dtype)
     }
 
     /// Linear modules inside the layers with their `[out, in]` weights: what an adapter may target.
@@ -228,8 +264,8 @@ impl DitModel {
     pub fn forward(&self, inputs: &DitInputs, lora: Option<&dyn LinearAdapter>) -> Result<Tensor> {
         let prep = self.prepare(inputs)?;
         let mut x = prep.hidden.clone();
-        for layer in &self.layers {
-            x = layer.forward(&x, &prep.layer_ctx, lora)?;
+        for i in 0..self.layers.len() {
+            x = self.layer(i)?.forward(&x, &prep.layer_ctx, lora)?;
         }
         self.head(&x, &prep)
     }
@@ -249,8 +285,8 @@ impl DitModel {
         out.push(("dbg.proj_in".into(), prep.hidden.clone()));
         out.push(("dbg.condition_embedder".into(), prep.layer_ctx.encoder_states.clone()));
         let mut x = prep.hidden.clone();
-        for (i, layer) in self.layers.iter().enumerate() {
-            x = layer.forward(&x, &prep.layer_ctx, None)?;
+        for i in 0..self.layers.len() {
+            x = self.layer(i)?.forward(&x, &prep.layer_ctx, None)?;
             out.push((format!("dbg.layers.{i}.out"), x.clone()));
         }
         out.push(("dbg.norm_out".into(), ops::rms_norm(self.kernels, &x, &self.norm_out, self.cfg.rms_norm_eps)?));

@@ -121,7 +121,11 @@ impl MemoryPlan {
             (f.weights_bytes + self.encoders_bytes, format!(
                 "the model's weights take {} GB; {}a machine with more memory",
                 gb(f.weights_bytes + self.encoders_bytes),
-                if f.weights_bytes == 4 * f.dit_parameters { "train in bf16 (--precision bf16) or use " } else { "use " }
+                if f.weights_bytes == 4 * f.dit_parameters {
+                    "hold them in bf16 (--precision bf16-weights on the CPU, bf16 on a GPU) or use "
+                } else {
+                    "use "
+                }
             )),
         ];
         let (_, why) = parts.into_iter().max_by_key(|(bytes, _)| *bytes).expect("three parts");
@@ -151,6 +155,7 @@ pub fn plan_for(config: &RunConfig, model: &ModelShape, device: &Device, machine
         rebuilt_weight_bytes: rebuilt_weight_bytes(&model.dit, &config.lora),
         optimizer_state_per_parameter: config.optimizer.state_per_parameter(),
         dtype_bytes: dtype.size_in_bytes() as u64,
+        layer_weights_dtype_bytes: config.precision.weights_dtype(device).size_in_bytes() as u64,
         cpu_kernels: KernelPolicy::for_device(device).host(device, dtype),
     };
     let footprint = footprint::estimate(&model.dit, &workload);
@@ -244,8 +249,10 @@ pub fn fit_auto_for(
         config.batch_size = config.batch_size.div_ceil(2);
         config.grad_accum = effective.div_ceil(config.batch_size);
     }
-    if !plan(config).fits() && config.precision.dtype(device) == DType::F32 {
-        config.precision = Precision::Bf16;
+    if !plan(config).fits() && config.precision.weights_dtype(device) == DType::F32 {
+        // Half the weights: held in bf16 and computed in f32 on the CPU (whose bf16
+        // arithmetic is slow), computed in bf16 on a GPU.
+        config.precision = if device.is_cpu() { Precision::Bf16Weights } else { Precision::Bf16 };
     }
     let longest = config.data.crop_seconds.unwrap_or(config.data.max_duration_seconds);
     for crop in CROPS.into_iter().filter(|&c| c < longest) {
@@ -341,11 +348,12 @@ mod tests {
             );
             chosen.push((c.gradient_checkpointing, c.batch_size, c.precision, c.data.crop_seconds));
         }
-        // Plenty: as given, without checkpointing; less: checkpointing, then smaller batches, bf16, crops.
+        // Plenty: as given, without checkpointing; less: checkpointing, then smaller
+        // batches, bf16 weights (computed in f32 on the CPU), crops.
         assert_eq!(chosen[0], (false, 4, Precision::Auto, None));
         assert!(chosen[1].0);
         let last = chosen.last().unwrap();
-        assert!(last.1 == 1 && last.2 == Precision::Bf16 && last.3.is_some(), "{chosen:?}");
+        assert!(last.1 == 1 && last.2 == Precision::Bf16Weights && last.3.is_some(), "{chosen:?}");
         let mut c = config();
         let err = fit_auto_for(&mut c, &ace_step(), &Device::Cpu, machine(2)).unwrap_err().to_string();
         println!("{err}");

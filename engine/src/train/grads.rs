@@ -95,8 +95,8 @@ fn checkpointed(
     let kept: Vec<KeptOutput> = model.layers().iter().map(|_| KeptOutput::default()).collect();
     let mut inputs = Vec::with_capacity(model.layers().len());
     let mut x = prep.hidden.clone();
-    for (layer, kept) in model.layers().iter().zip(&kept) {
-        let next = layer.forward_keeping(&x, &prep.layer_ctx, Some(&untracked), Some(kept))?;
+    for (i, kept) in kept.iter().enumerate() {
+        let next = model.layer(i)?.forward_keeping(&x, &prep.layer_ctx, Some(&untracked), Some(kept))?;
         inputs.push(std::mem::replace(&mut x, next));
     }
 
@@ -112,8 +112,9 @@ fn checkpointed(
 
     // 3. Block by block from the last: recompute, backpropagate.
     let mut acc = Accumulator::new(vars);
-    for (i, layer) in model.layers().iter().enumerate().rev() {
+    for i in (0..model.layers().len()).rev() {
         let (x_in, leaf) = tracked_input(inputs.pop().expect("one saved input per block"), i)?;
+        let layer = model.layer(i)?;
         let store = layer.backward_root(&x_in, &prep.layer_ctx, Some(&tracked), &grad_out, &kept[i])?.backward()?;
         acc.add(vars, &store)?;
         if let Some(leaf) = leaf {

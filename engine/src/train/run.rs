@@ -393,7 +393,7 @@ impl Loop {
             null_condition,
             default_cfg_dropout,
             parameters,
-        } = config.model.load(dtype, &selected.device)?;
+        } = config.model.load(config.precision, &selected.device)?;
         let cfg_dropout = config.cfg_dropout.unwrap_or(default_cfg_dropout);
         let dropout = CfgDropout::for_ratio(cfg_dropout, &null_condition)?;
         let turbo = matches!(default_timesteps, TimestepSampling::Turbo { .. });
@@ -456,7 +456,18 @@ impl Loop {
         // A run stopped during setup never started.
         if !cancel.is_cancelled() {
             let device = format!("{} ({})", selected.name, selected.reason);
-            sink.emit(run_started(config, device, dtype, plan, &trainer, parameters, cfg_dropout, &data, total_steps));
+            let precision = config.precision.describe(&selected.device);
+            sink.emit(run_started(
+                config,
+                device,
+                precision,
+                plan,
+                &trainer,
+                parameters,
+                cfg_dropout,
+                &data,
+                total_steps,
+            ));
         }
         Ok(Self {
             config: config.clone(),
@@ -846,7 +857,7 @@ fn fresh_state(config: &RunConfig, config_hash: String, dtype: DType, samples: u
 fn run_started(
     config: &RunConfig,
     device: String,
-    dtype: DType,
+    precision: String,
     plan: &MemoryPlan,
     trainer: &Trainer,
     parameters: u64,
@@ -858,7 +869,7 @@ fn run_started(
     Event::RunStarted {
         config: serde_json::to_value(config).expect("config serialises"),
         device,
-        precision: format!("{dtype:?}").to_lowercase(),
+        precision,
         memory: MemoryFeatures {
             gradient_checkpointing: config.gradient_checkpointing,
             block_input_grad_path: config.gradient_checkpointing,
