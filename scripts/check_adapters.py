@@ -2,7 +2,8 @@
 scripts/check-exports, after check_exports.py).
 
 For runs trained for a few steps by the `ostinato` binary on the tiny real model folder
-(engine/tests/fixtures/real/model):
+(engine/tests/fixtures/real/model), and LoKr + DoRA and DoRA again on the tiny XL one
+(engine/tests/fixtures/real_xl/model, its weights in shards):
 
 1. LoKr (upstream's defaults; rank 4, alpha 8, factor 2; decompose-both with DoRA at rank 1,
    the rank at which the tiny model's smaller Kronecker half is factorized too):
@@ -48,7 +49,8 @@ from safetensors.torch import load_file
 from lycoris import LycorisNetwork, create_lycoris, create_lycoris_from_weights
 
 import comfyui_lora
-from check_exports import DIT, ROOT, TOL, ace_step_decoder, check, check_case, decoder_of, export, max_diff, train
+from check_exports import (DIT, MODEL, ROOT, TOL, XL_DIT, XL_MODEL, ace_step_decoder, check, check_case, decoder_of,
+                           export, max_diff, source_weights, train)
 
 logging.getLogger("LyCORIS").setLevel(logging.WARNING)
 ADAPTED = re.compile(r"layers\.\d+\.(self|cross)_attn\.[qkvo]_proj\.weight")
@@ -107,16 +109,16 @@ def check_network(what, net, decoder, tensors, merged):
     check(err <= TOL, f"{what}: the weight each adapted Linear applies vs --format merged: max abs {err:.3e}")
 
 
-def check_lokr_case(ostinato, work, name, flags, expected):
-    print(f"\n== {name}: {' '.join(flags)}")
-    run = train(ostinato, work, name, flags)
+def check_lokr_case(ostinato, work, name, flags, expected, model=MODEL, dit=DIT):
+    print(f"\n== {name}: {' '.join(flags)}, {os.path.basename(dit)}")
+    run = train(ostinato, work, name, flags, model)
     out = os.path.join(work, name)
     lycoris_dir = export(ostinato, run, "lycoris", os.path.join(out, "lycoris"))
     merged_file = export(ostinato, run, "merged", os.path.join(out, "merged.safetensors"))
     comfyui_file = export(ostinato, run, "comfyui", os.path.join(out, "comfyui.safetensors"))
     path = os.path.join(run, "final", "adapter", "lokr_weights.safetensors")
 
-    base = decoder_of(load_file(os.path.join(DIT, "model.safetensors")))
+    base = decoder_of(source_weights(dit))
     ours = decoder_of(load_file(merged_file))
     merged = {k: v for k, v in ours.items() if ADAPTED.fullmatch(k)}
     delta = max(max_diff(merged[k], base[k]) for k in merged)
@@ -163,11 +165,11 @@ def check_lokr_case(ostinato, work, name, flags, expected):
 
 
 def check_comfyui(what, path, base, merged, known_merge_difference, known_unread=()):
-    """Every key of the file read by ComfyUI's loaders and mapped to an adapted decoder weight;
-    ComfyUI's merge equal to `merged` unless `known_merge_difference` says why not."""
+    """Every key of the file read by ComfyUI's loaders and mapped to an adapted decoder weight
+    of `base` (the decoder's tensors); ComfyUI's merge equal to `merged` unless
+    `known_merge_difference` says why not."""
     lora = load_file(path)
-    with safe_open(os.path.join(DIT, "model.safetensors"), "pt") as f:
-        model = comfyui_lora.model_keys(f.keys())
+    model = comfyui_lora.model_keys(["decoder." + k for k in base])
     patches, read = comfyui_lora.load(lora, comfyui_lora.key_map(model))
     unread = set(lora) - read
     known = {k for k in unread if k.endswith(known_unread)} if known_unread else set()
@@ -190,10 +192,11 @@ def check_comfyui(what, path, base, merged, known_merge_difference, known_unread
         check(err <= TOL, f"ComfyUI, {what}: its merge vs --format merged: max abs {err:.3e}")
 
 
-def check_dora(ostinato, work):
+def check_dora(ostinato, work, model=MODEL, dit=DIT):
     name, lora, flags = DORA
-    paths = check_case(ostinato, work, name, lora, flags)
-    base = decoder_of(load_file(os.path.join(DIT, "model.safetensors")))
+    name = f"{name}-{os.path.basename(dit)}"
+    paths = check_case(ostinato, work, name, lora, flags, model, dit)
+    base = decoder_of(source_weights(dit))
     merged = {k: v for k, v in decoder_of(load_file(paths["merged.safetensors"])).items() if ADAPTED.fullmatch(k)}
     comfyui_file = export(ostinato, paths["run"], "comfyui", os.path.join(work, name, "comfyui.safetensors"))
     check_comfyui("--format comfyui", comfyui_file, base, merged, None)
@@ -213,6 +216,9 @@ def main():
         for name, flags, expected in LOKR_CASES:
             check_lokr_case(args.ostinato, work, name, flags, expected)
         check_dora(args.ostinato, work)
+        name, flags, expected = LOKR_CASES[2]
+        check_lokr_case(args.ostinato, work, f"{name}-xl", flags, expected, XL_MODEL, XL_DIT)
+        check_dora(args.ostinato, work, XL_MODEL, XL_DIT)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("\nall checks passed")

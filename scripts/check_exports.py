@@ -1,7 +1,9 @@
 """Checks Ostinato's exports with the real loaders (not CI; run through scripts/check-exports).
 
 For an adapter with alpha != r, and one with rsLoRA, trained for a few steps by the
-`ostinato` binary on the tiny real model folder (engine/tests/fixtures/real/model):
+`ostinato` binary on the tiny real model folder (engine/tests/fixtures/real/model), and
+the first again on the tiny XL one (engine/tests/fixtures/real_xl/model: a DiT wider
+than its condition, attention wider than the DiT, weights in shards):
 
 1. the PEFT file's header: `format: pt` and `lora_adapter_metadata` equal, key by key,
    to what diffusers' own `AceStepLoraLoaderMixin.save_lora_weights` writes for the
@@ -17,8 +19,9 @@ For an adapter with alpha != r, and one with rsLoRA, trained for a few steps by 
    own names (`layers.N.{self,cross}_attn.{q,k,v,o}_proj`) holding the checkpoint's
    weights; merged by PEFT, they must equal `--format merged` to 1e-5;
 4. `--format merged --full`: the folder's model.safetensors holds every tensor of the
-   source's in its dtype, the decoder equal to `--format merged`, the rest unchanged,
-   and the folder's other files; diffusers' transformer loads its decoder;
+   source's (one file where the source's were shards) in its dtype, the decoder equal
+   to `--format merged`, the rest unchanged, and the folder's other files; diffusers'
+   transformer loads its decoder;
 5. every exported file is mode 0644.
 
 LoKr, DoRA and ComfyUI: check_adapters.py. Prints each measured difference; exits
@@ -48,6 +51,9 @@ from make_real_fixtures import NAME_PAIRS
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 MODEL = os.path.join(ROOT, "engine", "tests", "fixtures", "real", "model")
 DIT = os.path.join(MODEL, "acestep-v15-turbo")
+XL_MODEL = os.path.join(ROOT, "engine", "tests", "fixtures", "real_xl", "model")
+XL_DIT = os.path.join(XL_MODEL, "acestep-v15-xl-turbo")
+INDEX = "model.safetensors.index.json"
 TOL = 1e-5
 TARGETS = {"q_proj": "to_q", "k_proj": "to_k", "v_proj": "to_v", "o_proj": "to_out.0"}
 torch.manual_seed(0)
@@ -70,19 +76,33 @@ def max_diff(a, b):
     return float((a.float() - b.float()).abs().max())
 
 
-def dit_config():
-    cfg = json.load(open(os.path.join(DIT, "config.json")))
+def dit_config(dit=DIT):
+    cfg = json.load(open(os.path.join(dit, "config.json")))
     keys = [
         "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
         "head_dim", "in_channels", "audio_acoustic_hidden_dim", "patch_size", "sliding_window", "rope_theta",
         "rms_norm_eps", "layer_types",
     ]
-    return {k: cfg[k] for k in keys}
+    return {k: cfg[k] for k in keys} | {"encoder_hidden_size": cfg.get("encoder_hidden_size", cfg["hidden_size"])}
 
 
-def transformer(decoder_state):
+def weight_files(dit):
+    """model.safetensors, or the shards its index lists."""
+    if os.path.exists(os.path.join(dit, "model.safetensors")):
+        return ["model.safetensors"]
+    return sorted(set(json.load(open(os.path.join(dit, INDEX)))["weight_map"].values()))
+
+
+def source_weights(dit):
+    state = {}
+    for f in weight_files(dit):
+        state.update(load_file(os.path.join(dit, f)))
+    return state
+
+
+def transformer(decoder_state, dit=DIT):
     """diffusers' ACE-Step transformer holding `decoder_state` (original names, no prefix)."""
-    model = AceStepTransformer1DModel(**dit_config(), is_turbo=True, model_version="turbo").eval()
+    model = AceStepTransformer1DModel(**dit_config(dit), is_turbo=True, model_version="turbo").eval()
     model.load_state_dict({diffusers_name(k): v.float() for k, v in decoder_state.items()}, strict=True)
     return model
 
@@ -95,23 +115,23 @@ def forward(model, inputs):
     return model(**inputs, return_dict=False)[0]
 
 
-def inputs():
-    cfg = dit_config()
-    t, latent, hidden = 37, cfg["audio_acoustic_hidden_dim"], cfg["hidden_size"]
+def inputs(dit=DIT):
+    cfg = dit_config(dit)
+    t, latent = 37, cfg["audio_acoustic_hidden_dim"]
     time = torch.tensor([0.7])
     return dict(
         hidden_states=torch.randn(1, t, latent),
         timestep=time,
         timestep_r=time,
-        encoder_hidden_states=torch.randn(1, 11, hidden),
+        encoder_hidden_states=torch.randn(1, 11, cfg["encoder_hidden_size"]),
         context_latents=torch.randn(1, t, cfg["in_channels"] - latent),
     )
 
 
-def train(ostinato, work, name, args):
+def train(ostinato, work, name, args, model=MODEL):
     """Trains run `name` for 4 steps at a high rate, so the adapter moves; `args`: its
     adapter's flags, or `--config` with them."""
-    run = [ostinato, "train", os.path.join(ROOT, "assets", "demo"), "--model", MODEL, *args,
+    run = [ostinato, "train", os.path.join(ROOT, "assets", "demo"), "--model", model, *args,
            "--runs-dir", os.path.join(work, "runs"), "--name", name, "--max-steps", "4", "--lr", "0.05",
            "--crop-seconds", "2", "--no-cache", "--save-every-steps", "2", "--quiet"]
     subprocess.run(run, check=True, stdout=subprocess.DEVNULL)
@@ -131,8 +151,8 @@ def config_args(work, name, lora):
     return ["--config", config]
 
 
-def train_and_export(ostinato, work, name, args):
-    run_dir = train(ostinato, work, name, args)
+def train_and_export(ostinato, work, name, args, model=MODEL):
+    run_dir = train(ostinato, work, name, args, model)
     out = {"run": run_dir}
     for fmt, to, extra in [("peft", "peft", []), ("merged", "merged.safetensors", []), ("merged", "acestep-v15-merged", ["--full"])]:
         out[to] = export(ostinato, run_dir, fmt, os.path.join(work, name, to), *extra)
@@ -176,14 +196,15 @@ def ace_step_decoder(decoder_state):
     return decoder
 
 
-def check_case(ostinato, work, name, lora, flags=None):
-    """The checks above for a run trained with `flags`, or else with `lora` as its config
-    (`lora` describes the adapter either way); returns the run's and exports' paths."""
+def check_case(ostinato, work, name, lora, flags=None, model=MODEL, dit=DIT):
+    """The checks above for a run of `model` (its DiT folder `dit`) trained with `flags`,
+    or else with `lora` as its config (`lora` describes the adapter either way); returns
+    the run's and exports' paths."""
     print(f"\n== {name}: r {lora['r']}, alpha {lora['alpha']}, rsLoRA {lora['use_rslora']}, DoRA {lora.get('use_dora', False)}"
-          + (f" ({' '.join(flags)})" if flags else ""))
-    paths = train_and_export(ostinato, work, name, flags if flags is not None else config_args(work, name, lora))
+          + (f" ({' '.join(flags)})" if flags else "") + f", {os.path.basename(dit)}")
+    paths = train_and_export(ostinato, work, name, flags if flags is not None else config_args(work, name, lora), model)
     peft_file = os.path.join(paths["peft"], "adapter_model.safetensors")
-    source = load_file(os.path.join(DIT, "model.safetensors"))
+    source = source_weights(dit)
     merged = load_file(paths["merged.safetensors"])
     base = decoder_of(source)
     ours = decoder_of(merged)
@@ -202,16 +223,16 @@ def check_case(ostinato, work, name, lora, flags=None):
     print(f"     keys diffusers also writes (peft's defaults): {sorted(set(theirs_meta) - set(ours_meta))}")
 
     # 2. diffusers, into a model in eval mode (transformer() sets it) and left as loaded.
-    x = inputs()
-    reference = forward(transformer(ours), x)
-    model = transformer(base)
+    x = inputs(dit)
+    reference = forward(transformer(ours, dit), x)
+    model = transformer(base, dit)
     state, metadata = AceStepLoraLoaderMixin.lora_state_dict(peft_file, return_lora_metadata=True)
     AceStepLoraLoaderMixin.load_lora_into_transformer(state, transformer=model, metadata=metadata)
     first, second = forward(model, x), forward(model, x)
     check(torch.equal(first, second), f"diffusers + LoRA: two forwards identical (max abs {max_diff(first, second):.3e})")
     err = max_diff(first, reference)
     check(err <= TOL, f"diffusers + LoRA forward vs merged weights' forward: max abs {err:.3e}")
-    trained = transformer(base)
+    trained = transformer(base, dit)
     again, _ = AceStepLoraLoaderMixin.lora_state_dict(peft_file, return_lora_metadata=True)
     with_dropout = dict(metadata, **{"transformer.lora_dropout": lora["dropout"]})
     AceStepLoraLoaderMixin.load_lora_into_transformer(again, transformer=trained, metadata=with_dropout)
@@ -222,7 +243,7 @@ def check_case(ostinato, work, name, lora, flags=None):
     fused = {k.replace(".base_layer", ""): v for k, v in model.state_dict().items() if "lora_" not in k}
     err = max(max_diff(fused[diffusers_name(k)], v) for k, v in ours.items())
     check(err <= TOL, f"diffusers' fused weights vs --format merged: max abs {err:.3e}")
-    bare = transformer(base)
+    bare = transformer(base, dit)
     stripped, _ = AceStepLoraLoaderMixin.lora_state_dict(peft_file, return_lora_metadata=True)
     AceStepLoraLoaderMixin.load_lora_into_transformer(stripped, transformer=bare, metadata=None)
     print(f"     (without the metadata diffusers applies alpha = r: forward off by {max_diff(forward(bare, x), reference):.3e})")
@@ -235,16 +256,18 @@ def check_case(ostinato, work, name, lora, flags=None):
     # 4. The drop-in model folder.
     full_dir = paths["acestep-v15-merged"]
     full = load_file(os.path.join(full_dir, "model.safetensors"))
-    check(set(full) == set(source), f"merged --full holds all {len(source)} tensors of model.safetensors")
+    check(set(full) == set(source), f"merged --full holds all {len(source)} tensors of {', '.join(weight_files(dit))}")
     check(all(full[k].dtype == v.dtype for k, v in source.items()), "each in the source dtype")
     err = max(max_diff(full["decoder." + k], v) for k, v in ours.items())
     check(err <= TOL, f"its decoder vs --format merged: max abs {err:.3e}")
     same = all(torch.equal(full[k], v) for k, v in source.items() if not k.startswith("decoder."))
     check(same, "every other tensor unchanged")
-    others = sorted(f for f in os.listdir(DIT) if f != "model.safetensors")
-    copied = all(open(os.path.join(DIT, f), "rb").read() == open(os.path.join(full_dir, f), "rb").read() for f in others)
+    weights = set(weight_files(dit)) | {INDEX}
+    others = sorted(f for f in os.listdir(dit) if f not in weights)
+    copied = all(open(os.path.join(dit, f), "rb").read() == open(os.path.join(full_dir, f), "rb").read() for f in others)
     check(copied, f"the folder's other files copied: {others}")
-    err = max_diff(forward(transformer(decoder_of(full)), x), reference)
+    check(sorted(os.listdir(full_dir)) == sorted(others + ["model.safetensors"]), "and nothing else (no shards, no index)")
+    err = max_diff(forward(transformer(decoder_of(full), dit), x), reference)
     check(err <= TOL, f"diffusers' transformer from the merged folder: forward max abs {err:.3e}")
 
     # 5. Modes.
@@ -272,6 +295,7 @@ def main():
             ("rslora", dict(r=4, alpha=12.0, use_rslora=True, dropout=0.1)),
         ]:
             check_case(args.ostinato, work, name, lora)
+        check_case(args.ostinato, work, "xl", dict(r=4, alpha=12.0, use_rslora=False, dropout=0.1), model=XL_MODEL, dit=XL_DIT)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("\nall checks passed")

@@ -508,6 +508,37 @@ fn trains_validates_previews_generates_and_exports_with_an_xl_model_folder() {
         .output()
         .unwrap());
     assert!(merged_song.is_file());
+
+    // As XL base: guided by the encoder-wide null condition, trained on base's timesteps.
+    let base = tmp.path().join("xl-base");
+    let base_dit = base.join("acestep-v15-xl-base");
+    std::fs::create_dir_all(&base_dit).unwrap();
+    for f in std::fs::read_dir(model.join("acestep-v15-xl-turbo")).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), base_dit.join(f.file_name())).unwrap();
+    }
+    for shared in ["vae", "Qwen3-Embedding-0.6B"] {
+        std::os::unix::fs::symlink(model.join(shared), base.join(shared)).unwrap();
+    }
+    let config_path = base_dit.join("config.json");
+    let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
+    config["model_version"] = "xl_base".into();
+    config["is_turbo"] = false.into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let guided = tmp.path().join("guided.wav");
+    ok(ostinato()
+        .args(["generate", "--model", base.to_str().unwrap(), "--caption", "warm lo-fi piano", "--duration", "1"])
+        .args(["--guidance", "3", "--steps", "4", "--out", guided.to_str().unwrap()])
+        .output()
+        .unwrap());
+    assert!(guided.is_file());
+    let mut c = ostinato();
+    c.args(["train", songs.to_str().unwrap(), "--model", base.to_str().unwrap(), "--name", "xl-base"])
+        .args(["--runs-dir", tmp.path().join("runs").to_str().unwrap()])
+        .args(["--crop-seconds", "2", "--rank", "2", "--max-steps", "2"])
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"));
+    ok(c.output().unwrap());
+    assert_eq!(step_losses(&tmp.path().join("runs/xl-base")).len(), 2);
 }
 
 #[test]

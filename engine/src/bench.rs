@@ -56,16 +56,26 @@ pub enum Preset {
     /// Training the whole ACE-Step-size DiT at T = 750 with a 10 s preview in between:
     /// what the preview adds to the training peak ([`generation::run_training_preview`]).
     FullTrainPreview30s,
+    /// The whole 2B DiT (24 layers) training on a 4-minute song (T = 6000), encoder 256.
+    Full240s,
+    /// The whole XL (4B) DiT: 32 layers of hidden 2560, MLP 9728, 32/8 heads of 128,
+    /// over a 2048-wide condition; T = 750, encoder 256.
+    Xl30s,
+    /// `xl-30s` on a 4-minute song (T = 6000).
+    Xl240s,
 }
 
 impl Preset {
-    pub const ALL: [Preset; 6] = [
+    pub const ALL: [Preset; 9] = [
         Preset::Small30s,
         Preset::Small240s,
         Preset::FullLayer,
         Preset::FullPair240s,
         Preset::FullGenerate30s,
         Preset::FullTrainPreview30s,
+        Preset::Full240s,
+        Preset::Xl30s,
+        Preset::Xl240s,
     ];
     /// The preview `full-train-preview-30s` makes: 10 s, the default preview length.
     pub const PREVIEW_FRAMES: usize = 250;
@@ -78,41 +88,26 @@ impl Preset {
             Preset::FullPair240s => "full-pair-240s",
             Preset::FullGenerate30s => "full-generate-30s",
             Preset::FullTrainPreview30s => "full-train-preview-30s",
+            Preset::Full240s => "full-240s",
+            Preset::Xl30s => "xl-30s",
+            Preset::Xl240s => "xl-240s",
         }
     }
 
     pub fn spec(self) -> BenchSpec {
-        let small = |frames| BenchSpec {
-            config: dit_config(512, 1536, 8, 8, 4, 64),
-            frames,
-            encoder_len: 128,
-            batch: 1,
-            lora: bench_lora(),
-        };
+        let spec =
+            |config, frames, encoder_len| BenchSpec { config, frames, encoder_len, batch: 1, lora: bench_lora() };
+        let two_b = |layers| dit_config(2048, 2048, 6144, layers, 16, 8, 128);
+        let xl = dit_config(2560, 2048, 9728, 32, 32, 8, 128);
         match self {
-            Preset::Small30s => small(750),
-            Preset::Small240s => small(6000),
-            Preset::FullLayer => BenchSpec {
-                config: dit_config(2048, 6144, 1, 16, 8, 128),
-                frames: 750,
-                encoder_len: 256,
-                batch: 1,
-                lora: bench_lora(),
-            },
-            Preset::FullPair240s => BenchSpec {
-                config: dit_config(2048, 6144, 2, 16, 8, 128),
-                frames: 6000,
-                encoder_len: 256,
-                batch: 1,
-                lora: bench_lora(),
-            },
-            Preset::FullGenerate30s | Preset::FullTrainPreview30s => BenchSpec {
-                config: dit_config(2048, 6144, 24, 16, 8, 128),
-                frames: 750,
-                encoder_len: 256,
-                batch: 1,
-                lora: bench_lora(),
-            },
+            Preset::Small30s => spec(dit_config(512, 512, 1536, 8, 8, 4, 64), 750, 128),
+            Preset::Small240s => spec(dit_config(512, 512, 1536, 8, 8, 4, 64), 6000, 128),
+            Preset::FullLayer => spec(two_b(1), 750, 256),
+            Preset::FullPair240s => spec(two_b(2), 6000, 256),
+            Preset::FullGenerate30s | Preset::FullTrainPreview30s => spec(two_b(24), 750, 256),
+            Preset::Full240s => spec(two_b(24), 6000, 256),
+            Preset::Xl30s => spec(xl, 750, 256),
+            Preset::Xl240s => spec(xl, 6000, 256),
         }
     }
 }
@@ -170,10 +165,12 @@ fn bench_lora() -> LoraConfig {
     LoraConfig { r: 16, alpha: 32.0, dropout: 0.0, ..Default::default() }
 }
 
-/// An ACE-Step 1.5 DiT config of the given size: patch 2, 192 input / 64 latent
-/// channels, sliding window 128 on even layers, as the real model.
+/// An ACE-Step 1.5 DiT config of the given size over a condition `encoder` wide:
+/// patch 2, 192 input / 64 latent channels, sliding window 128 on even layers, as the
+/// real model.
 fn dit_config(
     hidden: usize,
+    encoder: usize,
     intermediate: usize,
     layers: usize,
     heads: usize,
@@ -189,7 +186,7 @@ fn dit_config(
         head_dim,
         in_channels: 192,
         audio_acoustic_hidden_dim: 64,
-        encoder_hidden_size: hidden,
+        encoder_hidden_size: encoder,
         patch_size: 2,
         sliding_window: 128,
         use_sliding_window: true,
@@ -219,6 +216,7 @@ impl BenchSpec {
         let c = &self.config;
         self.config = dit_config(
             c.hidden_size,
+            c.encoder_hidden_size,
             c.intermediate_size,
             layers,
             c.num_attention_heads,

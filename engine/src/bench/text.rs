@@ -74,7 +74,7 @@ pub fn run_text(warmup: usize, runs: usize, device: &Device) -> Result<TextBench
     }
     let qwen_cfg: Qwen3Config = serde_json::from_str(QWEN3_EMBEDDING_0_6B).expect("the constant parses");
     let encoder_cfg =
-        ConditionEncoderConfig::from_value(&serde_json::json!({}), &dit_config(2048, 6144, 24, 16, 8, 128))?;
+        ConditionEncoderConfig::from_value(&serde_json::json!({}), &dit_config(2048, 2048, 6144, 24, 16, 8, 128))?;
     let weights = RandomTensors { seed: 0x7E47, device: device.clone() };
     let qwen = Qwen3Encoder::load(&qwen_cfg, &weights)?;
     let encoder = ConditionEncoder::load(&encoder_cfg, &weights, "encoder")?;
