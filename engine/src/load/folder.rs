@@ -22,6 +22,7 @@ use crate::codec::qwen3::{Qwen3Config, Qwen3Encoder};
 use crate::codec::tokenizer::{Padding, TextTokenizer};
 use crate::codec::vae::{file_identity, OobleckEncoder, VaeConfig, VaeLatentEncoder, VAE_WEIGHTS};
 use crate::codec::{SongMeta, INSTRUMENTAL};
+use super::kind::{Flavor, ModelKind};
 use crate::model::timesteps::TimestepSampling;
 use crate::model::weights::{expected_shapes, match_header, DecoderWeights};
 use crate::model::DitConfig;
@@ -68,17 +69,11 @@ impl Variant {
         }
     }
 
-    /// From `is_turbo` / `model_version` in config.json, else the folder's name.
-    fn detect(config: &Value, dit_dir: &Path) -> Self {
-        let version = config.get("model_version").and_then(Value::as_str).unwrap_or_default();
-        let name = dit_dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        let turbo = config.get("is_turbo").and_then(Value::as_bool).unwrap_or(false)
-            || version.contains("turbo")
-            || (version.is_empty() && name.contains("turbo"));
-        if turbo {
-            Variant::Turbo
-        } else {
-            Variant::Base
+    /// Turbo's defaults for turbo, base's for the rest.
+    fn of(flavor: Flavor) -> Self {
+        match flavor {
+            Flavor::Turbo => Variant::Turbo,
+            Flavor::Base | Flavor::Sft | Flavor::Unknown => Variant::Base,
         }
     }
 }
@@ -86,6 +81,8 @@ impl Variant {
 pub struct ModelFolder {
     pub root: PathBuf,
     pub dit_dir: PathBuf,
+    /// 2B or XL, turbo, base or SFT, as config.json says.
+    pub kind: ModelKind,
     pub variant: Variant,
     pub dit: DitConfig,
     pub encoder: ConditionEncoderConfig,
@@ -218,7 +215,8 @@ impl ModelFolder {
         let DitPart { json, dit, encoder, .. } = dit_part;
         match (problems.is_empty(), json, dit, encoder, vae_cfg, text_cfg) {
             (true, Some(json), Some(dit), Some(encoder), Some(vae), Some(text)) => {
-                Ok(Self { variant: Variant::detect(&json, &dit_dir), root, dit_dir, dit, encoder, vae, text })
+                let kind = ModelKind::of_config(&json, &dit_dir);
+                Ok(Self { kind, variant: Variant::of(kind.flavor), root, dit_dir, dit, encoder, vae, text })
             }
             _ => Err(fail(problems)),
         }

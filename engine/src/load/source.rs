@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::demo;
 use super::folder::{ModelFolder, LYRIC_TOKENS, TEXT_TOKENS};
+use super::kind::{Flavor, ModelKind, ModelSize};
 use crate::codec::vae::VAE_WEIGHTS;
 use crate::codec::{Conditioner, HashConditioner, LatentEncoder, MelEncoder};
 use crate::codec::{LatentDecoder, MelDecoder, VaeDecoder};
@@ -83,6 +84,15 @@ impl ModelSource {
                 Ok((folder.dit, weights))
             }
         }
+    }
+
+    /// 2B or XL, turbo, base or SFT: a folder's as its config.json says; the demo
+    /// model is of its own size and trained like turbo.
+    pub fn kind(&self) -> Result<ModelKind> {
+        Ok(match self {
+            ModelSource::Demo => ModelKind { size: ModelSize::of(&demo::demo_config()), flavor: Flavor::Turbo },
+            ModelSource::Folder { path } => ModelFolder::open(path, None)?.kind,
+        })
     }
 
     /// The model's shape for the memory estimate (see [`ModelShape`]).
