@@ -33,6 +33,8 @@ pub struct FoundModel {
     pub variant: Flavor,
     /// 2B or XL, from the DiT's shape in config.json.
     pub size: ModelSize,
+    /// Both in words, as front ends show them: "XL turbo", "2B SFT".
+    pub label: String,
     pub origin: Origin,
     /// Bytes of the DiT, VAE and text encoder folders (links followed).
     pub bytes: u64,
@@ -82,6 +84,7 @@ fn examine(origin: Origin, dit: PathBuf) -> FoundModel {
     FoundModel {
         variant: kind.flavor,
         size: kind.size,
+        label: kind.label(),
         origin,
         bytes: [dit.clone(), root.join(VAE_DIR), root.join(TEXT_DIR)].iter().map(|d| bytes_under(d)).sum(),
         complete: problems.is_empty(),

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::demo;
 use super::folder::{ModelFolder, LYRIC_TOKENS, TEXT_TOKENS};
-use super::kind::{Flavor, ModelKind, ModelSize};
+use super::kind::ModelKind;
 use crate::codec::vae::VAE_WEIGHTS;
 use crate::codec::{Conditioner, HashConditioner, LatentEncoder, MelEncoder};
 use crate::codec::{LatentDecoder, MelDecoder, VaeDecoder};
@@ -86,12 +86,12 @@ impl ModelSource {
         }
     }
 
-    /// 2B or XL, turbo, base or SFT: a folder's as its config.json says; the demo
-    /// model is of its own size and trained like turbo.
-    pub fn kind(&self) -> Result<ModelKind> {
+    /// 2B or XL, turbo, base or SFT, as a folder's config.json says; none for the demo
+    /// model, which is none of ACE-Step's.
+    pub fn kind(&self) -> Result<Option<ModelKind>> {
         Ok(match self {
-            ModelSource::Demo => ModelKind { size: ModelSize::of(&demo::demo_config()), flavor: Flavor::Turbo },
-            ModelSource::Folder { path } => ModelFolder::open(path, None)?.kind,
+            ModelSource::Demo => None,
+            ModelSource::Folder { path } => Some(ModelFolder::open(path, None)?.kind),
         })
     }
 
