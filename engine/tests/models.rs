@@ -3,8 +3,11 @@
 
 mod hub_server;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use candle_core::{DType, Device, Tensor};
 
 use hub_server::{blob_id, FakeHub, Fault};
 use ostinato_engine::cancel::Cancel;
@@ -14,6 +17,8 @@ use ostinato_engine::load::{
     find_models, verify_model, AddedFolders, DitVariant, DownloadEvent, Downloader, Flavor, Hub, HubCache, ModelPlaces,
     ModelSize, Origin, Patience,
 };
+use ostinato_engine::model::DecoderWeights;
+use ostinato_engine::tensor_io::{save_tensors, TensorFile};
 use ostinato_engine::Error;
 
 const COMMIT: &str = "4f1c0ffee4f1c0ffee4f1c0ffee4f1c0ffee4f1c";
@@ -428,9 +433,11 @@ fn base_is_put_together_from_its_own_repository_and_the_main_ones_parts() {
 #[test]
 fn xl_turbo_comes_from_its_own_repository_with_the_main_ones_vae_and_text_encoder() {
     let s = Setup::new();
-    // ACE-Step/acestep-v15-xl-turbo: the DiT folder at the repository's root (the
-    // fixture's tiny DiT: the catalog, not the weights, is what is checked here).
+    // ACE-Step/acestep-v15-xl-turbo: the DiT folder at the repository's root, its
+    // weights in shards with their index as transformers writes them (the fixture's
+    // tiny DiT: the catalog and the layout, not the XL shapes, are checked here).
     let dit = own_dit_repo(serde_json::json!({"model_version": "xl_turbo"}));
+    shard(&dit.path().join("model.safetensors"));
     s.hub.add_folder("ACE-Step/acestep-v15-xl-turbo", "0c1a55", dit.path(), "");
 
     let (model, events) = s.download(DitVariant::XlTurbo);
@@ -468,14 +475,50 @@ fn xl_turbo_comes_from_its_own_repository_with_the_main_ones_vae_and_text_encode
     );
     assert!(!events[..planned].iter().any(|e| matches!(e, DownloadEvent::FileStarted { .. })));
 
+    // The shards open as one file: checked, loaded, and the condition encoder's read.
     let folder = ModelFolder::open(&model, None).unwrap();
     assert_eq!((folder.kind.flavor, folder.variant), (Flavor::Turbo, Variant::Turbo));
+    assert_eq!(folder.dit_weights(), model.join("model.safetensors.index.json"));
+    assert!(folder.check_weights().unwrap() > 0);
+    let sharded = folder.load_decoder(DType::F32, &Device::Cpu).unwrap();
+    let whole = DecoderWeights::load(&[&fixture().join(TURBO_WEIGHTS)], &folder.dit, DType::F32, &Device::Cpu).unwrap();
+    let values = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(sharded.iter().count(), whole.iter().count());
+    for (name, t) in sharded.iter() {
+        assert_eq!(values(t), values(&whole.get(name).unwrap()), "{name}");
+    }
+    let keys = |file: &Path| {
+        let mut keys = TensorFile::open(file, &Device::Cpu).unwrap().keys();
+        keys.sort();
+        keys
+    };
+    assert_eq!(keys(&folder.dit_weights()), keys(&fixture().join(TURBO_WEIGHTS)), "every tensor, the encoder's too");
+    folder.conditioner(&Device::Cpu).unwrap();
     assert!(!s.repo_dir(MAIN_REPO).join("snapshots").join(COMMIT).join("acestep-v15-turbo").exists());
     let found = find_models(&s.places());
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!((found[0].variant, found[0].origin, found[0].complete), (Flavor::Turbo, Origin::Downloaded, true));
     // Its size class is its config's: the tiny DiT is neither 2B nor XL.
     assert_eq!(found[0].size, ModelSize::Other);
+}
+
+/// Splits a safetensors file in two shards and an index, as `save_pretrained` does, and
+/// removes it.
+fn shard(file: &Path) {
+    let tensors = candle_core::safetensors::load(file, &Device::Cpu).unwrap();
+    let mut keys: Vec<&String> = tensors.keys().collect();
+    keys.sort();
+    let names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"];
+    let (first, second) = keys.split_at(keys.len() / 2);
+    let mut weight_map = serde_json::Map::new();
+    for (name, part) in names.iter().zip([first, second]) {
+        let shard: HashMap<String, Tensor> = part.iter().map(|k| ((*k).clone(), tensors[*k].clone())).collect();
+        save_tensors(&shard, &file.with_file_name(name)).unwrap();
+        weight_map.extend(part.iter().map(|k| ((*k).clone(), serde_json::Value::from(*name))));
+    }
+    let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": weight_map});
+    std::fs::write(file.with_file_name("model.safetensors.index.json"), index.to_string()).unwrap();
+    std::fs::remove_file(file).unwrap();
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! <root>/acestep-v15-turbo/{config.json, model.safetensors, silence_latent.pt}   (or -base, -sft, ...)
+//! <root>/acestep-v15-xl-turbo/{..., model.safetensors.index.json, model-0000N-of-0000M.safetensors}
 //! <root>/vae/{config.json, diffusion_pytorch_model.safetensors}
 //! <root>/Qwen3-Embedding-0.6B/{config.json, model.safetensors, tokenizer.json, tokenizer_config.json}
 //! ```
@@ -27,6 +28,7 @@ use crate::model::timesteps::TimestepSampling;
 use crate::model::weights::{expected_shapes, match_header, DecoderWeights};
 use crate::model::DitConfig;
 use crate::tensor_io::torch_pt::read_pt;
+use crate::tensor_io::shards::{weight_files, INDEX_SUFFIX};
 use crate::tensor_io::TensorFile;
 use crate::{Error, Result};
 
@@ -228,8 +230,9 @@ impl ModelFolder {
         Self::open(&cache, None)
     }
 
+    /// `model.safetensors`, or the index of its shards (the XL DiTs).
     pub fn dit_weights(&self) -> PathBuf {
-        self.dit_dir.join("model.safetensors")
+        dit_weights_in(&self.dit_dir)
     }
 
     pub fn dit_config_path(&self) -> PathBuf {
@@ -238,7 +241,9 @@ impl ModelFolder {
 
     /// The DiT's weights in `dtype`; a tensor that does not fit names config.json too.
     pub fn load_decoder(&self, dtype: DType, device: &Device) -> Result<DecoderWeights> {
-        DecoderWeights::load(&[&self.dit_weights()], &self.dit, dtype, device).map_err(|e| match e {
+        let files = weight_files(&self.dit_weights())?;
+        let files: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+        DecoderWeights::load(&files, &self.dit, dtype, device).map_err(|e| match e {
             Error::Weights { path, problems, .. } => {
                 Error::Weights { path, config: Some(self.dit_config_path()), problems }
             }
@@ -358,12 +363,24 @@ fn read_dit_part(dit_dir: &Path, problems: &mut Vec<String>) -> DitPart {
         _ => None,
     };
     check_safetensors(
-        &dit_dir.join("model.safetensors"),
+        &dit_weights_in(dit_dir),
         &["decoder.proj_in.1.weight", "encoder.text_projector.weight"],
         problems,
     );
     let silence = read_silence(&dit_dir.join("silence_latent.pt")).map_err(|e| problems.push(e.to_string())).ok();
     DitPart { json, dit, encoder, silence }
+}
+
+/// A DiT folder's weights: `model.safetensors`, else the index of its shards when
+/// there is one (what a missing file's error names: the single file).
+fn dit_weights_in(dit_dir: &Path) -> PathBuf {
+    let single = dit_dir.join("model.safetensors");
+    let index = dit_dir.join(format!("model.safetensors{INDEX_SUFFIX}"));
+    if !single.is_file() && index.is_file() {
+        index
+    } else {
+        single
+    }
 }
 
 /// The text encoder's config, after checking its weights and tokenizer.
@@ -465,14 +482,16 @@ impl RealConditioner {
         let text_dir = folder.text_dir();
         let qwen_file = TensorFile::open(&text_dir.join("model.safetensors"), device)?;
         let dit_file = TensorFile::open(&folder.dit_weights(), device)?;
-        let id = file_identity(&[
-            &folder.dit_dir.join("config.json"),
-            &folder.dit_weights(),
-            &folder.dit_dir.join("silence_latent.pt"),
-            &text_dir.join("model.safetensors"),
-            &text_dir.join("tokenizer.json"),
-            &text_dir.join("tokenizer_config.json"),
-        ])?;
+        let dit_files = weight_files(&folder.dit_weights())?;
+        let mut identified = vec![folder.dit_dir.join("config.json")];
+        identified.extend(dit_files);
+        identified.extend([
+            folder.dit_dir.join("silence_latent.pt"),
+            text_dir.join("model.safetensors"),
+            text_dir.join("tokenizer.json"),
+            text_dir.join("tokenizer_config.json"),
+        ]);
+        let id = file_identity(&identified.iter().map(PathBuf::as_path).collect::<Vec<_>>())?;
         let tokenizer = |max_len, padding| TextTokenizer::from_dir(&text_dir, max_len, padding);
         Ok(Self {
             qwen: Qwen3Encoder::load(&folder.text, &qwen_file)?,

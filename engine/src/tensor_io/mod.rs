@@ -1,7 +1,8 @@
 //! Tensor files. Named tensors from memory-mapped safetensors files, for the
 //! inference-only parts of the real model (VAE, Qwen3, condition encoder): every
 //! lookup checks the shape and names the file and key at fault; tensors come back as
-//! f32. Safetensors written whole or not at all. `torch_pt` reads torch's `.pt` files.
+//! f32. A file may be a shard index (`shards`): its shards are read as one file.
+//! Safetensors written whole or not at all. `torch_pt` reads torch's `.pt` files.
 //!
 //! A file opened for checking reads headers only: each lookup records what is missing
 //! or mis-shaped and hands back a stand-in without storage, so a module's own loader
@@ -16,6 +17,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::{Error, Result};
 
+pub mod shards;
 mod source;
 pub mod torch_pt;
 
@@ -36,12 +38,14 @@ struct ShapeCheck {
 }
 
 impl TensorFile {
+    /// Opens a safetensors file, or a shard index with its shards (errors name `path`).
     pub fn open(path: &Path, device: &Device) -> Result<Self> {
         if !path.is_file() {
             return Err(Error::io(path, std::io::Error::new(std::io::ErrorKind::NotFound, "weights file not found")));
         }
-        // SAFETY: the file is only read, as every safetensors reader does.
-        let st = unsafe { MmapedSafetensors::new(path) }.map_err(|e| Error::BadFile {
+        let files = shards::weight_files(path)?;
+        // SAFETY: the files are only read, as every safetensors reader does.
+        let st = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| Error::BadFile {
             path: path.to_path_buf(),
             reason: format!("cannot read safetensors: {e}"),
         })?;
