@@ -1346,7 +1346,8 @@ fn models_list_tells_2b_from_xl_by_the_config() {
         for f in std::fs::read_dir(tiny_model().join("acestep-v15-turbo")).unwrap().flatten() {
             std::fs::copy(f.path(), dit.join(f.file_name())).unwrap();
         }
-        let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(dit.join("config.json")).unwrap()).unwrap();
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dit.join("config.json")).unwrap()).unwrap();
         json.as_object_mut().unwrap().remove("layer_types");
         edit(&mut json);
         std::fs::write(dit.join("config.json"), json.to_string()).unwrap();

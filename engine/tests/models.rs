@@ -458,20 +458,12 @@ fn xl_turbo_comes_from_its_own_repository_with_the_main_ones_vae_and_text_encode
         let files: Vec<u64> = std::fs::read_dir(dir).unwrap().flatten().map(|f| f.metadata().unwrap().len()).collect();
         (files.len(), files.iter().sum())
     };
-    let (files, bytes) = [dit.path(), &parts[0], &parts[1]]
-        .into_iter()
-        .map(bytes_in)
-        .fold((0, 0), |(n, b), (n2, b2)| (n + n2, b + b2));
+    let (files, bytes) =
+        [dit.path(), &parts[0], &parts[1]].into_iter().map(bytes_in).fold((0, 0), |(n, b), (n2, b2)| (n + n2, b + b2));
     let planned = events.iter().position(|e| matches!(e, DownloadEvent::Planned { .. })).unwrap();
     assert_eq!(
         events[planned],
-        DownloadEvent::Planned {
-            variant: DitVariant::XlTurbo,
-            files,
-            bytes,
-            missing_bytes: bytes,
-            cache: s.cache()
-        }
+        DownloadEvent::Planned { variant: DitVariant::XlTurbo, files, bytes, missing_bytes: bytes, cache: s.cache() }
     );
     assert!(!events[..planned].iter().any(|e| matches!(e, DownloadEvent::FileStarted { .. })));
 

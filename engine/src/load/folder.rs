@@ -17,18 +17,18 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
 
+use super::kind::{Flavor, ModelKind};
 use crate::codec::condition::{context_latents, lyrics_prompt, text_prompt, Conditioner, Conditioning};
 use crate::codec::condition_encoder::{ConditionEncoder, ConditionEncoderConfig};
 use crate::codec::qwen3::{Qwen3Config, Qwen3Encoder};
 use crate::codec::tokenizer::{Padding, TextTokenizer};
 use crate::codec::vae::{file_identity, OobleckEncoder, VaeConfig, VaeLatentEncoder, VAE_WEIGHTS};
 use crate::codec::{SongMeta, INSTRUMENTAL};
-use super::kind::{Flavor, ModelKind};
 use crate::model::timesteps::TimestepSampling;
 use crate::model::weights::{expected_shapes, match_header, DecoderWeights};
 use crate::model::DitConfig;
-use crate::tensor_io::torch_pt::read_pt;
 use crate::tensor_io::shards::{weight_files, INDEX_SUFFIX};
+use crate::tensor_io::torch_pt::read_pt;
 use crate::tensor_io::TensorFile;
 use crate::{Error, Result};
 
