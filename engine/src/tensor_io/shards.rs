@@ -65,7 +65,7 @@ mod tests {
     fn an_index_stands_for_each_shard_it_names_once() {
         let dir = tempfile::tempdir().unwrap();
         let plain = dir.path().join("model.safetensors");
-        assert_eq!(weight_files(&plain).unwrap(), [plain.clone()]);
+        assert_eq!(weight_files(&plain).unwrap(), [plain]);
 
         let shards = ["model-00002-of-00002.safetensors", "model-00001-of-00002.safetensors"];
         let path = index(dir.path(), serde_json::json!({"a": shards[0], "b": shards[1], "c": shards[0]}));
