@@ -1,6 +1,7 @@
-//! Finds ACE-Step 1.5 models on disk and says, for each, its variant (2B or XL, turbo,
-//! base or SFT), its bytes and whether it is complete: every file a run opens is there and every tensor's header
-//! fits its config (`ModelFolder::check_weights`, which reads no weights).
+//! Finds ACE-Step 1.5 models on disk and says, for each, what it is (2B or XL, turbo,
+//! base or SFT), its bytes and whether it is complete: every file a run opens is there
+//! and every tensor's header fits its config (`ModelFolder::check_weights`, which reads
+//! no weights).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
