@@ -37,7 +37,7 @@ pub enum ModelsCommand {
     /// (HF_HUB_CACHE / HF_HOME; hub from HF_ENDPOINT, token from HF_TOKEN). Run it again
     /// to resume an interrupted download.
     Download {
-        /// turbo, base or sft.
+        /// turbo, base, sft (2B) or xl-turbo, xl-base, xl-sft (XL, 4B).
         #[arg(value_parser = parse_variant)]
         variant: DitVariant,
         /// Print download events as JSON lines instead of a progress bar.
@@ -47,7 +47,8 @@ pub enum ModelsCommand {
     /// Check a model: every file present, every tensor's header against its config,
     /// and every file in the hub cache against its checksum. Default: every model found.
     Verify {
-        /// A model folder, or a variant (turbo, base, sft) to check the one found.
+        /// A model folder, or a variant (turbo, base, sft, xl-turbo, xl-base, xl-sft) to
+        /// check the ones found.
         target: Option<String>,
     },
 }
@@ -93,11 +94,11 @@ fn list(json: bool) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    println!("{:<8} {:<11} {:>9}  {:<12} path", "variant", "status", "size", "found in");
+    println!("{:<18} {:<11} {:>9}  {:<12} path", "model", "status", "on disk", "found in");
     for m in &models {
         let status = if m.complete { "complete" } else { "incomplete" };
         let origin = serde_json::to_value(m.origin)?.as_str().unwrap_or_default().replace('_', " ");
-        println!("{:<8} {status:<11} {:>9}  {origin:<12} {}", m.variant, gb(m.bytes), m.path.display());
+        println!("{:<18} {status:<11} {:>9}  {origin:<12} {}", m.label, gb(m.bytes), m.path.display());
         for p in &m.problems {
             println!("    {p}");
         }
@@ -190,7 +191,7 @@ fn verify(target: Option<&str>) -> anyhow::Result<i32> {
         Some(t) => {
             let variant: DitVariant = t.parse().map_err(|e: String| anyhow::anyhow!("{t} is no folder, and {e}"))?;
             let found: Vec<FoundModel> =
-                find_models(&ModelPlaces::from_env()?).into_iter().filter(|m| m.variant == variant.name()).collect();
+                find_models(&ModelPlaces::from_env()?).into_iter().filter(|m| variant.matches(m.kind())).collect();
             if found.is_empty() {
                 bail!(
                     "no {} model found (see `ostinato models list`; `ostinato models download {}` gets one)",

@@ -83,8 +83,8 @@ pub fn inspect(model_dir: &Path) -> anyhow::Result<()> {
     let cfg = &folder.dit;
     println!("{}", folder.dit_config_path().display());
     println!(
-        "DiT ({:?}): {} layers, hidden {}, MLP {}, {} heads / {} KV heads of {}, patch {}, sliding window {}",
-        folder.variant,
+        "DiT ({}): {} layers, hidden {}, MLP {}, {} heads / {} KV heads of {}, patch {}, sliding window {}",
+        folder.kind.label(),
         cfg.num_hidden_layers,
         cfg.hidden_size,
         cfg.intermediate_size,

@@ -769,7 +769,9 @@ fn inspect_checks_every_weight_and_names_what_is_wrong() {
     let out = ok(ostinato().args(["inspect", tiny_model().to_str().unwrap()]).output().unwrap());
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}");
-    assert!(stdout.contains("weights: all") && stdout.contains("Turbo"), "{stdout}");
+    // The tiny model is turbo, and neither 2B- nor XL-shaped.
+    assert!(stdout.contains("weights: all") && stdout.contains("DiT (custom-size turbo): 2 layers"), "{stdout}");
+    assert!(stdout.contains("estimated training memory for a 4-minute song"), "{stdout}");
 
     // Truncated weights, and a config that does not fit them.
     let tmp = tempfile::tempdir().unwrap();
@@ -786,8 +788,14 @@ fn inspect_checks_every_weight_and_names_what_is_wrong() {
     fails_with(ostinato().args(["inspect", model.to_str().unwrap()]), &vae_weights.display().to_string());
     std::fs::write(&vae_weights, &bytes).unwrap();
 
+    // The variant is config.json's, whatever the folder is called.
     let config = model.join("acestep-v15-turbo/config.json");
     let text = std::fs::read_to_string(&config).unwrap();
+    let sft = text.replace("\"model_version\": \"turbo\"", "\"model_version\": \"sft\"");
+    std::fs::write(&config, sft.replace("\"is_turbo\": true", "\"is_turbo\": false")).unwrap();
+    let out = ok(ostinato().args(["inspect", model.to_str().unwrap()]).output().unwrap());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("DiT (custom-size SFT)"), "{stdout}");
     std::fs::write(&config, text.replace("\"hidden_size\": 32", "\"hidden_size\": 48")).unwrap();
     fails_with(ostinato().args(["inspect", model.to_str().unwrap()]), &config.display().to_string());
     let songs = audio(tmp.path());
@@ -1427,12 +1435,14 @@ fn models_download_list_verify_add_and_remove() {
     let list: serde_json::Value = serde_json::from_str(&text(run(&["list", "--json"]))).unwrap();
     assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
     assert_eq!(
-        (&list[0]["variant"], &list[0]["complete"], &list[0]["origin"]),
-        (&"turbo".into(), &true.into(), &"hub_cache".into())
+        (&list[0]["variant"], &list[0]["size"], &list[0]["complete"], &list[0]["origin"]),
+        (&"turbo".into(), &"other".into(), &true.into(), &"hub_cache".into())
     );
     assert_eq!(list[0]["path"], model.to_str().unwrap());
-    let verified = text(run(&["verify", "turbo"]));
+    let verified = text(run(&["verify", model.to_str().unwrap()]));
     assert!(verified.starts_with("ok ") && verified.contains("9 files match their hub checksums"), "{verified}");
+    // A variant names the catalog's model of that size: the tiny turbo is not the 2B one.
+    fails_with(&mut models_cmd(dir, &hub.url, &["verify", "turbo"]), "no turbo model found");
     ok(ostinato().args(["inspect", model.to_str().unwrap()]).output().unwrap());
 
     // A folder added is listed (and remembered) until removed.
@@ -1440,6 +1450,7 @@ fn models_download_list_verify_add_and_remove() {
     assert!(added.starts_with("added "), "{added}");
     let table = text(run(&["list"]));
     assert!(table.contains("added") && table.contains("hub cache") && table.contains("complete"), "{table}");
+    assert!(table.lines().skip(1).all(|l| l.starts_with("custom-size turbo ")), "{table}");
     run(&["remove", tiny_model().to_str().unwrap()]);
     assert_eq!(text(run(&["list"])).lines().count(), 2, "header and the downloaded model");
 
@@ -1447,6 +1458,45 @@ fn models_download_list_verify_add_and_remove() {
     let out = models_cmd(dir, &hub.url, &["download", "sft"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("ACE-Step/acestep-v15-sft"), "{stderr}");
+    let out = models_cmd(dir, &hub.url, &["download", "xl-sft"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("ACE-Step/acestep-v15-xl-sft"), "{stderr}");
+    // A name that is no variant: every variant is named.
+    fails_with(&mut models_cmd(dir, &hub.url, &["download", "xl"]), "turbo, base, sft, xl-turbo, xl-base, xl-sft");
+}
+
+#[test]
+fn models_list_tells_2b_from_xl_by_the_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // ./checkpoints, as ACE-Step lays it out: an XL-shaped config under the 2B turbo's
+    // folder name, a 2B-shaped one under XL SFT's (the tiny weights fit neither).
+    let ckpt = dir.join("checkpoints");
+    let dit_config = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+        let dit = ckpt.join(name);
+        std::fs::create_dir_all(&dit).unwrap();
+        for f in std::fs::read_dir(tiny_model().join("acestep-v15-turbo")).unwrap().flatten() {
+            std::fs::copy(f.path(), dit.join(f.file_name())).unwrap();
+        }
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dit.join("config.json")).unwrap()).unwrap();
+        json.as_object_mut().unwrap().remove("layer_types");
+        edit(&mut json);
+        std::fs::write(dit.join("config.json"), json.to_string()).unwrap();
+    };
+    dit_config("acestep-v15-turbo", &|j| {
+        (j["hidden_size"], j["num_hidden_layers"]) = (2560.into(), 32.into());
+    });
+    dit_config("acestep-v15-xl-sft", &|j| {
+        (j["hidden_size"], j["num_hidden_layers"]) = (2048.into(), 24.into());
+        (j["model_version"], j["is_turbo"]) = ("sft".into(), false.into());
+    });
+    let out = ok(models_cmd(dir, "http://127.0.0.1:9", &["list"]).output().unwrap());
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let row = |folder: &str| table.lines().find(|l| l.ends_with(folder)).unwrap_or_else(|| panic!("{folder}: {table}"));
+    assert!(row("acestep-v15-turbo").starts_with("XL turbo "), "{table}");
+    assert!(row("acestep-v15-xl-sft").starts_with("2B SFT "), "{table}");
+    assert!(table.starts_with("model "), "{table}");
 }
 
 #[test]

@@ -3,17 +3,22 @@
 
 mod hub_server;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use candle_core::{DType, Device, Tensor};
 
 use hub_server::{blob_id, FakeHub, Fault};
 use ostinato_engine::cancel::Cancel;
 use ostinato_engine::load::catalog::MAIN_REPO;
 use ostinato_engine::load::folder::{ModelFolder, Variant};
 use ostinato_engine::load::{
-    find_models, verify_model, AddedFolders, DitVariant, DownloadEvent, Downloader, Hub, HubCache, ModelPlaces, Origin,
-    Patience,
+    find_models, verify_model, AddedFolders, DitVariant, DownloadEvent, Downloader, Flavor, Hub, HubCache, ModelPlaces,
+    ModelSize, Origin, Patience,
 };
+use ostinato_engine::model::DecoderWeights;
+use ostinato_engine::tensor_io::{save_tensors, TensorFile};
 use ostinato_engine::Error;
 
 const COMMIT: &str = "4f1c0ffee4f1c0ffee4f1c0ffee4f1c0ffee4f1c";
@@ -148,8 +153,8 @@ fn turbo_downloads_into_the_hub_cache_and_is_then_found_complete() {
     assert_eq!(found.len(), 1, "{found:?}");
     let m = &found[0];
     assert_eq!(
-        (m.path.as_path(), m.variant.as_str(), m.origin, m.complete),
-        (model.as_path(), "turbo", Origin::HubCache, true)
+        (m.path.as_path(), m.variant, m.origin, m.complete),
+        (model.as_path(), Flavor::Turbo, Origin::HubCache, true)
     );
     assert_eq!(m.bytes, total);
     assert_eq!(ModelFolder::open(&m.path, None).unwrap().variant, Variant::Turbo);
@@ -383,19 +388,33 @@ fn a_download_that_does_not_fit_the_disk_does_not_start() {
     assert!(s.resolve_requests("").is_empty(), "nothing fetched");
 }
 
-#[test]
-fn base_is_put_together_from_its_own_repository_and_the_main_ones_parts() {
-    let s = Setup::new();
-    // ACE-Step/acestep-v15-base: the DiT folder at the repository's root.
+/// A DiT repository of its own (base, SFT, XL): the fixture's DiT folder at its root,
+/// its config.json with `edits`.
+fn own_dit_repo(edits: serde_json::Value) -> tempfile::TempDir {
     let dit = tempfile::tempdir().unwrap();
     for f in std::fs::read_dir(fixture().join("acestep-v15-turbo")).unwrap().flatten() {
         std::fs::copy(f.path(), dit.path().join(f.file_name())).unwrap();
     }
-    let cfg = dit.path().join("config.json");
-    let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
-    json["model_version"] = "base".into();
-    json["is_turbo"] = false.into();
-    std::fs::write(&cfg, json.to_string()).unwrap();
+    edit_config(&dit.path().join("config.json"), edits);
+    dit
+}
+
+fn edit_config(cfg: &Path, edits: serde_json::Value) {
+    let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(cfg).unwrap()).unwrap();
+    for (k, v) in edits.as_object().unwrap() {
+        match v {
+            serde_json::Value::Null => json.as_object_mut().unwrap().remove(k),
+            v => json.as_object_mut().unwrap().insert(k.clone(), v.clone()),
+        };
+    }
+    std::fs::write(cfg, json.to_string()).unwrap();
+}
+
+#[test]
+fn base_is_put_together_from_its_own_repository_and_the_main_ones_parts() {
+    let s = Setup::new();
+    // ACE-Step/acestep-v15-base: the DiT folder at the repository's root.
+    let dit = own_dit_repo(serde_json::json!({"model_version": "base", "is_turbo": false}));
     s.hub.add_folder("ACE-Step/acestep-v15-base", "b45e", dit.path(), "");
 
     let model = s.download(DitVariant::Base).0.unwrap();
@@ -408,7 +427,119 @@ fn base_is_put_together_from_its_own_repository_and_the_main_ones_parts() {
     // Listed once (not again as the bare DiT snapshot in the cache), complete.
     let found = find_models(&s.places());
     assert_eq!(found.len(), 1, "{found:?}");
-    assert_eq!((found[0].variant.as_str(), found[0].origin, found[0].complete), ("base", Origin::Downloaded, true));
+    assert_eq!((found[0].variant, found[0].origin, found[0].complete), (Flavor::Base, Origin::Downloaded, true));
+}
+
+#[test]
+fn xl_turbo_comes_from_its_own_repository_with_the_main_ones_vae_and_text_encoder() {
+    let s = Setup::new();
+    // ACE-Step/acestep-v15-xl-turbo: the DiT folder at the repository's root, its
+    // weights in shards with their index as transformers writes them (the fixture's
+    // tiny DiT: the catalog and the layout, not the XL shapes, are checked here).
+    let dit = own_dit_repo(serde_json::json!({"model_version": "xl_turbo"}));
+    shard(&dit.path().join("model.safetensors"));
+    s.hub.add_folder("ACE-Step/acestep-v15-xl-turbo", "0c1a55", dit.path(), "");
+
+    let (model, events) = s.download(DitVariant::XlTurbo);
+    let model = model.unwrap();
+    assert_eq!(model, s.dir.path().join("models/acestep-v15-xl-turbo/acestep-v15-xl-turbo"));
+    let listed: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            DownloadEvent::ListingFiles { repo, .. } => Some(repo.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(listed, ["ACE-Step/acestep-v15-xl-turbo", MAIN_REPO]);
+
+    // The plan, with every file's bytes, comes before any byte is fetched.
+    let parts = ["vae", "Qwen3-Embedding-0.6B"].map(|p| fixture().join(p));
+    let bytes_in = |dir: &Path| -> (usize, u64) {
+        let files: Vec<u64> = std::fs::read_dir(dir).unwrap().flatten().map(|f| f.metadata().unwrap().len()).collect();
+        (files.len(), files.iter().sum())
+    };
+    let (files, bytes) =
+        [dit.path(), &parts[0], &parts[1]].into_iter().map(bytes_in).fold((0, 0), |(n, b), (n2, b2)| (n + n2, b + b2));
+    let planned = events.iter().position(|e| matches!(e, DownloadEvent::Planned { .. })).unwrap();
+    assert_eq!(
+        events[planned],
+        DownloadEvent::Planned { variant: DitVariant::XlTurbo, files, bytes, missing_bytes: bytes, cache: s.cache() }
+    );
+    assert!(!events[..planned].iter().any(|e| matches!(e, DownloadEvent::FileStarted { .. })));
+
+    // The shards open as one file: checked, loaded, and the condition encoder's read.
+    let folder = ModelFolder::open(&model, None).unwrap();
+    assert_eq!((folder.kind.flavor, folder.variant), (Flavor::Turbo, Variant::Turbo));
+    assert_eq!(folder.dit_weights(), model.join("model.safetensors.index.json"));
+    assert!(folder.check_weights().unwrap() > 0);
+    let sharded = folder.load_decoder(DType::F32, &Device::Cpu).unwrap();
+    let whole = DecoderWeights::load(&[&fixture().join(TURBO_WEIGHTS)], &folder.dit, DType::F32, &Device::Cpu).unwrap();
+    let values = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(sharded.iter().count(), whole.iter().count());
+    for (name, t) in sharded.iter() {
+        assert_eq!(values(t), values(&whole.get(name).unwrap()), "{name}");
+    }
+    let keys = |file: &Path| {
+        let mut keys = TensorFile::open(file, &Device::Cpu).unwrap().keys();
+        keys.sort();
+        keys
+    };
+    assert_eq!(keys(&folder.dit_weights()), keys(&fixture().join(TURBO_WEIGHTS)), "every tensor, the encoder's too");
+    folder.conditioner(&Device::Cpu).unwrap();
+    assert!(!s.repo_dir(MAIN_REPO).join("snapshots").join(COMMIT).join("acestep-v15-turbo").exists());
+    let found = find_models(&s.places());
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!((found[0].variant, found[0].origin, found[0].complete), (Flavor::Turbo, Origin::Downloaded, true));
+    // Its size class is its config's: the tiny DiT is neither 2B nor XL.
+    assert_eq!(found[0].size, ModelSize::Other);
+}
+
+/// Splits a safetensors file in two shards and an index, as `save_pretrained` does, and
+/// removes it.
+fn shard(file: &Path) {
+    let tensors = candle_core::safetensors::load(file, &Device::Cpu).unwrap();
+    let mut keys: Vec<&String> = tensors.keys().collect();
+    keys.sort();
+    let names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"];
+    let (first, second) = keys.split_at(keys.len() / 2);
+    let mut weight_map = serde_json::Map::new();
+    for (name, part) in names.iter().zip([first, second]) {
+        let shard: HashMap<String, Tensor> = part.iter().map(|k| ((*k).clone(), tensors[*k].clone())).collect();
+        save_tensors(&shard, &file.with_file_name(name)).unwrap();
+        weight_map.extend(part.iter().map(|k| ((*k).clone(), serde_json::Value::from(*name))));
+    }
+    let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": weight_map});
+    std::fs::write(file.with_file_name("model.safetensors.index.json"), index.to_string()).unwrap();
+    std::fs::remove_file(file).unwrap();
+}
+
+#[test]
+fn the_model_list_tells_2b_from_xl_by_the_config_not_the_folder_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("checkpoints");
+    copy_dir(&fixture(), &ckpt);
+    // An XL-shaped config in a folder named like the 2B turbo, and a 2B-shaped one in
+    // a folder named like XL SFT (the tiny weights fit neither: both are incomplete).
+    let xl = serde_json::json!({"hidden_size": 2560, "num_hidden_layers": 32, "layer_types": null});
+    edit_config(&ckpt.join("acestep-v15-turbo/config.json"), xl);
+    copy_dir(&fixture().join("acestep-v15-turbo"), &ckpt.join("acestep-v15-xl-sft"));
+    let two_b = serde_json::json!({"hidden_size": 2048, "num_hidden_layers": 24, "layer_types": null,
+        "model_version": "sft", "is_turbo": false});
+    edit_config(&ckpt.join("acestep-v15-xl-sft/config.json"), two_b);
+
+    let found = find_models(&ModelPlaces { checkpoints: vec![ckpt.clone()], ..Default::default() });
+    let kinds: Vec<_> = found.iter().map(|m| (m.path.clone(), m.size, m.variant, m.complete)).collect();
+    assert_eq!(
+        kinds,
+        [
+            (ckpt.join("acestep-v15-turbo"), ModelSize::Xl, Flavor::Turbo, false),
+            (ckpt.join("acestep-v15-xl-sft"), ModelSize::TwoB, Flavor::Sft, false),
+        ]
+    );
+    assert_eq!(found[0].kind().label(), "XL turbo");
+    assert!(!DitVariant::XlSft.matches(found[1].kind()) && DitVariant::Sft.matches(found[1].kind()));
+    let json = serde_json::to_value(&found[1]).unwrap();
+    assert_eq!((&json["size"], &json["variant"]), (&"2b".into(), &"sft".into()));
 }
 
 #[test]
@@ -426,7 +557,7 @@ fn checkpoints_and_added_folders_are_found_with_what_is_missing() {
         [(ckpt.join("acestep-v15-sft"), false), (ckpt.join("acestep-v15-turbo"), true)]
     );
     let sft = &found[0];
-    assert_eq!((sft.variant.as_str(), sft.origin), ("turbo", Origin::Checkpoints), "the copied config says turbo");
+    assert_eq!((sft.variant, sft.origin), (Flavor::Turbo, Origin::Checkpoints), "the copied config says turbo");
     assert!(sft.problems.iter().any(|p| p.contains("acestep-v15-sft/model.safetensors")), "{:?}", sft.problems);
 
     // Added folders persist in models.json; a folder without a model is refused.

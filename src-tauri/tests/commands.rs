@@ -565,6 +565,7 @@ fn the_model_picker_lists_hub_cache_and_added_models() {
     assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
     let m = &list[0];
     assert_eq!((&m["variant"], &m["complete"], &m["origin"]), (&json!("turbo"), &json!(true), &json!("hub_cache")));
+    assert_eq!((&m["size"], &m["label"]), (&json!("other"), &json!("custom-size turbo")), "the tiny DiT's shape");
     assert_eq!(m["path"], json!(repo.join("snapshots/abc123/acestep-v15-turbo")));
     let fixture_bytes: u64 = ["acestep-v15-turbo", "vae", "Qwen3-Embedding-0.6B"]
         .iter()
@@ -598,7 +599,9 @@ fn the_model_picker_lists_hub_cache_and_added_models() {
     assert_eq!(list.as_array().unwrap().len(), 1);
     assert_eq!(app.invoke("cancel_download", json!({})).unwrap(), json!(false));
     let err = app.invoke("download_model", json!({ "variant": "xl" })).unwrap_err();
-    assert!(err["message"].as_str().unwrap().contains("turbo, base or sft"), "{err}");
+    assert!(err["message"].as_str().unwrap().contains("turbo, base, sft, xl-turbo, xl-base, xl-sft"), "{err}");
+    let choices = app.invoke("get_state", json!({})).unwrap()["choices"]["model_variants"].clone();
+    assert_eq!(choices, json!(["turbo", "base", "sft", "xl-turbo", "xl-base", "xl-sft"]), "the engine's names");
 }
 
 #[test]
@@ -617,6 +620,16 @@ fn memory_plan_predicts_the_peak_before_start_fitted_by_default() {
     app.invoke("save_settings", json!({ "settings": s })).unwrap();
     let plan = app.invoke("memory_plan", json!({})).unwrap();
     assert_eq!((plan["fits"].clone(), plan["changes"].clone()), (json!(true), json!([])), "{plan}");
+    assert_eq!(plan["model"], Value::Null, "the demo model is none of ACE-Step's variants");
+
+    // A model folder: its variant as its config.json says, with the prediction.
+    let model = dir.path().join("model");
+    copy_tiny_model(&model);
+    s["run"]["model"] = json!({"kind": "folder", "path": model.join("acestep-v15-turbo")});
+    app.invoke("save_settings", json!({ "settings": s })).unwrap();
+    let plan = app.invoke("memory_plan", json!({})).unwrap();
+    assert_eq!(plan["model"], "custom-size turbo", "{plan}");
+    assert!(plan["summary"].as_str().unwrap().starts_with("predicted peak "), "{plan}");
 }
 
 /// Waits for song `id`'s last stage (`written` or `failed`) and returns its stages.

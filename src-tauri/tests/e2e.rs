@@ -289,6 +289,9 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     assert_eq!(js(&c, "return document.getElementById('set-alpha').value").await, "128");
     assert_eq!(js(&c, "return document.getElementById('set-learning-rate').value").await, "0.0003");
     assert!(text(&c, "#sb-memory").await.contains("Checkpointing on"));
+    // The Model panel offers the engine's variants to download, the XL ones among them.
+    let variants = "return [...document.getElementById('download-variant').options].map((o) => o.value).join(' ')";
+    assert_eq!(js(&c, variants).await, "turbo base sft xl-turbo xl-base xl-sft");
     // The native menu's shortcuts, as this platform writes them (⌘ on a Mac).
     assert_eq!(text(&c, "#btn-start kbd").await, "Ctrl+Enter");
     assert_eq!(text(&c, "#btn-stop kbd").await, "Ctrl+.");

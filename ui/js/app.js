@@ -181,13 +181,16 @@ function markErrors(fields = {}) {
   if (modelErr) say(modelErr, { error: true });
 }
 
-/** The engine's predicted peak for the saved settings (fitted when they ask), before Start. */
+/** The model the saved settings train (2B or XL, turbo, base or SFT) and the engine's
+ *  predicted peak for them (fitted when they ask), before Start. */
 async function showMemoryPlan() {
   const el = $('memory-plan');
   try {
     const plan = await invoke('memory_plan');
     const changes = plan.changes.length ? ` · fitted: ${plan.changes.join(', ')}` : '';
-    el.textContent = plan.fits ? `${plan.summary[0].toUpperCase()}${plan.summary.slice(1)}${changes}` : plan.problem;
+    const model = plan.model ? `${plan.model} model · ` : '';
+    const said = plan.fits ? `${plan.summary}${changes}` : plan.problem;
+    el.textContent = `${model}${said}`.replace(/^./, (c) => c.toUpperCase());
     el.classList.toggle('error', !plan.fits);
     el.dataset.fits = String(plan.fits);
   } catch (e) {

@@ -1,5 +1,5 @@
-// The model picker: the ACE-Step models the engine found on this machine (variant,
-// size, complete or what is missing) and a download with progress and cancel.
+// The model picker: the ACE-Step models the engine found on this machine (2B or XL,
+// turbo, base or SFT, bytes, complete or what is missing) and a download with progress and cancel.
 // Picking a model hands its folder to `onPick`, which saves it as the model choice.
 
 import { invoke, listen, errorText } from './api.js';
@@ -29,7 +29,7 @@ function showModels(models) {
     li.dataset.testid = 'model-row';
     const status = m.complete ? 'complete' : 'incomplete';
     const what = el('span', { className: 'what', title: [m.path, ...m.problems].join('\n') },
-      `${m.variant} · ${fmt.bytes(m.bytes)} · ${status} · ${m.path}`);
+      `${m.label} · ${fmt.bytes(m.bytes)} · ${status} · ${m.path}`);
     li.append(what);
     if (m.complete) {
       const use = el('button', { className: 'btn small' }, 'Use');

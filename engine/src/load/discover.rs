@@ -1,14 +1,15 @@
-//! Finds ACE-Step 1.5 models on disk and says, for each, its variant, its size and
-//! whether it is complete: every file a run opens is there and every tensor's header
-//! fits its config (`ModelFolder::check_weights`, which reads no weights).
+//! Finds ACE-Step 1.5 models on disk and says, for each, what it is (2B or XL, turbo,
+//! base or SFT), its bytes and whether it is complete: every file a run opens is there
+//! and every tensor's header fits its config (`ModelFolder::check_weights`, which reads
+//! no weights).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use serde_json::Value;
 
 use super::folder::{models_in, subfolders, ModelFolder, TEXT_DIR, VAE_DIR};
+use super::kind::{Flavor, ModelKind, ModelSize};
 use super::places::ModelPlaces;
 use crate::Error;
 
@@ -29,14 +30,24 @@ pub enum Origin {
 pub struct FoundModel {
     /// The DiT folder: what `--model` and the app's model choice take.
     pub path: PathBuf,
-    /// turbo, base or sft (config.json's `model_version`), else what the folder says.
-    pub variant: String,
+    /// turbo, base or sft, as config.json says (else the folder's name).
+    pub variant: Flavor,
+    /// 2B or XL, from the DiT's shape in config.json.
+    pub size: ModelSize,
+    /// Both in words, as front ends show them: "XL turbo", "2B SFT".
+    pub label: String,
     pub origin: Origin,
     /// Bytes of the DiT, VAE and text encoder folders (links followed).
     pub bytes: u64,
     pub complete: bool,
     /// Why it is not complete: every missing or malformed file, by name.
     pub problems: Vec<String>,
+}
+
+impl FoundModel {
+    pub fn kind(&self) -> ModelKind {
+        ModelKind { size: self.size, flavor: self.variant }
+    }
 }
 
 /// Every model in `places`, each once (the first place that has it names it).
@@ -70,8 +81,11 @@ fn examine(origin: Origin, dit: PathBuf) -> FoundModel {
         Err(Error::ModelFolder { problems, .. }) => problems,
         Err(e) => vec![e.to_string()],
     };
+    let kind = ModelKind::of_dit_folder(&dit);
     FoundModel {
-        variant: variant_label(&dit),
+        variant: kind.flavor,
+        size: kind.size,
+        label: kind.label(),
         origin,
         bytes: [dit.clone(), root.join(VAE_DIR), root.join(TEXT_DIR)].iter().map(|d| bytes_under(d)).sum(),
         complete: problems.is_empty(),
@@ -85,22 +99,6 @@ fn examine(origin: Origin, dit: PathBuf) -> FoundModel {
 fn check(dit: &Path) -> crate::Result<()> {
     let name = dit.file_name().and_then(|n| n.to_str());
     ModelFolder::open(dit.parent().unwrap_or(dit), name)?.check_weights().map(|_| ())
-}
-
-/// turbo / base / sft from config.json's `model_version`, else `is_turbo`, else the
-/// folder's name.
-fn variant_label(dit: &Path) -> String {
-    let config: Option<Value> =
-        std::fs::read(dit.join("config.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
-    let field = |k: &str| config.as_ref().and_then(|c| c.get(k).cloned());
-    if let Some(Value::String(v)) = field("model_version") {
-        return v;
-    }
-    if let Some(Value::Bool(turbo)) = field("is_turbo") {
-        return if turbo { "turbo" } else { "base" }.into();
-    }
-    let name = dit.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-    ["turbo", "sft", "base"].into_iter().find(|v| name.contains(v)).unwrap_or("unknown").into()
 }
 
 /// Bytes of every file under `dir`, following links.

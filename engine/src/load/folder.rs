@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! <root>/acestep-v15-turbo/{config.json, model.safetensors, silence_latent.pt}   (or -base, -sft, ...)
+//! <root>/acestep-v15-xl-turbo/{..., model.safetensors.index.json, model-0000N-of-0000M.safetensors}
 //! <root>/vae/{config.json, diffusion_pytorch_model.safetensors}
 //! <root>/Qwen3-Embedding-0.6B/{config.json, model.safetensors, tokenizer.json, tokenizer_config.json}
 //! ```
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
 
+use super::kind::{Flavor, ModelKind};
 use crate::codec::condition::{context_latents, lyrics_prompt, text_prompt, Conditioner, Conditioning};
 use crate::codec::condition_encoder::{ConditionEncoder, ConditionEncoderConfig};
 use crate::codec::qwen3::{Qwen3Config, Qwen3Encoder};
@@ -71,17 +73,11 @@ impl Variant {
         }
     }
 
-    /// From `is_turbo` / `model_version` in config.json, else the folder's name.
-    fn detect(config: &Value, dit_dir: &Path) -> Self {
-        let version = config.get("model_version").and_then(Value::as_str).unwrap_or_default();
-        let name = dit_dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        let turbo = config.get("is_turbo").and_then(Value::as_bool).unwrap_or(false)
-            || version.contains("turbo")
-            || (version.is_empty() && name.contains("turbo"));
-        if turbo {
-            Variant::Turbo
-        } else {
-            Variant::Base
+    /// Turbo's defaults for turbo, base's for the rest.
+    fn of(flavor: Flavor) -> Self {
+        match flavor {
+            Flavor::Turbo => Variant::Turbo,
+            Flavor::Base | Flavor::Sft | Flavor::Unknown => Variant::Base,
         }
     }
 }
@@ -89,6 +85,8 @@ impl Variant {
 pub struct ModelFolder {
     pub root: PathBuf,
     pub dit_dir: PathBuf,
+    /// 2B or XL, turbo, base or SFT, as config.json says.
+    pub kind: ModelKind,
     pub variant: Variant,
     pub dit: DitConfig,
     pub encoder: ConditionEncoderConfig,
@@ -221,7 +219,8 @@ impl ModelFolder {
         let DitPart { json, dit, encoder, .. } = dit_part;
         match (problems.is_empty(), json, dit, encoder, vae_cfg, text_cfg) {
             (true, Some(json), Some(dit), Some(encoder), Some(vae), Some(text)) => {
-                Ok(Self { variant: Variant::detect(&json, &dit_dir), root, dit_dir, dit, encoder, vae, text })
+                let kind = ModelKind::of_config(&json, &dit_dir);
+                Ok(Self { kind, variant: Variant::of(kind.flavor), root, dit_dir, dit, encoder, vae, text })
             }
             _ => Err(fail(problems)),
         }

@@ -2,8 +2,8 @@
 //! a model folder or the built-in demo model) and what comes with it; ACE-Step 1.5
 //! models found on disk (ACE-Step's `checkpoints/`, the Hugging Face cache, folders the
 //! user added) and downloaded from the hub into its cache (`patience`: how long that
-//! waits and retries); the model folder itself (`folder`); and the memory footprint a
-//! model will need (`footprint`).
+//! waits and retries); the model folder itself (`folder`); what a model is (`kind`: 2B
+//! or XL, turbo, base or SFT); and the memory footprint a model will need (`footprint`).
 
 pub mod catalog;
 pub mod demo;
@@ -12,6 +12,7 @@ pub mod download;
 pub mod folder;
 pub mod footprint;
 pub mod hub;
+pub mod kind;
 pub mod patience;
 pub mod places;
 pub mod source;
@@ -21,6 +22,7 @@ pub use catalog::DitVariant;
 pub use discover::{find_models, FoundModel, Origin};
 pub use download::{DownloadEvent, Downloader};
 pub use hub::{Hub, HubCache};
+pub use kind::{Flavor, ModelKind, ModelSize};
 pub use patience::Patience;
 pub use places::{AddedFolders, ModelPlaces};
 pub use verify::{verify_model, Verified};

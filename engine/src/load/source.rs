@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::demo;
 use super::folder::{ModelFolder, LYRIC_TOKENS, TEXT_TOKENS};
+use super::kind::ModelKind;
 use crate::codec::vae::VAE_WEIGHTS;
 use crate::codec::{Conditioner, HashConditioner, LatentEncoder, MelEncoder};
 use crate::codec::{LatentDecoder, MelDecoder, VaeDecoder};
@@ -84,6 +85,15 @@ impl ModelSource {
                 Ok((folder.dit, weights))
             }
         }
+    }
+
+    /// 2B or XL, turbo, base or SFT, as a folder's config.json says; none for the demo
+    /// model, which is none of ACE-Step's.
+    pub fn kind(&self) -> Result<Option<ModelKind>> {
+        Ok(match self {
+            ModelSource::Demo => None,
+            ModelSource::Folder { path } => Some(ModelFolder::open(path, None)?.kind),
+        })
     }
 
     /// The model's shape for the memory estimate (see [`ModelShape`]).

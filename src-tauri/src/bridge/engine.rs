@@ -102,16 +102,21 @@ pub fn start(req: &StartRequest) -> Result<(Box<dyn EngineRun>, Receiver<Event>)
 /// plan that does not fit carries the engine's reason.
 pub fn memory_plan(req: &StartRequest) -> Result<MemoryView, BridgeError> {
     let mut config = run_config(req);
+    let model = config.model.kind().map_err(engine_err)?.map(|k| k.label());
     let given = fit::plan(&config).map_err(engine_err)?;
     let plan = match req.settings.fit_memory {
         true => fit::fit_auto(&mut config),
         false => fit::check(&given).map(|()| given.clone()),
     };
     match plan {
-        Ok(p) => Ok(MemoryView { summary: p.summary(), fits: true, changes: p.changes, problem: None }),
-        Err(e @ EngineError::WontFit { .. }) => {
-            Ok(MemoryView { summary: given.summary(), fits: false, changes: Vec::new(), problem: Some(e.to_string()) })
-        }
+        Ok(p) => Ok(MemoryView { model, summary: p.summary(), fits: true, changes: p.changes, problem: None }),
+        Err(e @ EngineError::WontFit { .. }) => Ok(MemoryView {
+            model,
+            summary: given.summary(),
+            fits: false,
+            changes: Vec::new(),
+            problem: Some(e.to_string()),
+        }),
         Err(e) => Err(engine_err(e)),
     }
 }

@@ -7,6 +7,7 @@ use ostinato_engine::charts::Readout;
 use ostinato_engine::data::Field;
 use ostinato_engine::events::Event;
 use ostinato_engine::label::Resolved;
+use ostinato_engine::load::DitVariant;
 use ostinato_engine::lora;
 use ostinato_engine::run_state::RunState;
 pub use ostinato_engine::train::history::RunSummary;
@@ -129,6 +130,9 @@ pub use ostinato_engine::export::ExportFormat;
 /// The engine's memory prediction for the saved settings, shown before Start.
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryView {
+    /// What the run trains, as the engine names it ("XL turbo", "2B SFT"); none for the
+    /// demo model.
+    pub model: Option<String>,
     /// "predicted peak 3.1 of 19.8 GB (RAM available)".
     pub summary: String,
     pub fits: bool,
@@ -146,6 +150,8 @@ pub struct Choices {
     pub lr_schedules: &'static [&'static str],
     /// What an adapter can train, by group, with the modules each one names.
     pub target_groups: &'static [(&'static str, &'static [&'static str])],
+    /// The variants the Model panel can download.
+    pub model_variants: &'static [&'static str],
 }
 
 impl Default for Choices {
@@ -155,6 +161,7 @@ impl Default for Choices {
             optimizers: &optim::OPTIMIZERS,
             lr_schedules: &schedule::SCHEDULES,
             target_groups: &lora::TARGET_GROUPS,
+            model_variants: &DitVariant::NAMES,
         }
     }
 }
