@@ -7,7 +7,8 @@ Not run in CI; the files it writes are committed: engine/tests/fixtures/real_xl/
                          model-0000{1,2}-of-00002.safetensors + model.safetensors.index.json
                          (sharded, as the XL repositories ship), silence_latent.pt
   expected.safetensors   the condition encoder's packed output for tests/fixtures/real's
-                         song, and a timbre embedding of a longer reference
+                         song, a timbre embedding of a longer reference, and the audio
+                         tokenizer's 5 Hz codes and quantized states of 23 latent frames
   expected.json          sizes, versions, notes
 
   model/vae, model/Qwen3-Embedding-0.6B
@@ -28,16 +29,20 @@ import json
 import os
 import platform
 import shutil
+import sys
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from diffusers.models.transformers.ace_step_transformer import AceStepTransformer1DModel
 from diffusers.pipelines.ace_step.modeling_ace_step import (
+    AceStepAudioTokenizer,
     AceStepConditionEncoder,
     _ace_step_rotary_freqs,
     _create_4d_mask,
 )
+
+from vector_quantize_pytorch import ResidualFSQ
 
 from make_real_fixtures import LATENT, TEXT_DIM, original_names, randomize
 
@@ -55,6 +60,11 @@ SHARED = dict(head_dim=16, rope_theta=1000000.0, rms_norm_eps=1e-6, sliding_wind
 DIT = dict(hidden_size=40, intermediate_size=80, num_attention_heads=4, num_key_value_heads=2)
 ENCODER = dict(hidden_size=32, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1)
 TIMBRE_FRAMES = 7
+# The audio tokenizer: windows of 5 latent frames, one residual FSQ of levels 8,8,8,5,5,5
+# (64000 codes) over the encoder width, 2 pooler layers; 23 frames leave a part window.
+TOKENIZER = dict(pool_window_size=5, fsq_dim=ENCODER["hidden_size"], fsq_input_levels=[8, 8, 8, 5, 5, 5],
+                 fsq_input_num_quantizers=1, num_attention_pooler_hidden_layers=2)
+TOKENIZED_FRAMES = 23
 
 
 def xl_timbre(timbre, packed):
@@ -71,6 +81,23 @@ def xl_timbre(timbre, packed):
         x = layer(hidden_states=x, position_embeddings=cos_sin,
                   attention_mask=band if kind == "sliding_attention" else None)
     return timbre.norm(x)[:, 0, :]
+
+
+def check_quantizer(tokenizer):
+    """diffusers' residual FSQ against upstream's (vector_quantize_pytorch's ResidualFSQ)
+    with the same projections, on inputs spread over the levels."""
+    ours = tokenizer.quantizer
+    theirs = ResidualFSQ(dim=TOKENIZER["fsq_dim"], levels=TOKENIZER["fsq_input_levels"],
+                         num_quantizers=TOKENIZER["fsq_input_num_quantizers"]).eval()
+    theirs.load_state_dict({k: v for k, v in ours.state_dict().items() if k.startswith("project_")})
+    x = 3 * torch.randn(1, 64, TOKENIZER["fsq_dim"])
+    (a, ia), (b, ib) = ours(x), theirs(x)
+    err = float((a - b).abs().max())
+    same = torch.equal(ia.long(), ib.long())
+    print(f"residual FSQ, diffusers vs vector_quantize_pytorch: codes {'equal' if same else 'DIFFER'}, "
+          f"output max abs {err:.2e}")
+    if not same or err > 1e-5:
+        sys.exit(1)
 
 
 def write_sharded(state, out_dir):
@@ -111,6 +138,10 @@ def main():
     state = original_names(dit.state_dict(), "decoder.")
     state.update(original_names({k: v for k, v in encoder.state_dict().items() if k != "silence_latent"}, "encoder."))
     state["null_condition_emb"] = torch.randn(1, 1, ENCODER["hidden_size"])
+    tokenizer = AceStepAudioTokenizer(audio_acoustic_hidden_dim=LATENT, layer_types=LAYER_TYPES, **TOKENIZER,
+                                      **ENCODER, **SHARED).eval()
+    randomize(tokenizer, 0.3)
+    state.update(original_names(tokenizer.state_dict(), "tokenizer."))
     write_sharded(state, DIT_DIR)
     config = dict(
         DIT, **SHARED,
@@ -122,7 +153,7 @@ def main():
         use_sliding_window=True, layer_types=LAYER_TYPES, attention_bias=False,
         text_hidden_dim=TEXT_DIM, timbre_hidden_dim=LATENT,
         num_lyric_encoder_hidden_layers=2, num_timbre_encoder_hidden_layers=2,
-        model_version="xl_turbo", is_turbo=True, timestep_mu=-0.4, timestep_sigma=1.0,
+        model_version="xl_turbo", is_turbo=True, timestep_mu=-0.4, timestep_sigma=1.0, **TOKENIZER,
         auto_map={"AutoModel": "modeling_acestep_v15_xl_turbo.AceStepConditionGenerationModel"},
     )
     with open(os.path.join(DIT_DIR, "config.json"), "w") as f:
@@ -144,6 +175,9 @@ def main():
         refer_audio_order_mask=torch.zeros(1, dtype=torch.long),
     )
     reference = torch.randn(TIMBRE_FRAMES, LATENT)
+    latents = torch.randn(TOKENIZED_FRAMES, LATENT)
+    quantized, codes = tokenizer.tokenize(latents[None], silence.transpose(1, 2))
+    check_quantizer(tokenizer)
     frames = real["vae_mean"].shape[0]
     sil = silence.transpose(1, 2)
     expected = {
@@ -152,6 +186,9 @@ def main():
         "timbre_reference": reference,
         "timbre": xl_timbre(encoder.timbre_encoder, reference[None]),
         "context_latents": torch.cat([sil[:, :frames, :], torch.ones(1, frames, LATENT)], dim=-1)[0],
+        "tokenizer_latents": latents,
+        "tokenizer_quantized": quantized[0],
+        "tokenizer_codes": codes[0, :, 0].to(torch.int64),
     }
     save_file({k: v.contiguous() for k, v in expected.items()}, os.path.join(OUT, "expected.safetensors"))
     doc = {
@@ -166,10 +203,13 @@ def main():
             "rows, padding), the timbre from one zero frame as ACE-Step's training encoder makes it",
             "timbre: the timbre encoder's output for timbre_reference (7 frames): the special token's row",
             "context_latents: the silence latent's first frames beside ones, as for the 2B fixture",
+            "tokenizer_*: the audio tokenizer of tokenizer_latents (23 frames; the last window completed with "
+            "the silence latent's first 2 frames, as AceStepAudioTokenizer.tokenize): one code per 5 frames "
+            "and the quantized states [5, 32]",
             "Reference: diffusers 0.42.1 AceStepConditionEncoder at the encoder_* sizes, its timbre forward "
             "replaced by the transcription of upstream XL's (special token prepended).",
         ],
-        "versions": {p: importlib.metadata.version(p) for p in ["torch", "diffusers", "safetensors"]}
+        "versions": {p: importlib.metadata.version(p) for p in ["torch", "diffusers", "safetensors", "vector-quantize-pytorch"]}
         | {"python": platform.python_version()},
     }
     with open(os.path.join(OUT, "expected.json"), "w") as f:

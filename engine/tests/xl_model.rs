@@ -128,6 +128,31 @@ fn xl_condition_encoder_matches(kernels: KernelPolicy) {
 }
 
 #[test]
+fn xl_audio_tokenizer_makes_upstreams_codes_at_the_encoder_width() {
+    xl_audio_tokenizer_matches(KernelPolicy::cpu());
+}
+
+#[test]
+fn xl_audio_tokenizer_under_the_gpu_policy_makes_upstreams_codes() {
+    xl_audio_tokenizer_matches(KernelPolicy::gpu());
+}
+
+/// 23 latent frames (the last window completed from the silence latent) -> 5 codes of
+/// a 64000-code residual FSQ over the 32-wide encoder states.
+fn xl_audio_tokenizer_matches(kernels: KernelPolicy) {
+    let xl = expected("real_xl");
+    let folder = ModelFolder::open(&xl_model(), None).unwrap();
+    assert_eq!((folder.audio_codes.fsq_dim, folder.audio_codes.codebook_size()), (32, 64000));
+    let tokenizer = folder.audio_tokenizer(&Device::Cpu).unwrap().with_kernels(kernels);
+    let out = tokenizer.tokenize(&xl["tokenizer_latents"], &folder.silence_latent().unwrap()).unwrap();
+    let want: Vec<u32> = ints(&xl["tokenizer_codes"]).into_iter().map(|c| c as u32).collect();
+    assert_eq!(out.codes, [want.clone()], "the codes ({kernels:?})");
+    let err = max_diff(&out.quantized, &xl["tokenizer_quantized"]);
+    println!("xl audio codes {want:?} equal ({kernels:?}); quantized {:?} max abs err {err:.2e}", out.quantized.dims());
+    assert!(err < TOL, "quantized err {err}");
+}
+
+#[test]
 fn the_song_is_preprocessed_as_upstreams_xl_code_conditions_it() {
     let xl = expected("real_xl");
     let folder = ModelFolder::open(&xl_model(), None).unwrap();

@@ -101,8 +101,9 @@ fn uses_xl_code(value: &Value, dit: &DitConfig) -> bool {
     names_xl || dit.encoder_hidden_size != dit.hidden_size
 }
 
-/// A stack of encoder layers over projected inputs, then RMSNorm.
-struct Stack {
+/// A stack of encoder layers over projected inputs, then RMSNorm (the lyric and timbre
+/// encoders, and the audio tokenizer's attention pooler).
+pub(super) struct Stack {
     embed_w: Tensor,
     embed_b: Tensor,
     /// `[1, H]`, put before the inputs (XL's timbre encoder).
@@ -112,7 +113,7 @@ struct Stack {
 }
 
 impl Stack {
-    fn load(
+    pub(super) fn load(
         f: &dyn TensorSource,
         prefix: &str,
         input_dim: usize,
@@ -146,7 +147,7 @@ impl Stack {
     /// `x [L, in]`, `valid [L]` -> `[L, H]` (`[1 + L, H]` after a special token, which
     /// is always valid). Full layers mask padded keys; sliding layers also the band
     /// |i - j| <= window.
-    fn forward(
+    pub(super) fn forward(
         &self,
         k: KernelPolicy,
         x: &Tensor,

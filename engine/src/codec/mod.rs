@@ -5,6 +5,7 @@
 //! [`LatentEncoder`], [`LatentDecoder`], [`Conditioner`].
 
 pub mod audio;
+pub mod audio_codes;
 pub mod condition;
 pub mod condition_encoder;
 pub mod decode;

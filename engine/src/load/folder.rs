@@ -18,6 +18,7 @@ use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
 
 use super::kind::{Flavor, ModelKind};
+use crate::codec::audio_codes::{AudioCodesConfig, AudioTokenizer};
 use crate::codec::condition::{context_latents, lyrics_prompt, text_prompt, Conditioner, Conditioning};
 use crate::codec::condition_encoder::{ConditionEncoder, ConditionEncoderConfig};
 use crate::codec::qwen3::{Qwen3Config, Qwen3Encoder};
@@ -90,6 +91,8 @@ pub struct ModelFolder {
     pub variant: Variant,
     pub dit: DitConfig,
     pub encoder: ConditionEncoderConfig,
+    /// The audio tokenizer (`tokenizer.*`: latents to 5 Hz codes), at the encoder's sizes.
+    pub audio_codes: AudioCodesConfig,
     pub vae: VaeConfig,
     pub text: Qwen3Config,
 }
@@ -216,11 +219,12 @@ impl ModelFolder {
         let text_cfg = read_text_part(&text_dir, &mut problems);
         dit_part.cross_check(vae_cfg.as_ref(), text_cfg.as_ref(), &mut problems);
 
-        let DitPart { json, dit, encoder, .. } = dit_part;
-        match (problems.is_empty(), json, dit, encoder, vae_cfg, text_cfg) {
-            (true, Some(json), Some(dit), Some(encoder), Some(vae), Some(text)) => {
+        let DitPart { json, dit, encoder, audio_codes, .. } = dit_part;
+        match (problems.is_empty(), json, dit, encoder.zip(audio_codes), vae_cfg, text_cfg) {
+            (true, Some(json), Some(dit), Some((encoder, audio_codes)), Some(vae), Some(text)) => {
                 let kind = ModelKind::of_config(&json, &dit_dir);
-                Ok(Self { kind, variant: Variant::of(kind.flavor), root, dit_dir, dit, encoder, vae, text })
+                let variant = Variant::of(kind.flavor);
+                Ok(Self { kind, variant, root, dit_dir, dit, encoder, audio_codes, vae, text })
             }
             _ => Err(fail(problems)),
         }
@@ -313,6 +317,12 @@ impl ModelFolder {
         read_silence(&self.dit_dir.join("silence_latent.pt"))
     }
 
+    /// The audio tokenizer of the DiT's checkpoint (latents to 5 Hz codes).
+    pub fn audio_tokenizer(&self, device: &Device) -> Result<AudioTokenizer> {
+        let file = TensorFile::open(&self.dit_weights(), device)?;
+        AudioTokenizer::load(&self.audio_codes, &self.encoder, &file, "tokenizer")
+    }
+
     pub fn latent_encoder(&self, device: &Device) -> Result<VaeLatentEncoder> {
         VaeLatentEncoder::from_dir(&self.vae_dir(), device)
     }
@@ -345,6 +355,7 @@ struct DitPart {
     json: Option<Value>,
     dit: Option<DitConfig>,
     encoder: Option<ConditionEncoderConfig>,
+    audio_codes: Option<AudioCodesConfig>,
     silence: Option<Tensor>,
 }
 
@@ -362,13 +373,19 @@ fn read_dit_part(dit_dir: &Path, problems: &mut Vec<String>) -> DitPart {
             .ok(),
         _ => None,
     };
+    let audio_codes = match (&json, &dit, &encoder) {
+        (Some(v), Some(d), Some(e)) => AudioCodesConfig::from_value(v, d, e)
+            .map_err(|err| problems.push(format!("{}: {err}", config_path.display())))
+            .ok(),
+        _ => None,
+    };
     check_safetensors(
         &weights_in(dit_dir, DIT_WEIGHTS),
         &["decoder.proj_in.1.weight", "encoder.text_projector.weight"],
         problems,
     );
     let silence = read_silence(&dit_dir.join("silence_latent.pt")).map_err(|e| problems.push(e.to_string())).ok();
-    DitPart { json, dit, encoder, silence }
+    DitPart { json, dit, encoder, audio_codes, silence }
 }
 
 /// The text encoder's config, after checking its weights and tokenizer.
