@@ -26,6 +26,20 @@ pub enum Precision {
 }
 
 impl Precision {
+    pub const ALL: [Precision; 5] =
+        [Precision::Auto, Precision::F32, Precision::Bf16, Precision::F16, Precision::Bf16Weights];
+
+    /// The name run.toml and `--precision` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Auto => "auto",
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+            Precision::F16 => "f16",
+            Precision::Bf16Weights => "bf16-weights",
+        }
+    }
+
     /// The dtype the model computes in.
     pub fn dtype(self, device: &Device) -> DType {
         match self {
@@ -58,14 +72,16 @@ impl Precision {
 impl std::str::FromStr for Precision {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "f32" => Ok(Self::F32),
-            "bf16" => Ok(Self::Bf16),
-            "f16" => Ok(Self::F16),
-            "bf16-weights" => Ok(Self::Bf16Weights),
-            other => Err(format!("unknown precision `{other}` (expected auto, f32, bf16, f16 or bf16-weights)")),
-        }
+        Precision::ALL.into_iter().find(|p| p.name() == s).ok_or_else(|| {
+            let names: Vec<_> = Precision::ALL.iter().map(|p| p.name()).collect();
+            format!("unknown precision `{s}` (expected one of {})", names.join(", "))
+        })
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 

@@ -41,7 +41,8 @@ pub fn weight_files(path: &Path) -> Result<Vec<PathBuf>> {
         return Ok(vec![path.to_path_buf()]);
     }
     let bad = |reason: String| Error::BadFile { path: path.to_path_buf(), reason };
-    let index: Index = crate::error::read_json(path)?;
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let index: Index = serde_json::from_str(&text).map_err(|cause| Error::Json { path: path.to_path_buf(), cause })?;
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut names: Vec<&String> = index.weight_map.values().collect();
     names.sort();

@@ -249,17 +249,28 @@ pub fn fit_auto_for(
         config.batch_size = config.batch_size.div_ceil(2);
         config.grad_accum = effective.div_ceil(config.batch_size);
     }
+    let shorten = |config: &mut RunConfig| {
+        let longest = config.data.crop_seconds.unwrap_or(config.data.max_duration_seconds);
+        for crop in CROPS.into_iter().filter(|&c| c < longest) {
+            if plan(config).fits() {
+                break;
+            }
+            config.data.crop_seconds = Some(crop);
+        }
+    };
+    let crop = config.data.crop_seconds;
     if !plan(config).fits() && config.precision.weights_dtype(device) == DType::F32 {
         // Half the weights: held in bf16 and computed in f32 on the CPU (whose bf16
         // arithmetic is slow), computed in bf16 on a GPU.
         config.precision = if device.is_cpu() { Precision::Bf16Weights } else { Precision::Bf16 };
     }
-    let longest = config.data.crop_seconds.unwrap_or(config.data.max_duration_seconds);
-    for crop in CROPS.into_iter().filter(|&c| c < longest) {
-        if plan(config).fits() {
-            break;
-        }
-        config.data.crop_seconds = Some(crop);
+    shorten(config);
+    if !plan(config).fits() && config.precision == Precision::Bf16Weights {
+        // Not even the shortest crop: bf16 compute halves the activations too, at the
+        // CPU's bf16 speed; crops again from where they were.
+        config.precision = Precision::Bf16;
+        config.data.crop_seconds = crop;
+        shorten(config);
     }
     let mut result = plan(config);
     result.changes = changes(&before, config);
@@ -281,7 +292,7 @@ fn changes(before: &RunConfig, after: &RunConfig) -> Vec<String> {
         ));
     }
     if before.precision != after.precision {
-        out.push(format!("precision {:?}", after.precision).to_lowercase());
+        out.push(format!("precision {}", after.precision));
     }
     if before.data.crop_seconds != after.data.crop_seconds {
         out.push(format!("crops of {} s", after.data.crop_seconds.unwrap_or_default()));
@@ -310,6 +321,29 @@ mod tests {
         RunConfig { name: "r".into(), model: ModelSource::Demo, ..Default::default() }
     }
 
+    /// ACE-Step 1.5 XL's DiT (the `xl-240s` bench preset's), its encoders as the 2B's.
+    fn ace_step_xl() -> ModelShape {
+        ModelShape { dit: crate::bench::Preset::Xl240s.spec().config, ..ace_step() }
+    }
+
+    /// A 4-minute song, rank 64, on the CPU: f32 XL weights alone take 16.7 GB; with
+    /// the encoders a run keeps (3 GB here) and the headroom, 24 GB trains the whole song
+    /// with checkpointing and bf16-held weights, 16 GB the same on crops.
+    #[test]
+    fn fit_auto_fits_xl_with_bf16_held_weights() {
+        let base = RunConfig { gradient_checkpointing: false, ..config() };
+        let f32_weights = plan_for(&base, &ace_step_xl(), &Device::Cpu, machine(24)).footprint.weights_bytes;
+        assert!(f32_weights > 16 * GB, "{f32_weights}");
+        for (gb, whole) in [(24, true), (16, false)] {
+            let mut c = base.clone();
+            c.data.max_duration_seconds = 240.0;
+            let p = fit_auto_for(&mut c, &ace_step_xl(), &Device::Cpu, machine(gb)).unwrap();
+            println!("XL, 240 s, {gb} GB: {} -> {:?}", p.summary(), p.changes);
+            assert!(p.fits() && c.gradient_checkpointing && c.precision == Precision::Bf16Weights, "{:?}", p.changes);
+            assert_eq!(c.data.crop_seconds.is_none(), whole, "{:?}", p.changes);
+        }
+    }
+
     #[test]
     fn a_huge_rank_is_refused_with_the_reason() {
         // The demo model at rank 100000: the run the OOM killer ended at 23 GB.
@@ -336,7 +370,7 @@ mod tests {
     #[test]
     fn fit_auto_chooses_more_as_memory_shrinks() {
         let mut chosen = Vec::new();
-        for gb in [256, 64, 16, 8] {
+        for gb in [256, 64, 16, 12, 8] {
             let mut c = RunConfig { batch_size: 4, gradient_checkpointing: false, ..config() };
             let p = fit_auto_for(&mut c, &ace_step(), &Device::Cpu, machine(gb)).unwrap();
             println!("{gb} GB: {} -> {:?}", p.summary(), p.changes);
@@ -349,11 +383,13 @@ mod tests {
             chosen.push((c.gradient_checkpointing, c.batch_size, c.precision, c.data.crop_seconds));
         }
         // Plenty: as given, without checkpointing; less: checkpointing, then smaller
-        // batches, bf16 weights (computed in f32 on the CPU), crops.
+        // batches, bf16-held weights (computed in f32 on the CPU); least: bf16 compute
+        // and crops.
         assert_eq!(chosen[0], (false, 4, Precision::Auto, None));
         assert!(chosen[1].0);
+        assert_eq!(chosen[3], (true, 1, Precision::Bf16Weights, None), "{chosen:?}");
         let last = chosen.last().unwrap();
-        assert!(last.1 == 1 && last.2 == Precision::Bf16Weights && last.3.is_some(), "{chosen:?}");
+        assert!(last.1 == 1 && last.2 == Precision::Bf16 && last.3.is_some(), "{chosen:?}");
         let mut c = config();
         let err = fit_auto_for(&mut c, &ace_step(), &Device::Cpu, machine(2)).unwrap_err().to_string();
         println!("{err}");
