@@ -8,7 +8,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::{dit_fixtures, max_rel_diff};
 use ostinato_engine::lora::{LoraAdapter, LoraConfig, LoraMode};
-use ostinato_engine::model::{DecoderWeights, DitConfig, DitModel};
+use ostinato_engine::model::{DecoderWeights, DitModel};
 use ostinato_engine::train::cfg_dropout::CfgDropout;
 use ostinato_engine::train::flow::{Batch, FlowBatch};
 use ostinato_engine::train::grads;
@@ -89,13 +89,7 @@ fn random_eight_layer_model_same_gradients_with_cfg_dropout() {
 /// `(batch, frames)`: the last item's last 6 frames are padding; `dropped` samples
 /// see a null condition (CFG dropout), none when empty.
 fn random_eight_layer_model(name: &str, targets: &[&str], (b, t): (usize, usize), dropped: &[bool]) {
-    let cfg = DitConfig::from_value(&serde_json::json!({
-        "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 8,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "in_channels": 192, "audio_acoustic_hidden_dim": 64, "patch_size": 2,
-        "sliding_window": 4
-    }))
-    .unwrap();
+    let cfg = common::small_config(8);
     let dev = Device::Cpu;
     let w = DecoderWeights::random(&cfg, 3, 0.05, DType::F32, &dev).unwrap();
     let model = DitModel::new(&cfg, &w).unwrap();
@@ -125,13 +119,7 @@ fn random_eight_layer_model(name: &str, targets: &[&str], (b, t): (usize, usize)
 /// layer is widened while it runs.
 #[test]
 fn bf16_held_weights_train_as_their_f32_values_in_both_paths() {
-    let cfg = DitConfig::from_value(&serde_json::json!({
-        "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 4,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "in_channels": 192, "audio_acoustic_hidden_dim": 64, "patch_size": 2,
-        "sliding_window": 4
-    }))
-    .unwrap();
+    let cfg = common::small_config(4);
     let dev = Device::Cpu;
     let held = DecoderWeights::random(&cfg, 3, 0.05, DType::BF16, &dev).unwrap();
     let widened: std::collections::HashMap<String, Tensor> =

@@ -16,7 +16,7 @@ use candle_core::{DType, Device, Tensor};
 use common::{dit_fixtures, max_abs_diff, max_rel_diff, Fixture};
 use ostinato_engine::lora::{LoraAdapter, LoraConfig, LoraMode};
 use ostinato_engine::model::timesteps::TimestepSampling;
-use ostinato_engine::model::{DecoderWeights, DitConfig, DitModel, KernelPolicy};
+use ostinato_engine::model::{DecoderWeights, DitModel, KernelPolicy};
 use ostinato_engine::train::flow::{Batch, FlowBatch};
 use ostinato_engine::train::grads;
 use ostinato_engine::train::loss_scale::{LossScaler, SkipCounter};
@@ -137,13 +137,7 @@ fn trainer(model: DitModel, adapter: LoraAdapter, checkpointing: bool) -> Traine
 /// the CPU policy's.
 #[test]
 fn long_random_model_under_the_gpu_policy_gives_the_cpu_policys_gradients() {
-    let cfg = DitConfig::from_value(&serde_json::json!({
-        "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 4,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "in_channels": 192, "audio_acoustic_hidden_dim": 64, "patch_size": 2,
-        "sliding_window": 4
-    }))
-    .unwrap();
+    let cfg = common::small_config(4);
     let dev = Device::Cpu;
     let w = DecoderWeights::random(&cfg, 3, 0.05, DType::F32, &dev).unwrap();
     let targets = ["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"].map(String::from).to_vec();

@@ -9,6 +9,18 @@ use candle_core::{Device, Tensor};
 use ostinato_engine::lora::LoraConfig;
 use ostinato_engine::model::{DitConfig, DitInputs};
 
+/// A small random-model config: width 64, MLP 160, 4 / 2 heads of 16, sliding window
+/// 4, `layers` layers (sliding and full in turn).
+pub fn small_config(layers: usize) -> DitConfig {
+    DitConfig::from_value(&serde_json::json!({
+        "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": layers,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "in_channels": 192, "audio_acoustic_hidden_dim": 64, "patch_size": 2,
+        "sliding_window": 4
+    }))
+    .expect("a valid config")
+}
+
 /// `OSTINATO_FIXTURES`, else `../shared/fixtures` beside the repository.
 pub fn fixtures_dir() -> PathBuf {
     let dir = std::env::var_os("OSTINATO_FIXTURES")
