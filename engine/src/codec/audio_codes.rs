@@ -1,7 +1,8 @@
 //! ACE-Step's audio tokenizer (`tokenizer.*` in `model.safetensors`): 25 Hz latents ->
 //! 5 Hz codes, what the 5 Hz language model reads. Each window of `pool_window_size`
 //! latent frames is projected to the encoder width, pooled by an attention pooler (a
-//! special token prepended, encoder layers, RMSNorm, the token's row), then quantized by
+//! special token prepended, encoder layers, RMSNorm, the token's row; all windows in one
+//! pass, each attending within itself), then quantized by
 //! a residual FSQ (`vector_quantize_pytorch.ResidualFSQ`: project in, a bounded tanh,
 //! each quantizer rounding the residual to its levels, project out). A last part window
 //! is completed with the silence latent's first frames, as upstream's `tokenize` does.
@@ -165,13 +166,12 @@ impl AudioTokenizer {
                 Tensor::cat(&[&latents.to_dtype(DType::F32)?, &fill], 0)?
             }
         };
+        let windows = (t + pad) / w;
         let x = linear(&latents, &self.proj_w, Some(&self.proj_b))?; // (windows * w, H)
-        let pooled: Vec<Tensor> = (0..(t + pad) / w)
-            .map(|i| {
-                Ok(self.pooler.forward(self.kernels, &x.narrow(0, i * w, w)?, None, &self.encoder)?.narrow(0, 0, 1)?)
-            })
-            .collect::<Result<_>>()?;
-        self.fsq.quantize(&Tensor::cat(&pooled, 0)?)
+                                                                     // Every window at once, each behind its special token: (windows * (1 + w), H).
+        let pooled = self.pooler.forward_groups(self.kernels, &x, windows, None, &self.encoder)?;
+        let h = pooled.dim(1)?;
+        self.fsq.quantize(&pooled.reshape((windows, w + 1, h))?.narrow(1, 0, 1)?.reshape((windows, h))?)
     }
 }
 

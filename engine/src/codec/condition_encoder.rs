@@ -154,15 +154,31 @@ impl Stack {
         valid: Option<&[bool]>,
         cfg: &ConditionEncoderConfig,
     ) -> Result<Tensor> {
+        self.forward_groups(k, x, 1, valid, cfg)
+    }
+
+    /// [`Self::forward`] over `groups` sequences of equal length at once, `x [G * L,
+    /// in]` -> `[G * L', H]` (each group with its own special token; `valid` holds for
+    /// every group).
+    pub(super) fn forward_groups(
+        &self,
+        k: KernelPolicy,
+        x: &Tensor,
+        groups: usize,
+        valid: Option<&[bool]>,
+        cfg: &ConditionEncoderConfig,
+    ) -> Result<Tensor> {
         let dev = x.device();
         let mut h = linear(x, &self.embed_w, Some(&self.embed_b))?;
         let mut valid = valid.map(<[bool]>::to_vec);
         if let Some(token) = &self.special_token {
-            h = Tensor::cat(&[token, &h], 0)?;
+            let (rows, width) = h.dims2()?;
+            let tokens = token.unsqueeze(0)?.broadcast_as((groups, 1, width))?;
+            h = Tensor::cat(&[&tokens, &h.reshape((groups, rows / groups, width))?], 1)?.reshape(((), width))?;
             valid = valid.map(|v| std::iter::once(true).chain(v).collect());
         }
         let valid = valid.as_deref();
-        let l = h.dim(0)?;
+        let l = h.dim(0)? / groups;
         let rope = Rope::new(cfg.dims.head_dim, cfg.rope_theta, l, dev)?;
         let full = additive_mask(l, false, None, valid, dev)?;
         let sliding = match cfg.sliding_window {
@@ -174,7 +190,7 @@ impl Stack {
                 LayerType::SlidingAttention => sliding.as_ref(),
                 LayerType::FullAttention => full.as_ref(),
             };
-            h = layer.forward(k, &h, &rope, mask)?;
+            h = layer.forward_groups(k, &h, groups, &rope, mask)?;
         }
         Ok(rms_norm(k, &h, &self.norm, cfg.dims.eps)?)
     }

@@ -129,33 +129,60 @@ impl Layer {
 
     /// `x [L, H]` -> `[L, H]`; `mask [L, L]` additive.
     pub fn forward(&self, k: KernelPolicy, x: &Tensor, rope: &Rope, mask: Option<&Tensor>) -> Result<Tensor> {
+        self.forward_groups(k, x, 1, rope, mask)
+    }
+
+    /// `x [G * L, H]`: `groups` sequences of L rows one after another, each attending
+    /// only within itself (`mask [L, L]` for each), the projections run over all rows at
+    /// once -> `[G * L, H]`.
+    pub fn forward_groups(
+        &self,
+        k: KernelPolicy,
+        x: &Tensor,
+        groups: usize,
+        rope: &Rope,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let h = rms_norm(k, x, &self.input_norm, self.dims.eps)?;
-        let x = (x + self.attention(k, &h, rope, mask)?)?;
+        let x = (x + self.attention(k, &h, groups, rope, mask)?)?;
         let h = rms_norm(k, &x, &self.post_attention_norm, self.dims.eps)?;
         let mlp = (linear(&h, &self.gate, None)?.silu()? * linear(&h, &self.up, None)?)?;
         Ok((x + linear(&mlp, &self.down, None)?)?)
     }
 
-    fn attention(&self, kernels: KernelPolicy, x: &Tensor, rope: &Rope, mask: Option<&Tensor>) -> Result<Tensor> {
+    fn attention(
+        &self,
+        kernels: KernelPolicy,
+        x: &Tensor,
+        groups: usize,
+        rope: &Rope,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let LayerDims { heads, kv_heads, head_dim: hd, eps, .. } = self.dims;
-        let l = x.dim(0)?;
+        let l = x.dim(0)? / groups;
         let rep = heads / kv_heads;
-        // 1. Project, split heads, RMSNorm q/k over head_dim, RoPE: (heads, L, D).
-        let split =
-            |w: &Tensor, n: usize| -> Result<Tensor> { Ok(linear(x, w, None)?.reshape((l, n, hd))?.transpose(0, 1)?) };
+        // 1. Project, split heads, RMSNorm q/k over head_dim, RoPE: (G, heads, L, D).
+        let split = |w: &Tensor, n: usize| -> Result<Tensor> {
+            Ok(linear(x, w, None)?.reshape((groups, l, n, hd))?.transpose(1, 2)?)
+        };
         let q = rope.apply(&rms_norm(kernels, &split(&self.q, heads)?, &self.q_norm, eps)?)?;
         let k = rope.apply(&rms_norm(kernels, &split(&self.k, kv_heads)?, &self.k_norm, eps)?)?;
         let v = split(&self.v, kv_heads)?.contiguous()?;
-        // 2. GQA: the `rep` query heads of one KV head stacked on rows, (KV, rep * L, D).
-        let q = q.contiguous()?.reshape((kv_heads, rep * l, hd))?;
+        // 2. GQA: the `rep` query heads of one KV head stacked on rows, (G, KV, rep * L, D).
+        let q = q.contiguous()?.reshape((groups, kv_heads, rep * l, hd))?;
         let scores = (q.matmul(&k.contiguous()?.t()?)? * (hd as f64).powf(-0.5))?;
         // 3. Mask (after scaling, as SDPA adds it) and softmax.
         let scores = match mask {
-            Some(m) => scores.reshape((kv_heads, rep, l, l))?.broadcast_add(m)?.reshape((kv_heads, rep * l, l))?,
+            Some(m) => scores.reshape((groups, kv_heads, rep, l, l))?.broadcast_add(m)?.reshape((
+                groups,
+                kv_heads,
+                rep * l,
+                l,
+            ))?,
             None => scores,
         };
-        let out = softmax_last_dim(kernels, &scores)?.matmul(&v)?; // (KV, rep * L, D)
-        let out = out.reshape((heads, l, hd))?.transpose(0, 1)?.reshape((l, heads * hd))?;
+        let out = softmax_last_dim(kernels, &scores)?.matmul(&v)?; // (G, KV, rep * L, D)
+        let out = out.reshape((groups, heads, l, hd))?.transpose(1, 2)?.reshape((groups * l, heads * hd))?;
         linear(&out, &self.o, None)
     }
 }
