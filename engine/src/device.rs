@@ -29,15 +29,18 @@ impl Precision {
     pub const ALL: [Precision; 5] =
         [Precision::Auto, Precision::F32, Precision::Bf16, Precision::F16, Precision::Bf16Weights];
 
+    /// Each value's name and what it means, as the window offers them, in `ALL`'s order.
+    pub const CHOICES: [(&'static str, &'static str); 5] = [
+        ("auto", "Auto (recommended for this device)"),
+        ("f32", "f32 — exact, most memory"),
+        ("bf16", "bf16 — half the memory (GPU)"),
+        ("f16", "f16 — half the memory, loss scaling (GPU)"),
+        ("bf16-weights", "bf16 weights — half the weights' memory, f32 arithmetic (CPU)"),
+    ];
+
     /// The name run.toml and `--precision` use.
     pub fn name(self) -> &'static str {
-        match self {
-            Precision::Auto => "auto",
-            Precision::F32 => "f32",
-            Precision::Bf16 => "bf16",
-            Precision::F16 => "f16",
-            Precision::Bf16Weights => "bf16-weights",
-        }
+        Self::CHOICES[self as usize].0
     }
 
     /// The dtype the model computes in.
@@ -146,6 +149,14 @@ mod tests {
         assert_eq!(Precision::Bf16.dtype(&dev), DType::BF16);
         assert_eq!("f16".parse::<Precision>().unwrap(), Precision::F16);
         assert!("fp8".parse::<Precision>().is_err());
+    }
+
+    #[test]
+    fn one_name_per_value_in_run_toml_the_cli_and_the_window() {
+        for (p, (name, _)) in Precision::ALL.into_iter().zip(Precision::CHOICES) {
+            assert_eq!((p.name(), serde_json::to_value(p).unwrap()), (name, serde_json::json!(name)));
+            assert_eq!(name.parse::<Precision>(), Ok(p));
+        }
     }
 
     #[test]

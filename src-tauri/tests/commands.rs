@@ -196,6 +196,9 @@ fn settings_are_the_engines_run_config_judged_by_the_engine() {
     let app = TestApp::new(dir.path());
     let state = app.invoke("get_state", json!({})).unwrap();
     assert_eq!(state["choices"]["optimizers"], json!(["adamw", "prodigy", "adafactor"]));
+    let precisions: Vec<_> = Precision::ALL.iter().map(|p| p.name()).collect();
+    let offered: Vec<_> = state["choices"]["precisions"].as_array().unwrap().iter().map(|c| c[0].clone()).collect();
+    assert_eq!(json!(offered), json!(precisions), "the window offers the engine's precisions");
     let mut s = state["settings"].clone();
     let engine = RunConfig::default();
     assert_eq!(

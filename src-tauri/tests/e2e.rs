@@ -292,6 +292,11 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     // The Model panel offers the engine's variants to download, the XL ones among them.
     let variants = "return [...document.getElementById('download-variant').options].map((o) => o.value).join(' ')";
     assert_eq!(js(&c, variants).await, "turbo base sft xl-turbo xl-base xl-sft");
+    // The engine's precisions, each said in words, the saved one chosen.
+    let precision = "const s = document.getElementById('set-precision'); \
+        return [s.value, [...s.options].map((o) => `${o.value}: ${o.text}`).at(-1)]";
+    let engine = ostinato_engine::device::Precision::CHOICES[4];
+    assert_eq!(js(&c, precision).await, json!(["auto", format!("{}: {}", engine.0, engine.1)]));
     // The native menu's shortcuts, as this platform writes them (⌘ on a Mac).
     assert_eq!(text(&c, "#btn-start kbd").await, "Ctrl+Enter");
     assert_eq!(text(&c, "#btn-stop kbd").await, "Ctrl+.");

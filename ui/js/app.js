@@ -86,11 +86,14 @@ function setSetting(s, el, value) {
   parent[parts.at(-1)] = value;
 }
 
-/** Fills each choice (a table of run.toml chosen by its `kind`) with the engine's names. */
+/** Fills each choice with the engine's names (or [name, what it means] pairs). */
 function fillChoices(choices = {}) {
   for (const el of document.querySelectorAll('[data-choices]')) {
     if (el.options.length) continue;
-    for (const name of choices[el.dataset.choices] || []) el.add(new Option(name.replace(/_/g, ' '), name));
+    for (const choice of choices[el.dataset.choices] || []) {
+      const [name, label] = Array.isArray(choice) ? choice : [choice, choice.replace(/_/g, ' ')];
+      el.add(new Option(label, name));
+    }
   }
 }
 

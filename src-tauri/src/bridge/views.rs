@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use ostinato_engine::charts::Readout;
 use ostinato_engine::data::Field;
+use ostinato_engine::device::Precision;
 use ostinato_engine::events::Event;
 use ostinato_engine::label::Resolved;
 use ostinato_engine::load::DitVariant;
@@ -152,6 +153,8 @@ pub struct Choices {
     pub target_groups: &'static [(&'static str, &'static [&'static str])],
     /// The variants the Model panel can download.
     pub model_variants: &'static [&'static str],
+    /// The precisions, each with what it means.
+    pub precisions: &'static [(&'static str, &'static str)],
 }
 
 impl Default for Choices {
@@ -162,6 +165,7 @@ impl Default for Choices {
             lr_schedules: &schedule::SCHEDULES,
             target_groups: &lora::TARGET_GROUPS,
             model_variants: &DitVariant::NAMES,
+            precisions: &Precision::CHOICES,
         }
     }
 }
