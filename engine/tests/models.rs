@@ -157,7 +157,7 @@ fn turbo_downloads_into_the_hub_cache_and_is_then_found_complete() {
         (model.as_path(), Flavor::Turbo, Origin::HubCache, true)
     );
     assert_eq!(m.bytes, total);
-    assert_eq!(ModelFolder::open(&m.path, None).unwrap().variant, Variant::Turbo);
+    assert_eq!(ModelFolder::open(&m.path, None).unwrap().variant(), Variant::Turbo);
     let v = verify_model(&m.path, &mut |_| {}).unwrap();
     assert_eq!((v.hashed, v.unhashed), (files.len(), 0));
     assert!(v.tensors > 0);
@@ -419,7 +419,7 @@ fn base_is_put_together_from_its_own_repository_and_the_main_ones_parts() {
 
     let model = s.download(DitVariant::Base).0.unwrap();
     assert_eq!(model, s.dir.path().join("models/acestep-v15-base/acestep-v15-base"));
-    assert_eq!(ModelFolder::open(&model, None).unwrap().variant, Variant::Base);
+    assert_eq!(ModelFolder::open(&model, None).unwrap().variant(), Variant::Base);
     assert!(s.repo_dir("ACE-Step/acestep-v15-base").join("snapshots/b45e/model.safetensors").is_file());
     // The main repository gave only vae/ and the text encoder.
     assert!(!s.repo_dir(MAIN_REPO).join("snapshots").join(COMMIT).join("acestep-v15-turbo").exists());
@@ -469,7 +469,7 @@ fn xl_turbo_comes_from_its_own_repository_with_the_main_ones_vae_and_text_encode
 
     // The shards open as one file: checked, loaded, and the condition encoder's read.
     let folder = ModelFolder::open(&model, None).unwrap();
-    assert_eq!((folder.kind.flavor, folder.variant), (Flavor::Turbo, Variant::Turbo));
+    assert_eq!((folder.kind.flavor, folder.variant()), (Flavor::Turbo, Variant::Turbo));
     assert_eq!(folder.dit_weights(), model.join("model.safetensors.index.json"));
     assert!(folder.check_weights().unwrap() > 0);
     let sharded = folder.load_decoder(DType::F32, &Device::Cpu).unwrap();

@@ -313,7 +313,7 @@ fn write_tiny_hf_cache(cache: &Path) -> (PathBuf, Tensor) {
 fn model_folder_end_to_end_matches_reference_preprocessing() {
     let e = expected();
     let folder = ModelFolder::open(&model_dir(), None).unwrap();
-    assert_eq!(folder.variant, Variant::Turbo);
+    assert_eq!(folder.variant(), Variant::Turbo);
     assert!(
         matches!(folder.default_timestep_sampling(), ostinato_engine::model::timesteps::TimestepSampling::Turbo { shift } if shift == 3.0)
     );
@@ -384,7 +384,7 @@ fn hf_cache_layout_and_test_written_silence_latent() {
     cfg["is_turbo"] = false.into();
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     let base = ModelFolder::open(&snap, None).unwrap();
-    assert_eq!(base.variant, Variant::Base);
+    assert_eq!(base.variant(), Variant::Base);
 }
 
 #[test]

@@ -88,7 +88,6 @@ pub struct ModelFolder {
     pub dit_dir: PathBuf,
     /// 2B or XL, turbo, base or SFT, as config.json says.
     pub kind: ModelKind,
-    pub variant: Variant,
     pub dit: DitConfig,
     pub encoder: ConditionEncoderConfig,
     /// The audio tokenizer (`tokenizer.*`: latents to 5 Hz codes), at the encoder's sizes.
@@ -223,8 +222,7 @@ impl ModelFolder {
         match (problems.is_empty(), json, dit, encoder.zip(audio_codes), vae_cfg, text_cfg) {
             (true, Some(json), Some(dit), Some((encoder, audio_codes)), Some(vae), Some(text)) => {
                 let kind = ModelKind::of_config(&json, &dit_dir);
-                let variant = Variant::of(kind.flavor);
-                Ok(Self { kind, variant, root, dit_dir, dit, encoder, audio_codes, vae, text })
+                Ok(Self { kind, root, dit_dir, dit, encoder, audio_codes, vae, text })
             }
             _ => Err(fail(problems)),
         }
@@ -297,8 +295,13 @@ impl ModelFolder {
         self.root.join(TEXT_DIR)
     }
 
+    /// Turbo's training defaults, or base's (base, SFT and the unknown).
+    pub fn variant(&self) -> Variant {
+        Variant::of(self.kind.flavor)
+    }
+
     pub fn default_timestep_sampling(&self) -> TimestepSampling {
-        self.variant.default_timestep_sampling()
+        self.variant().default_timestep_sampling()
     }
 
     /// The checkpoint's top-level `null_condition_emb` `[1, 1, E]` (f32), or why there

@@ -7,8 +7,6 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::model::DitConfig;
-
 /// The DiT's size class. ACE-Step 1.5's 2B DiT is 24 layers of width 2048; the XL
 /// (4B) one 32 layers of width 2560.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,10 +27,6 @@ impl ModelSize {
             (2560, 32) => ModelSize::Xl,
             _ => ModelSize::Other,
         }
-    }
-
-    pub fn of(config: &DitConfig) -> Self {
-        Self::from_shape(config.hidden_size, config.num_hidden_layers)
     }
 
     /// From a DiT's config.json as read (the fields missing: `Other`).

@@ -157,7 +157,7 @@ impl ModelSource {
             ModelSource::Demo => (Ok(demo::demo_null_condition(device)?), 0.0),
             ModelSource::Folder { path } => {
                 let folder = ModelFolder::open(path, None)?;
-                (folder.null_condition(device)?, folder.variant.default_cfg_dropout())
+                (folder.null_condition(device)?, folder.variant().default_cfg_dropout())
             }
         })
     }
