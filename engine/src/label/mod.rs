@@ -4,6 +4,7 @@
 pub mod analysis;
 pub mod sidecars;
 pub mod store;
+pub mod understand;
 
 use std::collections::BTreeMap;
 use std::path::Path;

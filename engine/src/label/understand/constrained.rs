@@ -1,0 +1,1 @@
+//! The constrained decoding of the metadata block (upstream's MetadataConstrainedLogitsProcessor, understand phase).

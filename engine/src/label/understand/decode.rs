@@ -1,0 +1,1 @@
+//! The decoding loop: constrained logits, sampling, stopping.
