@@ -87,7 +87,7 @@ pub async fn scan_dataset(state: State<'_, AppState>, path: String) -> Res<Datas
     blocking(move || state.scan_dataset(&PathBuf::from(path))).await
 }
 
-/// Sets one label (caption, lyrics, bpm, keyscale, timesignature, language) of a song
+/// Sets one label (caption, lyrics, bpm, keyscale, timesignature, language, genre) of a song
 /// of the scanned dataset, checked by the engine; the song's row as it now is.
 #[tauri::command]
 pub async fn set_label(state: State<'_, AppState>, name: String, field: String, value: String) -> Res<FileRow> {

@@ -20,8 +20,14 @@ const FIELDS = [
   { field: 'keyscale', label: 'Key', width: '7.5em' },
   { field: 'timesignature', label: 'Time signature', width: '3em' },
   { field: 'language', label: 'Language', width: '5.5em', list: 'languages' },
+  { field: 'genre', label: 'Genre', width: '9em' },
 ];
-const SOURCE_TEXT = { edited: 'edited here', sidecar: 'from a sidecar file', analysed: 'read from the audio (accepted)' };
+const SOURCE_TEXT = {
+  edited: 'edited here',
+  sidecar: 'from a sidecar file',
+  lm: "written by ACE-Step's LM from the audio",
+  analysed: 'read from the audio (accepted)',
+};
 
 const state = {
   say: () => {},

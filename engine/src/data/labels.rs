@@ -31,11 +31,21 @@ pub enum Field {
     Keyscale,
     Timesignature,
     Language,
+    /// Genres in words ("synthwave, retro pop"): upstream's dataset keeps it beside the
+    /// caption and trains with it in place of the caption for a share of the songs.
+    Genre,
 }
 
 impl Field {
-    pub const ALL: [Field; 6] =
-        [Field::Caption, Field::Lyrics, Field::Bpm, Field::Keyscale, Field::Timesignature, Field::Language];
+    pub const ALL: [Field; 7] = [
+        Field::Caption,
+        Field::Lyrics,
+        Field::Bpm,
+        Field::Keyscale,
+        Field::Timesignature,
+        Field::Language,
+        Field::Genre,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -45,6 +55,7 @@ impl Field {
             Field::Keyscale => "keyscale",
             Field::Timesignature => "timesignature",
             Field::Language => "language",
+            Field::Genre => "genre",
         }
     }
 
@@ -56,7 +67,7 @@ impl Field {
             return Ok(None);
         }
         match self {
-            Field::Caption | Field::Lyrics => Ok(text.to_string()),
+            Field::Caption | Field::Lyrics | Field::Genre => Ok(text.to_string()),
             Field::Bpm => parse_bpm(text).map(|b| b.to_string()),
             Field::Keyscale => parse_keyscale(text),
             Field::Timesignature => parse_timesignature(text),
@@ -144,6 +155,8 @@ pub struct Labels {
     pub timesignature: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub language: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub genre: Option<String>,
 }
 
 impl Labels {
@@ -159,6 +172,7 @@ impl Labels {
             Field::Keyscale => &self.keyscale,
             Field::Timesignature => &self.timesignature,
             Field::Language => &self.language,
+            Field::Genre => &self.genre,
         }
     }
 
@@ -170,6 +184,7 @@ impl Labels {
             Field::Keyscale => &mut self.keyscale,
             Field::Timesignature => &mut self.timesignature,
             Field::Language => &mut self.language,
+            Field::Genre => &mut self.genre,
         }
     }
 
@@ -213,6 +228,7 @@ impl Labels {
             (&self.keyscale, &mut meta.keyscale),
             (&self.timesignature, &mut meta.timesignature),
             (&self.language, &mut meta.language),
+            (&self.genre, &mut meta.genre),
         ] {
             if value.is_some() {
                 slot.clone_from(value);

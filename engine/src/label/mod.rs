@@ -18,14 +18,20 @@ use analysis::{Analysis, Reading};
 use store::{LabelStore, Saved};
 
 /// Where a field's value comes from, in order of precedence: what the user gave in
-/// Ostinato, then what they wrote beside the song, then the audio's reading they accepted.
+/// Ostinato, then what they wrote beside the song, then what ACE-Step's LM wrote of the
+/// audio (the fields in [`UNDERSTOOD`]), then the audio's reading they accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Source {
     Edited,
     Sidecar,
+    Lm,
     Analysed,
 }
+
+/// The fields ACE-Step's LM fills by itself; its tempo, key and meter are taken only
+/// when the user picks them.
+pub const UNDERSTOOD: [Field; 4] = [Field::Caption, Field::Lyrics, Field::Language, Field::Genre];
 
 /// One field's value as training uses it (None: unknown, N/A to ACE-Step) and its source.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -45,17 +51,20 @@ pub fn sidecar_value(meta: &SongMeta, field: Field) -> Option<String> {
         Field::Keyscale => meta.keyscale.clone(),
         Field::Timesignature => meta.timesignature.clone(),
         Field::Language => meta.language.clone(),
+        Field::Genre => meta.genre.clone(),
     }
 }
 
-/// Every field of a song, resolved by precedence (edited > sidecar > analysed).
+/// Every field of a song, resolved by precedence (edited > sidecar > LM > analysed).
 pub fn resolve(sidecars: &SongMeta, saved: &Saved) -> BTreeMap<Field, Resolved> {
     Field::ALL
         .into_iter()
         .map(|field| {
+            let understood = saved.understood.get(field).filter(|_| UNDERSTOOD.contains(&field));
             let candidates = [
                 (saved.edited.get(field).map(str::to_string), Source::Edited),
                 (sidecar_value(sidecars, field), Source::Sidecar),
+                (understood.map(str::to_string), Source::Lm),
                 (saved.accepted.get(field).map(str::to_string), Source::Analysed),
             ];
             let winner = candidates.into_iter().find_map(|(value, source)| value.map(|v| (v, source)));
@@ -68,12 +77,12 @@ pub fn resolve(sidecars: &SongMeta, saved: &Saved) -> BTreeMap<Field, Resolved> 
         .collect()
 }
 
-/// What a run records for the song: the edited values, and the accepted readings
-/// where the sidecars say nothing (the sidecars themselves are read by training).
+/// What a run records for the song: the edited values, and the LM's and the accepted
+/// readings where the sidecars say nothing (the sidecars themselves are read by training).
 pub fn given(sidecars: &SongMeta, saved: &Saved) -> Labels {
     let mut labels = Labels::default();
     for (field, resolved) in resolve(sidecars, saved) {
-        if matches!(resolved.source, Some(Source::Edited | Source::Analysed)) {
+        if matches!(resolved.source, Some(Source::Edited | Source::Lm | Source::Analysed)) {
             labels.put(field, resolved.value);
         }
     }
@@ -158,22 +167,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn edited_beats_sidecar_beats_analysed() {
+    fn edited_beats_sidecar_beats_lm_beats_analysed() {
         let sidecars = SongMeta { bpm: Some(90), caption: "from the sidecar".into(), ..SongMeta::default() };
         let mut saved = Saved::default();
         saved.edited.set(Field::Caption, "typed in the window").unwrap();
         saved.accepted.set(Field::Bpm, "120").unwrap();
         saved.accepted.set(Field::Keyscale, "A minor").unwrap();
+        saved.understood.set(Field::Lyrics, "[Verse]\nla la").unwrap();
+        saved.understood.set(Field::Caption, "the LM's caption").unwrap();
+        saved.understood.set(Field::Bpm, "140").unwrap();
+        saved.understood.set(Field::Timesignature, "3").unwrap();
         let fields = resolve(&sidecars, &saved);
         let at = |f: Field| (fields[&f].value.as_deref(), fields[&f].source);
         assert_eq!(at(Field::Caption), (Some("typed in the window"), Some(Source::Edited)));
         assert_eq!(at(Field::Bpm), (Some("90"), Some(Source::Sidecar)));
         assert_eq!(at(Field::Keyscale), (Some("A minor"), Some(Source::Analysed)));
-        assert_eq!(at(Field::Lyrics), (None, None));
+        assert_eq!(at(Field::Lyrics), (Some("[Verse]\nla la"), Some(Source::Lm)));
+        // The LM's tempo and meter are not taken by themselves (the analysis's or none).
+        assert_eq!(at(Field::Timesignature), (None, None));
+        assert_eq!(at(Field::Language), (None, None));
         let run = given(&sidecars, &saved);
         assert_eq!(
-            (run.caption.as_deref(), run.bpm.as_deref(), run.keyscale.as_deref()),
-            (Some("typed in the window"), None, Some("A minor"))
+            (run.caption.as_deref(), run.bpm.as_deref(), run.keyscale.as_deref(), run.lyrics.as_deref()),
+            (Some("typed in the window"), None, Some("A minor"), Some("[Verse]\nla la"))
         );
+        assert_eq!(run.timesignature, None);
     }
 }

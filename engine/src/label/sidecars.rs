@@ -60,7 +60,7 @@ pub fn write_sidecars(song: &Path, fields: &BTreeMap<Field, Resolved>, replace: 
             files.push(write_one(&path, format!("{text}\n").into_bytes(), same, replace)?);
         }
     }
-    let metas: Vec<(Field, Value)> = [Field::Bpm, Field::Keyscale, Field::Timesignature, Field::Language]
+    let metas: Vec<(Field, Value)> = [Field::Bpm, Field::Keyscale, Field::Timesignature, Field::Language, Field::Genre]
         .into_iter()
         .filter_map(|f| value(f).map(|v| (f, json_value(f, v))))
         .collect();

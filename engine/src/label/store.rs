@@ -28,11 +28,15 @@ pub struct Saved {
     pub edited: Labels,
     /// Readings of the audio the user accepted: used where the sidecars say nothing.
     pub accepted: Labels,
+    /// What ACE-Step's 5 Hz LM wrote of the audio: its caption, lyrics, language and
+    /// genre are used where the sidecars say nothing; its tempo, key and meter (which
+    /// upstream warns it may invent) are kept to be shown and taken only when picked.
+    pub understood: Labels,
 }
 
 impl Saved {
     pub fn is_empty(&self) -> bool {
-        self.edited.is_empty() && self.accepted.is_empty()
+        self.edited.is_empty() && self.accepted.is_empty() && self.understood.is_empty()
     }
 }
 
