@@ -141,6 +141,11 @@ impl AudioTokenizer {
         self
     }
 
+    /// Latent frames per code.
+    pub fn pool_window(&self) -> usize {
+        self.cfg.pool_window
+    }
+
     /// `latents [T, C]` -> one code per `pool_window` frames (a part window completed
     /// with `silence [F, C]`'s first frames).
     pub fn tokenize(&self, latents: &Tensor, silence: &Tensor) -> Result<AudioCodes> {

@@ -1,6 +1,7 @@
 //! Where a run's model comes from, and everything that comes with it: the DiT, the
 //! latent encoder and conditioner that turn songs into samples, the model's default
-//! timestep sampling, and its null condition with the default CFG dropout.
+//! timestep sampling, its null condition with the default CFG dropout, and what turns a
+//! song into the 5 Hz codes ACE-Step's LM reads.
 
 use std::path::PathBuf;
 
@@ -10,13 +11,16 @@ use serde::{Deserialize, Serialize};
 use super::demo;
 use super::folder::{ModelFolder, LYRIC_TOKENS, TEXT_TOKENS};
 use super::kind::ModelKind;
+use crate::codec::audio_codes::{AudioCodesConfig, AudioTokenizer};
+use crate::codec::condition_encoder::ConditionEncoderConfig;
+use crate::codec::encode::silence_latent;
 use crate::codec::vae::VAE_WEIGHTS;
 use crate::codec::{Conditioner, HashConditioner, LatentEncoder, MelEncoder};
 use crate::codec::{LatentDecoder, MelDecoder, VaeDecoder};
 use crate::device::Precision;
 use crate::model::timesteps::TimestepSampling;
 use crate::model::{DecoderWeights, DitConfig, DitModel};
-use crate::tensor_io::TensorFile;
+use crate::tensor_io::{RandomTensors, TensorFile};
 use crate::Result;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -54,6 +58,15 @@ pub struct ModelShape {
     /// What the run holds besides the DiT to encode songs and captions (VAE encoder,
     /// text encoder, condition encoder), in f32 as they are loaded.
     pub encoders_bytes: u64,
+}
+
+/// What turns a song into 5 Hz codes: its latent encoder, the DiT checkpoint's audio
+/// tokenizer, and the silence latent that completes a last part window.
+pub struct SongTokenizer {
+    pub encoder: Box<dyn LatentEncoder>,
+    pub tokenizer: AudioTokenizer,
+    /// `[frames, C]`
+    pub silence: Tensor,
 }
 
 /// The latent encoder, the conditioner and the model's default timestep sampling.
@@ -146,6 +159,37 @@ impl ModelSource {
                     Box::new(folder.conditioner(device)?),
                     folder.default_timestep_sampling(),
                 )
+            }
+        })
+    }
+
+    /// What turns a song into the 5 Hz codes ACE-Step's LM reads: a folder's VAE and
+    /// audio tokenizer; for the demo model its mel encoder and a seeded random
+    /// tokenizer at its encoder's width (upstream's shape, two pooler layers).
+    pub fn song_tokenizer(&self, device: &Device) -> Result<SongTokenizer> {
+        Ok(match self {
+            ModelSource::Demo => {
+                let dit = demo::demo_config();
+                let sizes = serde_json::json!({
+                    "num_lyric_encoder_hidden_layers": 2,
+                    "num_timbre_encoder_hidden_layers": 2,
+                    "num_attention_pooler_hidden_layers": 2,
+                });
+                let encoder_cfg = ConditionEncoderConfig::from_value(&sizes, &dit)?;
+                let codes_cfg = AudioCodesConfig::from_value(&sizes, &dit, &encoder_cfg)?;
+                let weights = RandomTensors { seed: demo::DEMO_SEED, device: device.clone() };
+                let tokenizer = AudioTokenizer::load(&codes_cfg, &encoder_cfg, &weights, "tokenizer")?;
+                let encoder = MelEncoder::new();
+                let silence = silence_latent(&encoder, codes_cfg.pool_window)?;
+                SongTokenizer { encoder: Box::new(encoder), tokenizer, silence }
+            }
+            ModelSource::Folder { path } => {
+                let folder = ModelFolder::open(path, None)?;
+                SongTokenizer {
+                    encoder: Box::new(folder.latent_encoder(device)?),
+                    tokenizer: folder.audio_tokenizer(device)?,
+                    silence: folder.silence_latent()?,
+                }
             }
         })
     }

@@ -1,9 +1,10 @@
 //! ACE-Step's 5 Hz LM in its "understand" mode: a song's 5 Hz audio codes in, its
 //! caption, genres, language, lyrics (and the LM's guesses at tempo, key and meter) out.
-//! The prompt (`prompt`), the constrained decoding of the metadata block
+//! The song's codes (`codes`), the prompt (`prompt`), the constrained decoding of the metadata block
 //! (`constrained`), sampling (`sample`), the decoding loop (`decode`) and the reading
 //! of the LM's text (`parse`).
 
+pub mod codes;
 pub mod constrained;
 pub mod decode;
 pub mod parse;
