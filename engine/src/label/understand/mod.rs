@@ -10,3 +10,4 @@ pub mod decode;
 pub mod parse;
 pub mod prompt;
 pub mod sample;
+pub mod tiny;
