@@ -68,6 +68,10 @@ pub enum Error {
     #[error("{path}: {reason}")]
     BadAudio { path: PathBuf, reason: String },
 
+    /// ACE-Step's LM could not label the song at `path`.
+    #[error("{path}: ACE-Step's LM: {reason}")]
+    Understand { path: PathBuf, reason: String },
+
     #[error("dataset settings: {0}")]
     BadDataSpec(String),
 

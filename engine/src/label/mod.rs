@@ -141,6 +141,20 @@ pub fn saved_labels(store: &LabelStore, folder: &Path) -> crate::Result<BTreeMap
 /// The fields the signal analysis reads.
 pub const ANALYSED: [Field; 3] = [Field::Bpm, Field::Keyscale, Field::Timesignature];
 
+/// Keeps what ACE-Step's LM wrote of a song (`lm`) in place of what it wrote before;
+/// with `take_metas` its tempo, key and meter are accepted too, over the analysis's
+/// (the user's pick: upstream warns the LM may invent them).
+pub fn keep_understood(saved: &mut Saved, lm: &Labels, take_metas: bool) {
+    saved.understood = lm.clone();
+    if take_metas {
+        for field in ANALYSED {
+            if let Some(value) = lm.get(field) {
+                saved.accepted.put(field, Some(value.to_string()));
+            }
+        }
+    }
+}
+
 /// The analysis's reading of `field` written as a label value ("120", "F# minor", "3"),
 /// or why it cannot be told; None for a field the analysis does not read.
 pub fn reading(analysis: &Analysis, field: Field) -> Option<Reading<String>> {
@@ -192,5 +206,13 @@ mod tests {
             (Some("typed in the window"), None, Some("A minor"), Some("[Verse]\nla la"))
         );
         assert_eq!(run.timesignature, None);
+
+        // Picked, the LM's tempo and meter are accepted over the analysis's.
+        let lm = saved.understood.clone();
+        keep_understood(&mut saved, &lm, true);
+        let fields = resolve(&sidecars, &saved);
+        assert_eq!(fields[&Field::Timesignature].value.as_deref(), Some("3"));
+        assert_eq!(fields[&Field::Keyscale].value.as_deref(), Some("A minor"), "the LM gave no key: kept");
+        assert_eq!(fields[&Field::Bpm].source, Some(Source::Sidecar), "a sidecar still wins");
     }
 }
