@@ -50,7 +50,9 @@ torch.set_grad_enabled(False)
 AUDIO_CODES = 65000  # the real vocabulary's count; only codes < 64000 are valid
 N_PROMPT_CODES = 40
 N_STEPS = 4  # teacher-forced KV-cache steps recorded after the prompt
-SEED = int(os.environ.get("LM_FIXTURE_SEED", "0"))  # model weights
+# Model weights. Seed 27 was picked from a sweep (0-39) as one where both greedy runs walk every
+# field, close </think>, write lyrics, and every choice wins by > 1e-3.
+SEED = int(os.environ.get("LM_FIXTURE_SEED", "27"))
 CODES_SEED = 7
 EMBED_STD = float(os.environ.get("LM_FIXTURE_EMBED_STD", "1.0"))
 # Gain of the projections that write into the residual stream: large enough that the context,
@@ -59,6 +61,9 @@ OUT_GAIN = float(os.environ.get("LM_FIXTURE_OUT_GAIN", "4.0"))
 # Larger embeddings for the tokens that hold a newline or a colon: a random model then ends its
 # caption line and starts a "name:" line now and then, which walks upstream's FSM through every field.
 BOOST = float(os.environ.get("LM_FIXTURE_BOOST", "2.0"))
+# Smaller embeddings for the 65000 audio-code tokens: otherwise they outnumber the text tokens so
+# much that free text (caption, lyrics) is mostly codes >= 64000, which no processor state blocks.
+CODE_SCALE = float(os.environ.get("LM_FIXTURE_CODE_SCALE", "0.5"))
 MAX_NEW_TOKENS = int(os.environ.get("LM_FIXTURE_MAX_NEW_TOKENS", "300"))
 MIN_MARGIN = 1e-3
 
@@ -205,7 +210,7 @@ def structure_tokens(tokenizer_json):
     return sorted(i for t, i in vocab.items() if "Ċ" in t or ":" in t)
 
 
-def random_state(model, seed, boosted):
+def random_state(model, seed, boosted, code0):
     """Random weights with spread-out logits so greedy choices are clear (embeddings are tied)."""
     g = torch.Generator().manual_seed(seed)
     state = {}
@@ -220,6 +225,7 @@ def random_state(model, seed, boosted):
         elif name == "model.embed_tokens.weight":
             state[name] = EMBED_STD * torch.randn(p.shape, generator=g)
             state[name][boosted] *= BOOST
+            state[name][code0:] *= CODE_SCALE
         else:
             gain = OUT_GAIN if name.endswith(("o_proj.weight", "down_proj.weight")) else 1.0
             state[name] = gain * torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5
@@ -230,7 +236,8 @@ def write_model(path, vocab_size, seed):
     cfg = model_config(vocab_size)
     model = Qwen3ForCausalLM(cfg).eval()
     boosted = structure_tokens(os.path.join(path, "tokenizer.json"))
-    model.load_state_dict(random_state(model, seed, boosted), strict=False)
+    code0 = vocab_size - AUDIO_CODES
+    model.load_state_dict(random_state(model, seed, boosted, code0), strict=False)
     model.save_pretrained(path, safe_serialization=True)
     # transformers 5 writes rope_parameters only; the real LM folders (transformers 4) carry rope_theta
     config_path = os.path.join(path, "config.json")
@@ -386,8 +393,18 @@ def replay_margins(handler, generated, raw_logits, space_first):
         assert int(torch.argmax(scores)) == token, f"replay disagrees at step {step}"
         pick = gap(scores)
         proc.update_state(token)
-        margins.append(min(m for m in (pick, decision, float("inf")) if m is not None))
+        known = [m for m in (pick, decision) if m is not None]
+        margins.append(min(known) if known else None)  # None: the processor left one token
     return margins, states
+
+
+def stop_reason(tokenizer, generated):
+    last = generated[-1] if generated else None
+    if last == tokenizer.eos_token_id:
+        return "eos <|im_end|>"
+    if last == tokenizer.pad_token_id:
+        return "pad <|endoftext|> (the loop stops on it too)"
+    return "max_new_tokens"
 
 
 def run_summary(tokenizer, generated, metadata, margins, states):
@@ -402,10 +419,49 @@ def run_summary(tokenizer, generated, metadata, margins, states):
         "fields": fields,
         "closed_think": think_end in generated,
         "tokens_after_think": len(after),
-        "ended_with_eos": bool(generated) and generated[-1] == tokenizer.eos_token_id,
-        "min_margin": min(margins),
+        "stopped_by": stop_reason(tokenizer, generated),
+        "min_margin": min(m for m in margins if m is not None),
         "states_visited": sorted(set(states), key=states.index),
+        "margins": margins,
     }
+
+
+def coverage(key, summary):
+    return (
+        f"{key}: {summary['n_tokens']} tokens; FSM states visited {', '.join(summary['states_visited'])}; "
+        f"parsed fields {', '.join(summary['fields'])}; {summary['tokens_after_think']} lyric tokens after </think>; "
+        f"stopped by {summary['stopped_by']}; min margin {summary['min_margin']:.3e}"
+    )
+
+
+def notes(runs):
+    return [
+        "Random Qwen3ForCausalLM shaped so greedy decoding walks upstream's FSM (it means nothing): "
+        "embeddings N(0, embed_std^2), BPE tokens holding a newline or colon x boost, audio-code tokens "
+        "x code_scale, final norm gains N(0, 1) (zero mean), o_proj/down_proj x out_gain; seed picked "
+        "from a sweep.",
+        "Handler: upstream's LLMHandler.initialize(checkpoint_dir=lm_tiny, lm_model_path=" + LM_NAME + ", "
+        "backend='pt', device='cpu'); max_duration is gpu_config's max_duration_with_lm on this CPU-only "
+        "machine. Each run then replaces constrained_processor with one made as initialize() makes it "
+        "plus genres_vocab_path.",
+        "greedy: genres_vocab_path names a missing file (upstream's acestep/genres_vocab.txt is not "
+        "shipped here), so genres is free text ended by _should_end_text_field. That branch moves the FSM "
+        "to KEYSCALE_NAME inside __call__; update_state then counts the forced newline as the first "
+        "character of 'keyscale:', the line comes out as 'eyscale: ...' and parse_lm_output has no keyscale.",
+        "greedy_genres: genres_vocab.txt; the trie compares lowercased token text, so the value keeps the "
+        f"tokens' own case ({runs['genres'][1]['metadata'].get('genres')!r}).",
+        "Tokens <|audio_code_64000|>..<|audio_code_64999|> exist but are not valid codes: the processor's "
+        "audio-code masks cover 0..63999 only, so they are not blocked in the caption or the lyrics.",
+        "margins[i] (per generated token): the smaller of best minus runner-up among the tokens the "
+        "processor left, and the margin of a logit-based decision the processor made at that step "
+        "(after a caption newline: raw argmax against the best token of the other leading-space class; "
+        "language: top-1 among the first-token candidates; genres fallback: newline against the best "
+        "other token); null where it left one token and decided nothing.",
+        "step_ids: the first greedy ids; step_logits[i]: the logits after feeding step_ids[i] with the "
+        "KV cache of the prompt and step_ids[:i].",
+        coverage("greedy", runs["plain"][1]),
+        coverage("greedy_genres", runs["genres"][1]),
+    ]
 
 
 def upstream_commit():
@@ -450,7 +506,7 @@ def main():
         summary = runs[key][1]
         print(
             f"{key}: {summary['n_tokens']} tokens, fields {summary['fields']}, closed </think> {summary['closed_think']}, "
-            f"{summary['tokens_after_think']} after, eos {summary['ended_with_eos']}, min margin {summary['min_margin']:.3e}"
+            f"{summary['tokens_after_think']} after, stopped by {summary['stopped_by']}, min margin {summary['min_margin']:.3e}"
         )
         print(repr(summary["text"][:600]))
 
@@ -476,9 +532,13 @@ def main():
         "temperature": 0.0,
         "seed": SEED,
         "embed_std": EMBED_STD,
+        "boost": BOOST,
+        "code_scale": CODE_SCALE,
+        "out_gain": OUT_GAIN,
         "greedy": runs["plain"][1],
         "greedy_genres": runs["genres"][1],
         "min_margin": min(runs["plain"][1]["min_margin"], runs["genres"][1]["min_margin"]),
+        "notes": notes(runs),
         "upstream": {"repo": "ace-step/ACE-Step-1.5", "commit": upstream_commit()},
         "versions": {
             "torch": torch.__version__,
