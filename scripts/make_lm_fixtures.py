@@ -426,6 +426,58 @@ def run_summary(tokenizer, generated, metadata, margins, states):
     }
 
 
+# LM outputs shaped like upstream's, well-formed and not, for its parser.
+PARSER_TEXTS = {
+    "well_formed": (
+        "<think>\nbpm: 120\ncaption: A bright pop song with piano.\nduration: 180\ngenres: pop rock\n"
+        "keyscale: F# minor\nlanguage: en\ntimesignature: 4\n</think>\n\n[Verse]\nHold the light\n<|im_end|>"
+    ),
+    "no_think_end": "<think>\nbpm: 96\ncaption: A slow ballad\nduration: 21",
+    "no_think_at_all": (
+        "bpm: 88\ncaption: Warm lo-fi beat\nkeyscale: Bb major\n\n[Verse]\nShe said: stay\n"
+        "Duration: 45\n</think>\nafter the tag"
+    ),
+    "yaml_multiline_caption": (
+        "<think>\nbpm: 72\ncaption: An emotional ballad.\n  The track opens with piano,\n\tthen strings "
+        "join.\n   \nduration: 200\n</think>\n"
+    ),
+    "caption_on_next_lines": "<think>\ncaption:\n  soft synth pads\n  and a slow beat\ngenres:\nlanguage: ja\n</think>",
+    "bad_numbers": "<think>\nbpm: N/A\nduration: 12O\ntimesignature: 3/4\n</think>\n",
+    "duplicated_fields": "<think>\nbpm: 100\nbpm: 128\ncaption: first\ncaption: second\n</think>\nla la",
+    "unknown_fields": (
+        "<think>\nmood: happy\nbpm: 140\ntempo: fast\n  still tempo\n<note>: skipped\n"
+        "caption: Intro: soft piano\n</think>\n# Lyric\n[Intro]\nhum"
+    ),
+    "lyric_header": "<think>\nbpm: 90\n</think>\n# Lyric\n[Verse 1]\nline one\n\n[Chorus]\nline two\n",
+    "lyrics_header_plural": "<think>\nbpm: 90\n</think>\n#Lyrics\n[Verse]\nline one",
+    "header_variants": "<think>\nbpm: 91\n</think>\n  # lyri\nfirst\n# Lyric\nsecond",
+    "trailing_im_end": "<think>\nlanguage: zh\n</think>\n[Verse]\nend here<|im_end|>  \n",
+    "im_end_mid_lyrics": "<think>\nlanguage: ko\n</think>\none<|im_end|>two<|endoftext|>",
+    "lyrics_blank_lines": "<think>\nbpm: 60\n</think>\n\n\n[Verse]\n\nfirst\n\n\n[Bridge]\nsecond\n\n",
+    "reasoning_tags": "<reasoning>\nbpm: 110\nkeyscale: E minor\n</reasoning>\n</think>\ntail",
+    "empty": "",
+    "think_only": "<think>\n</think>",
+    "extra_spaces": (
+        "<think>\nBPM :  96  \n  bpm: 97\ncaption:   Spaced   out   \nkeyscale:   C   major  \n"
+        "Language : en \ntimesignature:4\n</think>   \n   [Verse]   \n"
+    ),
+    "crlf": (
+        "<think>\r\nbpm: 120\r\ncaption: A rock song\r\n  with drums\r\nduration: 30\r\n"
+        "genres: rock\r\n</think>\r\n# Lyric\r\n[Verse]\r\nline\r\n"
+    ),
+    "audio_codes_after_think": "<think>\nbpm: 75\n</think>\n<|audio_code_5|><|audio_code_63999|>",
+}
+
+
+def parser_cases(handler):
+    """upstream's parse_lm_output metadata and _extract_lyrics_from_output for each text."""
+    cases = []
+    for name, text in PARSER_TEXTS.items():
+        metadata, _ = handler.parse_lm_output(text)
+        cases.append({"name": name, "text": text, "metadata": metadata, "lyrics": handler._extract_lyrics_from_output(text)})
+    return cases
+
+
 def coverage(key, summary):
     return (
         f"{key}: {summary['n_tokens']} tokens; FSM states visited {', '.join(summary['states_visited'])}; "
@@ -539,6 +591,7 @@ def main():
         "greedy_genres": runs["genres"][1],
         "min_margin": min(runs["plain"][1]["min_margin"], runs["genres"][1]["min_margin"]),
         "notes": notes(runs),
+        "parser_cases": parser_cases(handler),
         "upstream": {"repo": "ace-step/ACE-Step-1.5", "commit": upstream_commit()},
         "versions": {
             "torch": torch.__version__,
