@@ -549,12 +549,13 @@ def main():
     ids = prompt_ids(handler, prompt)
 
     space_first = space_class(tokenizer)
-    runs = {}
+    runs, loop_logits = {}, {}
     for key, vocab_path in [("plain", os.path.join(OUT, "no-such-genres-vocab.txt")), ("genres", GENRES_PATH)]:
         use_genres_vocab(handler, vocab_path)
         generated, raw_logits, metadata = understand(handler, codes_str)
         margins, states = replay_margins(handler, generated, raw_logits, space_first)
         runs[key] = (generated, run_summary(tokenizer, generated, metadata, margins, states))
+        loop_logits[key] = raw_logits
         summary = runs[key][1]
         print(
             f"{key}: {summary['n_tokens']} tokens, fields {summary['fields']}, closed </think> {summary['closed_think']}, "
@@ -564,6 +565,11 @@ def main():
 
     step_ids = runs["plain"][0][:N_STEPS]
     prompt_logits, step_logits = teacher_forced_logits(model, ids, step_ids)
+    # the same numbers upstream's decoding loop saw (its forward passes carry an attention mask)
+    seen = torch.stack(loop_logits["plain"][: N_STEPS + 1])
+    err = (torch.cat([prompt_logits[None], step_logits]) - seen).abs().max().item()
+    print(f"teacher-forced vs decoding-loop logits: max |diff| {err:.2e}")
+    assert err < 1e-4, err
 
     tensors = {
         "codes": torch.tensor(codes, dtype=torch.int64),
