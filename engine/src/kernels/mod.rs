@@ -11,5 +11,6 @@ pub(crate) mod conv_tile;
 pub(crate) mod cpu_gemm;
 pub(crate) mod handover;
 pub(crate) mod linear;
+pub(crate) mod matvec;
 pub(crate) mod shared_out;
 pub(crate) mod simd;
