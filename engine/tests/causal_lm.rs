@@ -187,3 +187,25 @@ fn broken_folders_are_named_with_what_is_wrong() {
     println!("untied without a head: {err}");
     assert!(err.contains("lm_head.weight"), "{err}");
 }
+
+#[test]
+fn a_long_prompt_at_once_equals_it_in_pieces_and_token_by_token() {
+    let lm = CausalLm::load(&lm_dir(), &Device::Cpu, Precision::F32).unwrap();
+    // Longer than a query block (256 rows), so prefill attends block by block.
+    let ids: Vec<u32> = (0..600u32).map(|i| (i * 7919) % 6000).collect();
+    let last = |runs: &[&[u32]]| {
+        let mut cache = lm.new_cache().unwrap();
+        let mut hidden = None;
+        for run in runs {
+            hidden = Some(lm.prefill(run, &mut cache).unwrap());
+        }
+        lm.logits(&hidden.unwrap(), None).unwrap()
+    };
+    let whole = last(&[&ids]);
+    let pieces = last(&[&ids[..300], &ids[300..301], &ids[301..]]);
+    let singles: Vec<&[u32]> = ids.chunks(1).collect();
+    let one_by_one = last(&singles);
+    let (e_pieces, e_singles) = (max_abs_diff(&whole, &pieces), max_abs_diff(&whole, &one_by_one));
+    println!("600 tokens: at once vs in pieces {e_pieces:.2e}, vs one by one {e_singles:.2e} (tolerance 1e-4)");
+    assert!(e_pieces < 1e-4 && e_singles < 1e-4);
+}

@@ -30,6 +30,7 @@ pub struct CausalLm {
     layers: Vec<Layer>,
     /// `[H]`, compute dtype.
     norm: Tensor,
+    held: DType,
     compute: DType,
     device: Device,
     kernels: KernelPolicy,
@@ -120,6 +121,7 @@ impl CausalLm {
             lm_head,
             layers,
             norm: f.get("model.norm.weight", &[h])?.to_dtype(compute)?,
+            held,
             compute,
             kernels: KernelPolicy::for_device(&device),
             device,
@@ -128,6 +130,16 @@ impl CausalLm {
 
     pub fn config(&self) -> &Qwen3Config {
         &self.cfg
+    }
+
+    /// The dtype the weights are held in.
+    pub fn held_dtype(&self) -> DType {
+        self.held
+    }
+
+    /// The dtype the activations and the cache are in.
+    pub fn compute_dtype(&self) -> DType {
+        self.compute
     }
 
     /// An empty cache (reserve the positions a run will need with [`KvCache::reserve`]).

@@ -5,6 +5,7 @@
 //! candle's ops.
 
 pub(crate) mod attention_host;
+pub(crate) mod cached_attention;
 pub(crate) mod conv1d;
 pub(crate) mod conv_profile;
 pub(crate) mod conv_tile;
