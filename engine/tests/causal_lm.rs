@@ -114,7 +114,7 @@ fn kept_rows_equal_the_full_logits_there_and_the_rest_are_masked() {
             }
         }
         assert_eq!(kept, 105);
-        let past = lm.logits(&hidden, Some(&[0..v + 1])).unwrap_err().to_string();
+        let past = lm.logits(&hidden, Some(std::slice::from_ref(&(0..v + 1)))).unwrap_err().to_string();
         assert!(past.contains("vocabulary"), "{past}");
     }
 }

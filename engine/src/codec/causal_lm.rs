@@ -205,7 +205,7 @@ impl CausalLm {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         let keep = match keep {
             Some(ranges) => kept_rows(ranges, v)?,
-            None => vec![0..v],
+            None => std::iter::once(0..v).collect(),
         };
         if self.device.is_cpu() && x.dtype() == DType::F32 {
             let logits = x.contiguous()?.apply_op2_no_bwd(head, &Matvec::keeping(keep))?;
@@ -243,7 +243,7 @@ mod tests {
     #[test]
     fn kept_rows_are_sorted_and_checked() {
         assert_eq!(kept_rows(&[10..12, 0..3, 5..5], 20).unwrap(), vec![0..3, 10..12]);
-        let past = kept_rows(&[15..21], 20).unwrap_err().to_string();
+        let past = kept_rows(std::slice::from_ref(&(15..21)), 20).unwrap_err().to_string();
         assert!(past.contains("15..21") && past.contains("20"), "{past}");
         let overlap = kept_rows(&[0..5, 4..6], 20).unwrap_err().to_string();
         assert!(overlap.contains("overlap"), "{overlap}");

@@ -314,7 +314,7 @@ impl Layer {
     /// The MLP half with its residual: `x [L, H]` -> `[L, H]`.
     fn mlp_block(&self, k: KernelPolicy, x: &Tensor) -> Result<Tensor> {
         let h = rms_norm(k, x, &self.post_attention_norm, self.dims.eps)?;
-        let mlp = (linear(&h, &self.gate, None)?.silu()? * linear(&h, &self.up, None)?)?;
+        let mlp = ops::swiglu(k, &linear(&h, &self.gate, None)?, &linear(&h, &self.up, None)?)?;
         Ok((x + linear(&mlp, &self.down, None)?)?)
     }
 
