@@ -104,7 +104,8 @@ enum Command {
         #[arg(long)]
         dora: bool,
         /// The DiT training presets' precision, as `train --precision` takes it
-        /// (default: the device's).
+        /// (default: the device's); the LM presets' (auto: bf16 weights, f32 compute on
+        /// the CPU).
         #[arg(long, default_value = "auto", value_parser = parse_with::<Precision>)]
         precision: Precision,
         #[arg(long, default_value_t = 2)]

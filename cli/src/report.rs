@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use ostinato_engine::bench::vae::run_vae;
-use ostinato_engine::bench::{generation, label, run_spec, text, AnyPreset, Preset};
+use ostinato_engine::bench::{generation, label, lm, run_spec, text, AnyPreset, Preset};
 use ostinato_engine::charts::write_run_charts;
 use ostinato_engine::data::preprocessed::preprocess as preprocess_folder;
 use ostinato_engine::data::{DataEvent, DataSpec};
@@ -212,6 +212,20 @@ pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
         AnyPreset::Label => {
             ensure_dit_only(req, label::LABEL_240S)?;
             let report = label::run_label(req.warmup, req.steps)?;
+            match json {
+                true => println!("{}", serde_json::to_string(&report)?),
+                false => print!("{}", report.table()),
+            }
+            return Ok(());
+        }
+        AnyPreset::Lm(p) => {
+            anyhow::ensure!(
+                (req.layers, req.adapter, req.dora) == (None, AdapterKind::Lora, false),
+                "--layers, --adapter and --dora apply to the DiT presets, not {}",
+                p.name()
+            );
+            ensure_default_kernels(req, p.name())?;
+            let report = lm::run_lm(p, req.precision, req.warmup, req.steps, &selected.device)?;
             match json {
                 true => println!("{}", serde_json::to_string(&report)?),
                 false => print!("{}", report.table()),

@@ -12,6 +12,7 @@
 
 pub mod generation;
 pub mod label;
+pub mod lm;
 pub mod text;
 pub mod vae;
 
@@ -138,6 +139,8 @@ pub enum AnyPreset {
     Text,
     /// [`label::LABEL_240S`]
     Label,
+    /// The 5 Hz LM labelling a song ([`lm::run_lm`]).
+    Lm(lm::LmPreset),
 }
 
 impl std::str::FromStr for AnyPreset {
@@ -152,9 +155,19 @@ impl std::str::FromStr for AnyPreset {
         if s == label::LABEL_240S {
             return Ok(AnyPreset::Label);
         }
+        if let Some(p) = lm::LmPreset::ALL.into_iter().find(|p| p.name() == s) {
+            return Ok(AnyPreset::Lm(p));
+        }
         s.parse::<Preset>().map(AnyPreset::Dit).map_err(|e| {
             let vae: Vec<_> = vae::VaePreset::ALL.iter().map(|p| p.name()).collect();
-            format!("{e}, a VAE preset: {}, {} or {}", vae.join(", "), text::TEXT_ENCODE, label::LABEL_240S)
+            let lms: Vec<_> = lm::LmPreset::ALL.iter().map(|p| p.name()).collect();
+            format!(
+                "{e}, a VAE preset: {}, {}, {} or an LM preset: {}",
+                vae.join(", "),
+                text::TEXT_ENCODE,
+                label::LABEL_240S,
+                lms.join(", ")
+            )
         })
     }
 }

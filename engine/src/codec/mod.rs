@@ -6,6 +6,7 @@
 
 pub mod audio;
 pub mod audio_codes;
+pub mod causal_lm;
 pub mod condition;
 pub mod condition_encoder;
 pub mod decode;
@@ -17,6 +18,7 @@ pub mod transformer;
 pub mod vae;
 
 pub use audio::StereoAudio;
+pub use causal_lm::{CausalLm, KvCache};
 pub use condition::{Conditioner, Conditioning, HashConditioner, SongMeta, INSTRUMENTAL};
 pub use decode::{LatentDecoder, VaeDecoder};
 pub use encode::{LatentEncoder, MelEncoder};

@@ -28,6 +28,10 @@ pub struct Qwen3Config {
     pub rope_theta: f64,
     #[serde(default)]
     pub attention_bias: bool,
+    /// The LM head is the token embedding, `lm_head.weight` absent (the 5 Hz LMs set
+    /// it; transformers' default is false).
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
 }
 
 fn default_eps() -> f64 {

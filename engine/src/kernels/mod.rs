@@ -5,11 +5,13 @@
 //! candle's ops.
 
 pub(crate) mod attention_host;
+pub(crate) mod cached_attention;
 pub(crate) mod conv1d;
 pub(crate) mod conv_profile;
 pub(crate) mod conv_tile;
 pub(crate) mod cpu_gemm;
 pub(crate) mod handover;
 pub(crate) mod linear;
+pub(crate) mod matvec;
 pub(crate) mod shared_out;
 pub(crate) mod simd;

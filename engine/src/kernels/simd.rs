@@ -132,6 +132,15 @@ kernel! {
 }
 
 kernel! {
+    /// `y += a * x` over one row.
+    pub fn axpy_row(a: f32, x: &[f32], y: &mut [f32]) {
+        for (y, &x) in y.iter_mut().zip(x) {
+            *y += a * x;
+        }
+    }
+}
+
+kernel! {
     /// `y = softmax(x)` over one row.
     pub fn softmax_row(x: &[f32], y: &mut [f32]) {
         y.copy_from_slice(x);

@@ -117,6 +117,16 @@ impl TensorFile {
 
     /// The first of `keys` present, as f32, checked against `shape`.
     pub fn get_any(&self, keys: &[&str], shape: &[usize]) -> Result<Tensor> {
+        self.get_any_in(keys, shape, DType::F32)
+    }
+
+    /// `key` as `dtype`, converted from the stored dtype directly (a bf16 checkpoint
+    /// read into bf16 is never widened on the way).
+    pub fn get_in(&self, key: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        self.get_any_in(&[key], shape, dtype)
+    }
+
+    fn get_any_in(&self, keys: &[&str], shape: &[usize], dtype: DType) -> Result<Tensor> {
         if let Some(check) = &self.check {
             let mut check = check.borrow_mut();
             check.lookups += 1;
@@ -128,7 +138,7 @@ impl TensorFile {
                 Some(_) => {}
             }
             // A stand-in of the right shape over a single element.
-            return Ok(Tensor::zeros((), DType::F32, &Device::Cpu)?.broadcast_as(shape)?);
+            return Ok(Tensor::zeros((), dtype, &Device::Cpu)?.broadcast_as(shape)?);
         }
         let key = keys
             .iter()
@@ -138,7 +148,7 @@ impl TensorFile {
         if t.dims() != shape {
             return Err(self.error(key, format!("shape {:?}, expected {shape:?}", t.dims())));
         }
-        Ok(t.to_dtype(DType::F32)?)
+        Ok(t.to_dtype(dtype)?)
     }
 
     pub fn get(&self, key: &str, shape: &[usize]) -> Result<Tensor> {

@@ -3,7 +3,7 @@
 //! values of whatever shapes they ask for, which the benches use to run the real
 //! model's sizes without its checkpoint.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 
@@ -20,6 +20,11 @@ pub trait TensorSource {
     fn get_any(&self, keys: &[&str], shape: &[usize]) -> Result<Tensor>;
     fn get(&self, key: &str, shape: &[usize]) -> Result<Tensor> {
         self.get_any(&[key], shape)
+    }
+    /// `key` as `dtype` (held weights narrower than f32 without an f32 copy where the
+    /// source can avoid it).
+    fn get_in(&self, key: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        Ok(self.get(key, shape)?.to_dtype(dtype)?)
     }
 }
 
@@ -38,6 +43,10 @@ impl TensorSource for TensorFile {
 
     fn get_any(&self, keys: &[&str], shape: &[usize]) -> Result<Tensor> {
         TensorFile::get_any(self, keys, shape)
+    }
+
+    fn get_in(&self, key: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        TensorFile::get_in(self, key, shape, dtype)
     }
 }
 
@@ -64,7 +73,12 @@ impl TensorSource for RandomTensors {
     }
 
     fn get_any(&self, keys: &[&str], shape: &[usize]) -> Result<Tensor> {
-        let key = keys[0];
+        self.get_in(keys[0], shape, DType::F32)
+    }
+
+    /// Rounded to bf16 value by value, without an f32 copy of the whole tensor (the
+    /// LM's embedding at its real size is 0.9-1.8 GB in f32).
+    fn get_in(&self, key: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
         let name_hash = u64::from_le_bytes(blake3::hash(key.as_bytes()).as_bytes()[..8].try_into().expect("8 bytes"));
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed ^ name_hash);
         let scale = match key.ends_with(".weight") {
@@ -72,8 +86,14 @@ impl TensorSource for RandomTensors {
             false => 0.1,
         };
         let n = shape.iter().product();
-        let v: Vec<f32> =
-            (0..n).map(|_| scale * <StandardNormal as Distribution<f32>>::sample(&StandardNormal, &mut rng)).collect();
-        Ok(Tensor::from_vec(v, shape, &self.device)?)
+        let mut sample = move || scale * <StandardNormal as Distribution<f32>>::sample(&StandardNormal, &mut rng);
+        let t = match dtype {
+            DType::BF16 => {
+                Tensor::from_vec((0..n).map(|_| half::bf16::from_f32(sample())).collect(), shape, &self.device)?
+            }
+            _ => Tensor::from_vec((0..n).map(|_| sample()).collect::<Vec<f32>>(), shape, &self.device)?
+                .to_dtype(dtype)?,
+        };
+        Ok(t)
     }
 }
