@@ -59,7 +59,12 @@ def base_scores(seed, step, vocab_size):
 
 
 def scores_for(run, step, vocab_size):
-    s = torch.from_numpy(base_scores(run["seed"], step, vocab_size))
+    base = base_scores(run["seed"], step, vocab_size)
+    if run["quantum"]:
+        # Coarse steps make ties everywhere: torch's argmax and upstream's set orders break them.
+        q = np.float32(run["quantum"])
+        base = np.floor(base / q) * q
+    s = torch.from_numpy(base)
     for token, bias in run["bias"]:
         s[token] = s[token] + torch.tensor(bias, dtype=torch.float32)
     for at, token, bias in run["step_bias"]:
@@ -110,6 +115,24 @@ def replay(tok, proc, run):
     return ids, states, after_newline
 
 
+def set_orders():
+    """list(s) after s.add(x) for each x of a few id sequences (some colliding in the table)."""
+    rng = np.random.default_rng(11)
+    cases = []
+    for n in [3, 5, 19, 51, 77, 400]:
+        adds = [int(x) for x in rng.integers(0, 66000, n)]
+        cases.append(adds)
+        cases.append([int(x) * 128 + 7 for x in rng.integers(0, 500, n)])
+    cases.append([5, 5, 13, 5, 21, 0, 8])
+    out = []
+    for adds in cases:
+        s = set()
+        for x in adds:
+            s.add(x)
+        out.append({"adds": adds, "order": list(s)})
+    return out
+
+
 def fnv1a(data, h=0xCBF29CE484222325):
     for b in data:
         h = ((h ^ b) * 0x100000001B3) & MASK64
@@ -146,18 +169,18 @@ def main():
     enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
 
     runs = [
-        dict(name="plain", seed=1, steps=300, genres=False, max_duration=180, bias=[], step_bias=[]),
+        dict(quantum=0, name="plain", seed=1, steps=300, genres=False, max_duration=180, bias=[], step_bias=[]),
         # The caption reaches its 512-token cap (step 522 forces the newline); a colon at step 535
         # ends the free "field name" that follows.
-        dict(name="caption_cap", seed=2, steps=620, genres=False, max_duration=600,
+        dict(quantum=0, name="caption_cap", seed=2, steps=620, genres=False, max_duration=600,
              bias=[[t, -3.0] for t in has_newline], step_bias=[[535, enc(":")[0], 30.0]]),
-        dict(name="newlines", seed=3, steps=300, genres=False, max_duration=180, bias=nl(6.0), step_bias=[]),
-        dict(name="newlines_genres", seed=4, steps=300, genres=True, max_duration=180, bias=nl(6.0), step_bias=[]),
-        dict(name="indented_caption", seed=5, steps=300, genres=True, max_duration=600,
+        dict(quantum=0, name="newlines", seed=3, steps=300, genres=False, max_duration=180, bias=nl(6.0), step_bias=[]),
+        dict(quantum=0, name="newlines_genres", seed=4, steps=300, genres=True, max_duration=180, bias=nl(6.0), step_bias=[]),
+        dict(quantum=0, name="indented_caption", seed=5, steps=300, genres=True, max_duration=600,
              bias=nl(5.0) + [[t, 2.0] for t in spaced], step_bias=[]),
-        dict(name="digits_genres", seed=6, steps=300, genres=True, max_duration=240,
+        dict(quantum=0, name="digits_genres", seed=6, steps=300, genres=True, max_duration=240,
              bias=nl(4.0) + [[t, 3.0] for t in digits] + [[newline, 2.0]], step_bias=[]),
-        dict(name="colons", seed=7, steps=300, genres=False, max_duration=180,
+        dict(quantum=0, name="colons", seed=7, steps=300, genres=False, max_duration=180,
              bias=nl(4.0) + [[t, 3.0] for t in has_colon], step_bias=[]),
     ]
     # Captions that end in a known field name, written right after the caption's first newline:
@@ -167,6 +190,11 @@ def main():
         at = next(i for i in range(len(states)) if states[i] == "CAPTION_VALUE" and after[i])
         step_bias = [[at + k, t, 30.0] for k, t in enumerate(enc(field))]
         runs.append({**runs[base], "name": name, "step_bias": step_bias})
+    runs += [
+        dict(name="ties", seed=8, steps=300, genres=False, max_duration=180, quantum=4.0, bias=nl(8.0), step_bias=[]),
+        dict(name="ties_genres", seed=9, steps=300, genres=True, max_duration=180, quantum=4.0, bias=nl(8.0),
+             step_bias=[]),
+    ]
     cases = []
     for run in runs:
         ids, states, _ = replay(tok, make_processor(tok, run), run)
@@ -187,7 +215,7 @@ def main():
         "formula": {
             "hash": "x = id*K_TOKEN ^ seed*K_SEED ^ step*K_STEP (u64, wrapping); splitmix64 finalizer "
             "(x ^= x>>30; x *= 0xBF58476D1CE4E5B9; x ^= x>>27; x *= 0x94D049BB133111EB; x ^= x>>31); "
-            "score = f32((x>>40) - 2^23) / 2^20; then + each [token, bias] of bias, then of step_bias "
+            "score = f32((x>>40) - 2^23) / 2^20; where quantum > 0: floor(score / quantum) * quantum; then + each [token, bias] of bias, then of step_bias "
             "at that step, in order, in f32",
             "k_seed": f"{K_SEED:#x}", "k_step": f"{K_STEP:#x}", "k_token": f"{K_TOKEN:#x}",
         },
@@ -197,6 +225,8 @@ def main():
         "decode_hashes": decode_hashes(tok),
         "trees_max_duration": runs[0]["max_duration"],
         "trees": trees,
+        "language_first_tokens": [int(t) for t in proc.language_prefix_tree[()]],
+        "set_orders": set_orders(),
         "runs": cases,
         "versions": {"torch": torch.__version__, "python": sys.version.split()[0]},
     }

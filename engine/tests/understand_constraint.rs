@@ -60,9 +60,12 @@ fn upstream_name(state: State) -> &'static str {
 }
 
 /// The fixture's made-up logits (see the script): a hash of (seed, step, id) to a
-/// multiple of 2^-20 in [-8, 8), then the run's biases and the step's, added in f32.
+/// multiple of 2^-20 in [-8, 8), maybe floored to a coarser step, then the run's biases
+/// and the step's, added in f32.
 struct Formula {
     seed: u64,
+    /// Where > 0, scores are floored to multiples of it (ties everywhere).
+    quantum: f32,
     bias: Vec<(usize, f32)>,
     step_bias: Vec<(usize, usize, f32)>,
 }
@@ -79,6 +82,7 @@ impl Formula {
             |key: &str| run[key].as_array().unwrap().iter().map(|r| r.as_array().unwrap().clone()).collect::<Vec<_>>();
         Self {
             seed: run["seed"].as_u64().unwrap(),
+            quantum: f(&run["quantum"]),
             bias: rows("bias").iter().map(|r| (u(&r[0]), f(&r[1]))).collect(),
             step_bias: rows("step_bias").iter().map(|r| (u(&r[0]), u(&r[1]), f(&r[2]))).collect(),
         }
@@ -94,7 +98,12 @@ impl Formula {
                 x ^= x >> 27;
                 x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
                 x ^= x >> 31;
-                ((x >> 40) as i64 - (1 << 23)) as f32 / (1u32 << 20) as f32
+                let s = ((x >> 40) as i64 - (1 << 23)) as f32 / (1u32 << 20) as f32;
+                if self.quantum > 0.0 {
+                    (s / self.quantum).floor() * self.quantum
+                } else {
+                    s
+                }
             })
             .collect();
         for &(token, bias) in &self.bias {
@@ -195,7 +204,7 @@ fn greedy_runs_over_formula_logits_choose_upstreams_tokens() {
             if got != expected || state != states[step].as_str().unwrap() {
                 failures.push(format!(
                     "{name} step {step}: chose {got} in {state}, upstream {expected} in {}",
-                    states[step]
+                    states[step].as_str().unwrap()
                 ));
                 break;
             }

@@ -249,8 +249,7 @@ impl<'t> MetadataConstraint<'t> {
         if !self.value_ids.is_empty() {
             return self.constrain_closed_value(scores, TreeField::Language);
         }
-        // Ties go to the lowest id (upstream: the first in a Python set's order).
-        let best = self.tree_next(TreeField::Language).iter().copied().reduce(|best, id| {
+        let best = self.tables.language_firsts.iter().copied().reduce(|best, id| {
             if score(scores, id) > score(scores, best) {
                 id
             } else {

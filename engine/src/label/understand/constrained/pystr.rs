@@ -47,6 +47,51 @@ pub(crate) fn lower_char(c: char) -> Option<char> {
     }
 }
 
+/// The order `list(s)` gives a set of ints built by `s = set()` and `s.add(x)` for
+/// each of `adds` in CPython (3.11's setobject.c: hash(x) == x, open addressing with
+/// up to 9 linear probes then perturbed jumps, the table regrown to hold 4x what it
+/// holds once 3/5 full). Upstream breaks ties by this order where it takes the argmax
+/// over a set's members.
+pub(crate) fn set_order(adds: &[u32]) -> Vec<u32> {
+    let mut table: Vec<Option<u32>> = vec![None; 8];
+    let mut used = 0;
+    for &x in adds {
+        if table.contains(&Some(x)) {
+            continue;
+        }
+        set_insert(&mut table, x);
+        used += 1;
+        if used * 5 >= (table.len() - 1) * 3 {
+            let wanted = if used > 50_000 { used * 2 } else { used * 4 };
+            let mut size = 8;
+            while size <= wanted {
+                size <<= 1;
+            }
+            let old = std::mem::replace(&mut table, vec![None; size]);
+            for x in old.into_iter().flatten() {
+                set_insert(&mut table, x);
+            }
+        }
+    }
+    table.into_iter().flatten().collect()
+}
+
+fn set_insert(table: &mut [Option<u32>], x: u32) {
+    const LINEAR_PROBES: usize = 9;
+    let mask = table.len() - 1;
+    let mut perturb = x as usize;
+    let mut i = x as usize & mask;
+    loop {
+        let probes = if i + LINEAR_PROBES <= mask { LINEAR_PROBES } else { 0 };
+        if let Some(slot) = table[i..=i + probes].iter_mut().find(|s| s.is_none()) {
+            *slot = Some(x);
+            return;
+        }
+        perturb >>= 5;
+        i = (i * 5 + 1 + perturb) & mask;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

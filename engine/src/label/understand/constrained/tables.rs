@@ -63,6 +63,9 @@ pub struct MetadataTables {
     language: PrefixTree,
     timesignature: PrefixTree,
     pub(crate) genres: Option<Genres>,
+    /// The languages' first tokens in upstream's set order (its argmax takes the first
+    /// of equal scores).
+    pub(crate) language_firsts: Vec<u32>,
 }
 
 impl MetadataTables {
@@ -85,6 +88,7 @@ impl MetadataTables {
         let tree = |field: &str, values: Vec<String>, keep| PrefixTree::build(tok, text, field, values, keep, newline);
         let keys =
             NOTES.iter().flat_map(|n| ACCIDENTALS.iter().flat_map(move |a| MODES.map(|m| format!("{n}{a} {m}"))));
+        let language = tree("language", LANGUAGES.map(String::from).to_vec(), Keep::NonEmpty)?;
         Ok(Self {
             newline,
             backtick: last_token(tok, "`")?,
@@ -93,7 +97,8 @@ impl MetadataTables {
             bpm: tree("bpm", numbers(BPM.0..=BPM.1), Keep::All)?,
             duration: tree("duration", numbers(MIN_DURATION..=max_duration), Keep::All)?,
             keyscale: tree("keyscale", keys.collect(), Keep::NoteFirst)?,
-            language: tree("language", LANGUAGES.map(String::from).to_vec(), Keep::NonEmpty)?,
+            language_firsts: language.first_tokens_in_set_order(),
+            language,
             timesignature: tree("timesignature", numbers(TIME_SIGNATURES), Keep::All)?,
             genres: genres.map(|g| Genres::new(g, &vocab)),
             vocab,

@@ -27,6 +27,8 @@ pub(crate) enum Keep {
 #[derive(Debug, Default)]
 pub struct PrefixTree {
     next: HashMap<Vec<u32>, Vec<u32>>,
+    /// The first tokens in the order upstream adds them to its set.
+    first_tokens_added: Vec<u32>,
 }
 
 impl PrefixTree {
@@ -42,6 +44,11 @@ impl PrefixTree {
 
     pub fn is_empty(&self) -> bool {
         self.next.is_empty()
+    }
+
+    /// The tokens a value may start with, in the order upstream's set lists them.
+    pub(crate) fn first_tokens_in_set_order(&self) -> Vec<u32> {
+        super::pystr::set_order(&self.first_tokens_added)
     }
 
     /// Whether `prefix` is a complete value (the newline may follow it).
@@ -60,18 +67,21 @@ impl PrefixTree {
     ) -> Result<Self> {
         let context = encode(tok, &format!("{field}:"))?;
         let mut next: HashMap<Vec<u32>, BTreeSet<u32>> = HashMap::new();
+        let mut first_tokens_added = Vec::new();
         for value in values {
             let full = encode(tok, &format!("{field}: {value}"))?;
             let Some(value_ids) = full.strip_prefix(context.as_slice()) else { continue };
             if !keeps(keep, value_ids, &vocab_text) {
                 continue;
             }
+            first_tokens_added.push(value_ids.first().copied().unwrap_or(newline));
             for end in 0..=value_ids.len() {
                 let follower = value_ids.get(end).copied().unwrap_or(newline);
                 next.entry(value_ids[..end].to_vec()).or_default().insert(follower);
             }
         }
-        Ok(Self { next: next.into_iter().map(|(k, v)| (k, v.into_iter().collect())).collect() })
+        let next = next.into_iter().map(|(k, v)| (k, v.into_iter().collect())).collect();
+        Ok(Self { next, first_tokens_added })
     }
 }
 
