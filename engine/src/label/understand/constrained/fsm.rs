@@ -95,6 +95,7 @@ const CAPTION_TOKEN_CAP: usize = 512;
 
 /// One song's constrained decoding: `process` masks a step's logits, `update` takes
 /// the token chosen.
+#[derive(Clone)]
 pub struct MetadataConstraint<'t> {
     tables: &'t MetadataTables,
     state: State,
@@ -128,6 +129,10 @@ impl<'t> MetadataConstraint<'t> {
         }
     }
 
+    pub fn tables(&self) -> &'t MetadataTables {
+        self.tables
+    }
+
     pub fn state(&self) -> State {
         self.state
     }
@@ -152,8 +157,15 @@ impl<'t> MetadataConstraint<'t> {
     pub fn update(&mut self, token: u32) {
         let text = self.tables.text(token);
         let newline = token == self.tables.newline;
+        if let Some(string) = self.state.fixed_string() {
+            // The token's text counts in full, even where it runs past the string.
+            self.position += pystr::len(text);
+            if self.position >= pystr::len(FIXED_STRINGS[string]) {
+                self.advance();
+            }
+            return;
+        }
         match self.state {
-            State::Completed => {}
             State::BpmValue
             | State::DurationValue
             | State::TimesigValue
@@ -173,23 +185,18 @@ impl<'t> MetadataConstraint<'t> {
                 }
             }
             State::CaptionValue => self.update_caption(text),
-            fixed => {
-                let string = FIXED_STRINGS[fixed.fixed_string().expect("every other state is matched above")];
-                // The token's text counts in full, even where it runs past the string.
-                self.position += pystr::len(text);
-                if self.position >= pystr::len(string) {
-                    self.advance();
-                }
-            }
+            // Completed takes anything; the fixed strings were handled above.
+            _ => {}
         }
     }
 
     /// Upstream's per-sequence step: every state but Completed.
     fn constrain(&mut self, scores: &mut [f32]) {
-        let tables = self.tables;
-        let newline = tables.newline;
+        let newline = self.tables.newline;
+        if let Some(string) = self.state.fixed_string() {
+            return self.constrain_fixed_string(scores, string);
+        }
         match self.state {
-            State::Completed => {}
             State::BpmValue => keep_only(scores, self.tree_next(TreeField::Bpm)),
             State::DurationValue => keep_only(scores, self.tree_next(TreeField::Duration)),
             State::TimesigValue => {
@@ -203,22 +210,24 @@ impl<'t> MetadataConstraint<'t> {
             State::LanguageValue => self.constrain_language(scores),
             State::CaptionValue => self.constrain_caption(scores),
             State::GenresValue => self.constrain_genres(scores),
-            fixed => {
-                let string = fixed.fixed_string().expect("every other state is matched above");
-                let allowed = tables.fixed_allowed(string, self.position);
-                if !allowed.is_empty() {
-                    keep_only(scores, allowed);
-                    return;
-                }
-                // Nothing continues the string: upstream moves on and constrains the
-                // next state's step on zeroed logits (or leaves them be where that
-                // state is another fixed string).
-                self.advance();
-                if self.state.fixed_string().is_none() {
-                    scores.fill(0.0);
-                    self.constrain(scores);
-                }
-            }
+            // Completed is not constrained here (see `process`); the fixed strings
+            // were handled above.
+            _ => {}
+        }
+    }
+
+    fn constrain_fixed_string(&mut self, scores: &mut [f32], string: usize) {
+        let allowed = self.tables.fixed_allowed(string, self.position);
+        if !allowed.is_empty() {
+            return keep_only(scores, allowed);
+        }
+        // Nothing continues the string (a tokenizer with no token for its next
+        // characters): upstream moves on and constrains the next state's step on
+        // zeroed logits, or leaves them be where that state is another fixed string.
+        self.advance();
+        if self.state.fixed_string().is_none() {
+            scores.fill(0.0);
+            self.constrain(scores);
         }
     }
 

@@ -14,3 +14,6 @@ pub use fsm::{MetadataConstraint, State};
 pub use genres::read_genres_vocab;
 pub use tables::{MetadataTables, TreeField};
 pub use trees::PrefixTree;
+
+#[cfg(test)]
+mod tests;

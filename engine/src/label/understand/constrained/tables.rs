@@ -187,6 +187,6 @@ fn fixed_string_step(tok: &Tokenizer, vocab: &Vocab, remaining: &str) -> Result<
             None => firsts.push((first, end)),
         }
     }
-    firsts.sort_by(|a, b| b.1.cmp(&a.1));
+    firsts.sort_by_key(|&(_, end)| std::cmp::Reverse(end));
     Ok(firsts.into_iter().map(|(t, _)| t).collect())
 }

@@ -24,7 +24,7 @@ pub(crate) enum Keep {
 }
 
 /// Token prefix -> the tokens allowed next (sorted).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PrefixTree {
     next: HashMap<Vec<u32>, Vec<u32>>,
     /// The first tokens in the order upstream adds them to its set.
