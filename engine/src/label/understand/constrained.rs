@@ -1,1 +1,0 @@
-//! The constrained decoding of the metadata block (upstream's MetadataConstrainedLogitsProcessor, understand phase).
