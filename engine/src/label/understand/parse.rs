@@ -55,9 +55,15 @@ pub fn parse_understanding(text: &str) -> Understood {
     let lyrics = extract_lyrics(text);
     Understood {
         lyrics: (!lyrics.is_empty()).then_some(lyrics),
-        think_closed: text.contains(THINK_END),
+        think_closed: closes_think(text),
         ..parse_metadata(text)
     }
+}
+
+/// Whether the LM closed its think block: without `</think>` it never finished its
+/// metadata and wrote no lyrics.
+pub fn closes_think(text: &str) -> bool {
+    text.contains(THINK_END)
 }
 
 /// The metadata fields of `text` (upstream's `parse_lm_output`, less its audio codes);
@@ -94,9 +100,8 @@ pub fn parse_metadata(text: &str) -> Understood {
 /// The lyrics after the first `</think>` (upstream's `_extract_lyrics_from_output`); empty
 /// when there is none.
 pub fn extract_lyrics(text: &str) -> String {
-    static HEADER: LazyLock<Regex> = LazyLock::new(|| {
-        Regex::new(r"(?i)\A#[\s\x1c-\x1f]*Lyri[c|cs]?[\s\x1c-\x1f]*\n").expect("a valid pattern")
-    });
+    static HEADER: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"(?i)\A#[\s\x1c-\x1f]*Lyri[c|cs]?[\s\x1c-\x1f]*\n").expect("a valid pattern"));
     static TRAILING_IM_END: LazyLock<Regex> =
         LazyLock::new(|| Regex::new(r"<\|im_end\|>[\s\x1c-\x1f]*\z").expect("a valid pattern"));
     let Some(end) = text.find(THINK_END) else { return String::new() };
@@ -207,7 +212,10 @@ mod tests {
 
     #[test]
     fn caption_yaml_lines_join_with_single_spaces() {
-        assert_eq!(postprocess_caption("An emotional ballad.\n  The track opens\n\n\t with piano.  "), "An emotional ballad. The track opens with piano.");
+        assert_eq!(
+            postprocess_caption("An emotional ballad.\n  The track opens\n\n\t with piano.  "),
+            "An emotional ballad. The track opens with piano."
+        );
         assert_eq!(postprocess_caption(""), "");
     }
 

@@ -16,6 +16,7 @@ use minijinja::{context, Environment, ErrorKind};
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
+use super::decode::{Decoder, StopTokens};
 use crate::{Error, Result};
 
 /// The system message's instruction for understand mode, as upstream words it.
@@ -34,6 +35,7 @@ pub fn audio_code_token(code: u32) -> String {
 /// An LM folder's tokenizer and chat template, ready to phrase the understand prompt.
 pub struct UnderstandPrompt {
     tokenizer: Tokenizer,
+    tokenizer_file: PathBuf,
     template: String,
     /// The file the template came from, for render errors.
     template_file: PathBuf,
@@ -83,7 +85,7 @@ impl UnderstandPrompt {
             }
         };
         check_vocabulary(lm_dir, &tokenizer)?;
-        Ok(Self { tokenizer, template, template_file, special_tokens, eos, pad })
+        Ok(Self { tokenizer, tokenizer_file, template, template_file, special_tokens, eos, pad })
     }
 
     /// The prompt text for a song's codes, as upstream's
@@ -112,6 +114,17 @@ impl UnderstandPrompt {
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// A decoding loop that ends on this folder's eos or pad, writes text with its
+    /// tokenizer and stops after `max_new_tokens` (upstream: `MAX_NEW_TOKENS`).
+    pub fn decoder(&self, max_new_tokens: usize) -> Decoder<'_> {
+        Decoder {
+            tokenizer: &self.tokenizer,
+            tokenizer_file: &self.tokenizer_file,
+            stop: StopTokens { eos: self.eos, pad: self.pad },
+            max_new_tokens,
+        }
     }
 
     /// The end-of-sequence token (`eos_token`; `pad_token` where it is unset).
