@@ -250,7 +250,7 @@ mod tests {
     fn a_seed_repeats_its_draws() {
         let run = |seed| {
             let mut sampler = Sampler::new(Sampling::default(), seed).unwrap();
-            (0..50).map(|_| sampler.next_token(&mut vec![0.0; 8], &[]).unwrap()).collect::<Vec<_>>()
+            (0..50).map(|_| sampler.next_token(&mut [0.0; 8], &[]).unwrap()).collect::<Vec<_>>()
         };
         assert_eq!(run(3), run(3));
         assert_ne!(run(3), run(4));
@@ -259,12 +259,12 @@ mod tests {
     #[test]
     fn temperature_zero_is_argmax_and_no_token_left_is_an_error() {
         let mut sampler = Sampler::new(Sampling { temperature: 0.0, ..Sampling::default() }, 0).unwrap();
-        assert_eq!(sampler.next_token(&mut vec![0.1, 0.9, 0.9], &[]).unwrap(), 1);
-        assert!(matches!(sampler.next_token(&mut vec![NEG, NEG], &[]), Err(Error::NonFinite { .. })));
-        assert!(matches!(sampler.next_token(&mut vec![0.0, f32::NAN], &[]), Err(Error::NonFinite { .. })));
+        assert_eq!(sampler.next_token(&mut [0.1, 0.9, 0.9], &[]).unwrap(), 1);
+        assert!(matches!(sampler.next_token(&mut [NEG, NEG], &[]), Err(Error::NonFinite { .. })));
+        assert!(matches!(sampler.next_token(&mut [0.0, f32::NAN], &[]), Err(Error::NonFinite { .. })));
         let mut sampler = Sampler::new(Sampling::default(), 0).unwrap();
-        assert_eq!(sampler.next_token(&mut vec![NEG, 0.0, NEG], &[]).unwrap(), 1);
-        assert!(sampler.next_token(&mut vec![NEG, NEG], &[]).is_err());
+        assert_eq!(sampler.next_token(&mut [NEG, 0.0, NEG], &[]).unwrap(), 1);
+        assert!(sampler.next_token(&mut [NEG, NEG], &[]).is_err());
     }
 
     #[test]
