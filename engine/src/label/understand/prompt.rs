@@ -106,7 +106,7 @@ impl UnderstandPrompt {
     pub fn tokens(&self, codes: &[u32]) -> Result<Vec<u32>> {
         let text = self.render(codes)?;
         let encoding = self.tokenizer.encode(text, true).map_err(|e| Error::BadFile {
-            path: self.template_file.clone(),
+            path: self.tokenizer_file.clone(),
             reason: format!("the rendered prompt cannot be tokenized: {e}"),
         })?;
         Ok(encoding.get_ids().to_vec())
@@ -341,6 +341,67 @@ mod tests {
 <|im_end|>2<gen>"#
         );
         assert_eq!(render(template).unwrap(), expected);
+    }
+
+    /// Qwen3-style constructs (namespace, a reversed slice, `is string`, Python string
+    /// methods, whitespace control next to trimmed and left-stripped blocks).
+    const QWEN_STYLE: &str = r#"{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- for tool in tools %}{{- tool | tojson }}{%- endfor %}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- if '</think>' in content %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {{- '<|im_start|>' + message.role + '\n' + content.strip('\n') + '<|im_end|>\n' }}
+    {%- endif %}
+    {%- if loop.index0 == ns.last_query_index and message.content.split('|>')|length > 2 %}
+    {# a comment #}
+  {% if true %}
+    [q{{ loop.index0 }}:{{ message.content.rstrip('>').split('_')[-1] }}]
+  {% endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+"#;
+
+    #[test]
+    fn a_qwen_style_template_renders_as_transformers_does() {
+        // Expected: transformers 5.25's apply_chat_template(tokenize=False,
+        // add_generation_prompt=True) on a folder with this template.
+        let system = format!("# Instruction\n{UNDERSTAND_INSTRUCTION}\n\n");
+        let user = codes_string(&[5, 63_999]).unwrap();
+        let text = render_chat(QWEN_STYLE, &[("system", &system), ("user", &user)], &[]).unwrap();
+        let expected = format!(
+            "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n    [q1:63999|]\n\
+             <|im_start|>assistant\n"
+        );
+        assert_eq!(text, expected);
     }
 
     #[test]
