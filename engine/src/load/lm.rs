@@ -36,6 +36,8 @@ pub struct LmFolder {
     pub hidden_size: usize,
     pub layers: usize,
     pub vocab_size: usize,
+    /// Tensors in the weights' headers.
+    pub tensors: usize,
     /// Elements of every tensor in the weights (tied embeddings counted once).
     pub parameters: u64,
 }
@@ -54,10 +56,10 @@ impl LmFolder {
                 problems.push(format!("{}: missing (the LM's tokenizer)", dir.join(name).display()));
             }
         }
-        let parameters = count_parameters(&weights_in(dir, LM_WEIGHTS), &mut problems);
-        match (sizes, parameters) {
-            (Some([hidden_size, layers, vocab_size]), Some(parameters)) if problems.is_empty() => {
-                Ok(Self { dir: dir.to_path_buf(), hidden_size, layers, vocab_size, parameters })
+        let counted = count_parameters(&weights_in(dir, LM_WEIGHTS), &mut problems);
+        match (sizes, counted) {
+            (Some([hidden_size, layers, vocab_size]), Some((tensors, parameters))) if problems.is_empty() => {
+                Ok(Self { dir: dir.to_path_buf(), hidden_size, layers, vocab_size, tensors, parameters })
             }
             _ => Err(fail(problems)),
         }
@@ -96,14 +98,14 @@ fn read_config(path: &Path, problems: &mut Vec<String>) -> Option<[usize; 3]> {
     Some([sizes[0]?, sizes[1]?, sizes[2]?])
 }
 
-/// The elements of every tensor in the weights' headers (the shards an index lists).
-fn count_parameters(weights: &Path, problems: &mut Vec<String>) -> Option<u64> {
+/// The tensors and their elements in the weights' headers (the shards an index lists).
+fn count_parameters(weights: &Path, problems: &mut Vec<String>) -> Option<(usize, u64)> {
     let file = TensorFile::open_for_check(weights).map_err(|e| problems.push(e.to_string())).ok()?;
     let keys = file.keys();
     if !keys.iter().any(|k| k.ends_with("embed_tokens.weight")) {
         problems.push(format!("{}: no embed_tokens.weight (not a language model's weights)", weights.display()));
     }
-    Some(keys.iter().filter_map(|k| file.shape(k)).map(|s| s.iter().product::<usize>() as u64).sum())
+    Some((keys.len(), keys.iter().filter_map(|k| file.shape(k)).map(|s| s.iter().product::<usize>() as u64).sum()))
 }
 
 /// The LM folders in `dir`: itself, its `acestep-5Hz-lm-*` folders, a hub

@@ -28,4 +28,4 @@ pub use kind::{Flavor, ModelKind, ModelSize};
 pub use lm::LmFolder;
 pub use patience::Patience;
 pub use places::{AddedFolders, ModelPlaces};
-pub use verify::{verify_model, Verified};
+pub use verify::{verify_lm, verify_model, Verified};
