@@ -798,6 +798,12 @@ fn broken_lm_folders_name_each_problem_by_file() {
     edit_config(&lm.join("config.json"), serde_json::json!({"model_type": "qwen3", "num_hidden_layers": null}));
     let p = problems(&lm);
     assert!(p.len() == 1 && p[0].contains("`num_hidden_layers` is missing"), "{p:?}");
+    edit_config(&lm.join("config.json"), serde_json::json!({"num_hidden_layers": 1, "vocab_size": 1000}));
+    let p = problems(&lm);
+    assert!(
+        p.len() == 1 && p[0].contains("model.embed_tokens.weight has shape [65796, 16], config.json says [1000, 16]"),
+        "{p:?}"
+    );
     std::fs::write(lm.join("config.json"), "{").unwrap();
     assert!(problems(&lm)[0].contains("config.json: invalid JSON"));
     assert_eq!(problems(&dir.path().join("nowhere")), ["does not exist"]);
@@ -824,6 +830,9 @@ fn lms_are_found_in_every_place_models_are() {
     let snapshot = cache.snapshot("ACE-Step/acestep-5Hz-lm-0.6B", COMMIT);
     tiny_lm(&snapshot);
     cache.set_ref("ACE-Step/acestep-5Hz-lm-0.6B", "main", COMMIT).unwrap();
+    // Another Qwen3 causal LM in the hub cache is no 5 Hz LM.
+    tiny_lm(&cache.snapshot("Qwen/Qwen3-0.6B", COMMIT));
+    cache.set_ref("Qwen/Qwen3-0.6B", "main", COMMIT).unwrap();
     let places = ModelPlaces {
         downloads: downloads.clone(),
         hub_cache: Some(cache.root.clone()),

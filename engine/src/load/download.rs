@@ -1,10 +1,9 @@
 //! Downloads an ACE-Step 1.5 variant (a DiT with its VAE and text encoder, or a 5 Hz
-//! LM) into the Hugging Face cache, so other tools reuse
-//! it: every file is fetched into `blobs/<id>.incomplete` (resumed with an HTTP Range
-//! after a dropped connection or a quit), checked against the hub's sha256 (LFS) or git
-//! sha1, and only then renamed to `blobs/<id>` and linked from `snapshots/<commit>/`.
-//! A file that fails its check is deleted and named. Nothing looks complete unless it
-//! was verified.
+//! LM) into the Hugging Face cache, so other tools reuse it: every file is fetched into
+//! `blobs/<id>.incomplete` (resumed with an HTTP Range after a dropped connection or a
+//! quit), checked against the hub's sha256 (LFS) or git sha1, and only then renamed to
+//! `blobs/<id>` and linked from `snapshots/<commit>/`. A file that fails its check is
+//! deleted and named. Nothing looks complete unless it was verified.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};

@@ -26,6 +26,7 @@ pub const LM_PREFIX: &str = "acestep-5Hz-lm-";
 pub const LM_ARCHITECTURE: &str = "Qwen3ForCausalLM";
 pub const LM_MODEL_TYPE: &str = "qwen3";
 const LM_WEIGHTS: &str = "model.safetensors";
+const EMBEDDING: &str = "model.embed_tokens.weight";
 const TOKENIZER_FILES: [&str; 2] = ["tokenizer.json", "tokenizer_config.json"];
 
 /// An LM folder that opened: its sizes from config.json and its parameters from the
@@ -56,7 +57,7 @@ impl LmFolder {
                 problems.push(format!("{}: missing (the LM's tokenizer)", dir.join(name).display()));
             }
         }
-        let counted = count_parameters(&weights_in(dir, LM_WEIGHTS), &mut problems);
+        let counted = count_parameters(&weights_in(dir, LM_WEIGHTS), sizes, &mut problems);
         match (sizes, counted) {
             (Some([hidden_size, layers, vocab_size]), Some((tensors, parameters))) if problems.is_empty() => {
                 Ok(Self { dir: dir.to_path_buf(), hidden_size, layers, vocab_size, tensors, parameters })
@@ -98,21 +99,28 @@ fn read_config(path: &Path, problems: &mut Vec<String>) -> Option<[usize; 3]> {
     Some([sizes[0]?, sizes[1]?, sizes[2]?])
 }
 
-/// The tensors and their elements in the weights' headers (the shards an index lists).
-fn count_parameters(weights: &Path, problems: &mut Vec<String>) -> Option<(usize, u64)> {
+/// The tensors and their elements in the weights' headers (the shards an index lists),
+/// after checking the token embedding against the config's `[vocab_size, hidden_size]`.
+fn count_parameters(weights: &Path, sizes: Option<[usize; 3]>, problems: &mut Vec<String>) -> Option<(usize, u64)> {
     let file = TensorFile::open_for_check(weights).map_err(|e| problems.push(e.to_string())).ok()?;
     let keys = file.keys();
-    if !keys.iter().any(|k| k.ends_with("embed_tokens.weight")) {
-        problems.push(format!("{}: no embed_tokens.weight (not a language model's weights)", weights.display()));
+    match (file.shape(EMBEDDING), sizes) {
+        (None, _) => problems.push(format!("{}: no {EMBEDDING} (not a language model's weights)", weights.display())),
+        (Some(shape), Some([hidden, _, vocab])) if shape != [vocab, hidden] => problems.push(format!(
+            "{}: {EMBEDDING} has shape {shape:?}, config.json says [{vocab}, {hidden}]",
+            weights.display()
+        )),
+        _ => {}
     }
     Some((keys.len(), keys.iter().filter_map(|k| file.shape(k)).map(|s| s.iter().product::<usize>() as u64).sum()))
 }
 
 /// The LM folders in `dir`: itself, its `acestep-5Hz-lm-*` folders, a hub
 /// repository's snapshot, or those of every hub repository in a hub cache. Folders named
-/// as LMs are found even when broken, so their problems can be told.
+/// as LMs are found even when broken, so their problems can be told; in a hub cache only
+/// ACE-Step's LM folders count (other Qwen3 LMs cached there are no 5 Hz LMs).
 pub fn lms_in(dir: &Path) -> Vec<PathBuf> {
-    if is_lm_dir(dir) || dir.file_name().is_some_and(|n| n.to_string_lossy().starts_with(LM_PREFIX)) {
+    if is_lm_dir(dir) || has_prefix(dir, LM_PREFIX) {
         return vec![dir.to_path_buf()];
     }
     if dir.join("snapshots").is_dir() {
@@ -122,18 +130,17 @@ pub fn lms_in(dir: &Path) -> Vec<PathBuf> {
         if dir.file_name().is_some_and(|n| is_lm_repo(&n.to_string_lossy())) {
             return vec![snapshot];
         }
-        return lms_in(&snapshot);
+        return subfolders(&snapshot).into_iter().filter(|sub| has_prefix(sub, LM_PREFIX)).collect();
     }
     subfolders(dir)
         .into_iter()
-        .filter(|sub| {
-            sub.file_name().is_some_and(|n| {
-                let n = n.to_string_lossy();
-                n.starts_with(LM_PREFIX) || n.starts_with("models--")
-            })
-        })
+        .filter(|sub| has_prefix(sub, LM_PREFIX) || has_prefix(sub, "models--"))
         .flat_map(|sub| lms_in(&sub))
         .collect()
+}
+
+fn has_prefix(dir: &Path, prefix: &str) -> bool {
+    dir.file_name().is_some_and(|n| n.to_string_lossy().starts_with(prefix))
 }
 
 /// `models--<org>--acestep-5Hz-lm-*`.
