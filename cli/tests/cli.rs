@@ -1466,6 +1466,55 @@ fn models_download_list_verify_add_and_remove() {
 }
 
 #[test]
+fn models_download_list_and_verify_a_5hz_lm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let lm = dir.join("lm-source");
+    ostinato_engine::label::understand::tiny::write_tiny_lm(&lm, 3).unwrap();
+    let hub = hub_server::FakeHub::start();
+    hub.add_folder("ACE-Step/acestep-5Hz-lm-0.6B", "0b0e", &lm, "");
+    let run = |args: &[&str]| ok(models_cmd(dir, &hub.url, args).output().unwrap());
+
+    // The size is said from the plan, before any file is fetched.
+    let out = run(&["download", "lm-0.6b"]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let folder = dir.join("hub/models--ACE-Step--acestep-5Hz-lm-0.6B/snapshots/0b0e");
+    assert_eq!(stdout.trim(), folder.to_str().unwrap());
+    let planned = stderr.lines().find(|l| l.starts_with("lm-0.6b: 4 files, ")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(planned.contains(" GB (") && planned.contains(" to fetch) into "), "{planned}");
+
+    // Listed beside the models, told apart by `kind`; in the table under its own header.
+    let list: serde_json::Value = serde_json::from_slice(&run(&["list", "--json"]).stdout).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(
+        (&list[0]["kind"], &list[0]["name"], &list[0]["complete"], &list[0]["origin"]),
+        (&"lm".into(), &"lm-0.6b".into(), &true.into(), &"hub_cache".into())
+    );
+    assert_eq!(list[0]["path"], folder.to_str().unwrap());
+    let table = String::from_utf8_lossy(&run(&["list"]).stdout).into_owned();
+    assert!(table.contains("no ACE-Step 1.5 model found"), "no DiT yet: {table}");
+    let row = table.lines().skip_while(|l| !l.starts_with("5 Hz LM ")).nth(1).unwrap_or_else(|| panic!("{table}"));
+    assert!(row.starts_with("lm-0.6b ") && row.contains("complete") && row.ends_with("snapshots/0b0e"), "{table}");
+
+    // Verified by folder and by name: 4 files against their hub checksums.
+    for target in [folder.to_str().unwrap(), "lm-0.6b"] {
+        let verified = String::from_utf8_lossy(&run(&["verify", target]).stdout).into_owned();
+        assert!(verified.starts_with("ok ") && verified.contains("4 files match their hub checksums"), "{verified}");
+    }
+    fails_with(&mut models_cmd(dir, &hub.url, &["verify", "lm-4b"]), "no lm-4b model found");
+    // A DiT in the same list keeps its shape, tagged `dit`.
+    hub.add_folder("ACE-Step/Ace-Step1.5", "0ddba11", &tiny_model(), "");
+    run(&["download", "turbo"]);
+    let list: serde_json::Value = serde_json::from_slice(&run(&["list", "--json"]).stdout).unwrap();
+    assert_eq!(
+        (&list[0]["kind"], &list[0]["variant"], &list[1]["kind"]),
+        (&"dit".into(), &"turbo".into(), &"lm".into())
+    );
+    // The LMs a download takes are named with the rest.
+    fails_with(&mut models_cmd(dir, &hub.url, &["download", "lm"]), "lm-0.6b, lm-1.7b, lm-4b");
+}
+
+#[test]
 fn models_list_tells_2b_from_xl_by_the_config() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();

@@ -1,5 +1,6 @@
 //! Finding, downloading and verifying ACE-Step models, against a hub on 127.0.0.1
-//! (tests/hub_server) that serves the tiny real-layout model of tests/fixtures/real.
+//! (tests/hub_server) that serves the tiny real-layout model of tests/fixtures/real, and
+//! the 5 Hz LMs (a tiny random LM folder in the real layout).
 
 mod hub_server;
 
@@ -14,8 +15,8 @@ use ostinato_engine::cancel::Cancel;
 use ostinato_engine::load::catalog::MAIN_REPO;
 use ostinato_engine::load::folder::{ModelFolder, Variant};
 use ostinato_engine::load::{
-    find_models, verify_model, AddedFolders, DitVariant, DownloadEvent, Downloader, Flavor, Hub, HubCache, ModelPlaces,
-    ModelSize, Origin, Patience,
+    find_lms, find_models, verify_lm, verify_model, AddedFolders, DitVariant, DownloadEvent, Downloadable, Downloader,
+    Flavor, Hub, HubCache, LmFolder, LmVariant, ModelPlaces, ModelSize, Origin, Patience,
 };
 use ostinato_engine::model::DecoderWeights;
 use ostinato_engine::tensor_io::{save_tensors, TensorFile};
@@ -72,7 +73,7 @@ impl Setup {
         Downloader { hub: &self.client, cache: HubCache::new(self.cache()), models_dir: self.dir.path().join("models") }
     }
 
-    fn download(&self, variant: DitVariant) -> (Result<PathBuf, Error>, Vec<DownloadEvent>) {
+    fn download(&self, variant: impl Into<Downloadable>) -> (Result<PathBuf, Error>, Vec<DownloadEvent>) {
         let mut events = Vec::new();
         let r = self.downloader().download(variant, &mut |e| events.push(e), &Cancel::never());
         (r, events)
@@ -463,7 +464,13 @@ fn xl_turbo_comes_from_its_own_repository_with_the_main_ones_vae_and_text_encode
     let planned = events.iter().position(|e| matches!(e, DownloadEvent::Planned { .. })).unwrap();
     assert_eq!(
         events[planned],
-        DownloadEvent::Planned { variant: DitVariant::XlTurbo, files, bytes, missing_bytes: bytes, cache: s.cache() }
+        DownloadEvent::Planned {
+            variant: DitVariant::XlTurbo.into(),
+            files,
+            bytes,
+            missing_bytes: bytes,
+            cache: s.cache()
+        }
     );
     assert!(!events[..planned].iter().any(|e| matches!(e, DownloadEvent::FileStarted { .. })));
 
@@ -584,4 +591,270 @@ fn copy_dir(from: &Path, to: &Path) {
             std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
         }
     }
+}
+
+// ---- The 5 Hz LMs (labelling): found and downloaded like the DiTs. ----
+
+/// A tiny LM folder (the real layout, random weights) with the tokenizer files a real
+/// one has beside tokenizer.json, in `dir`.
+fn tiny_lm(dir: &Path) -> PathBuf {
+    ostinato_engine::label::understand::tiny::write_tiny_lm(dir, 7).unwrap();
+    for extra in ["vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja"] {
+        std::fs::write(dir.join(extra), format!("{extra} of the tiny LM\n")).unwrap();
+    }
+    dir.to_path_buf()
+}
+
+/// Files of `dir`, relative, sorted.
+fn files_of(dir: &Path) -> Vec<String> {
+    let mut out: Vec<String> =
+        std::fs::read_dir(dir).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    out.sort();
+    out
+}
+
+/// A hub whose main repository holds the DiT's parts and the 1.7B LM folder, and whose
+/// 0.6B LM is a repository of its own, as on huggingface.co.
+fn lm_setup() -> (Setup, PathBuf) {
+    let hub = FakeHub::start();
+    let dir = tempfile::tempdir().unwrap();
+    let lm = tiny_lm(&dir.path().join("lm-source"));
+    hub.add_folder(MAIN_REPO, COMMIT, &fixture(), "");
+    hub.add_folder(MAIN_REPO, COMMIT, &lm, "acestep-5Hz-lm-1.7B/");
+    hub.add_repo_file(MAIN_REPO, "README.md", b"# ACE-Step 1.5\n".to_vec());
+    hub.add_folder("ACE-Step/acestep-5Hz-lm-0.6B", "0d06b0d06b0d06b0d06b0d06b0d06b0d06b0d06b", &lm, "");
+    hub.add_repo_file("ACE-Step/acestep-5Hz-lm-0.6B", "README.md", b"# the 0.6B LM\n".to_vec());
+    let client = Hub::new(&hub.url, None, quick());
+    (Setup { hub, client, dir }, lm)
+}
+
+/// Qwen3's parameters at the tiny LM's sizes (tied embeddings: no lm_head), from its
+/// config: what the header count must come to.
+fn tiny_lm_parameters(lm: &Path) -> u64 {
+    let c: serde_json::Value = serde_json::from_slice(&std::fs::read(lm.join("config.json")).unwrap()).unwrap();
+    let n = |k: &str| c[k].as_u64().unwrap();
+    let (h, hd, inter) = (n("hidden_size"), n("head_dim"), n("intermediate_size"));
+    let (q, kv) = (n("num_attention_heads") * hd, n("num_key_value_heads") * hd);
+    let layer = q * h + 2 * kv * h + h * q + 2 * hd + 3 * inter * h + 2 * h;
+    n("vocab_size") * h + h + n("num_hidden_layers") * layer
+}
+
+#[test]
+fn the_default_lm_downloads_its_one_folder_of_the_main_repository() {
+    let (s, lm) = lm_setup();
+    let (folder, events) = s.download(LmVariant::Lm1_7B);
+    let folder = folder.unwrap();
+    let snapshot = s.repo_dir(MAIN_REPO).join("snapshots").join(COMMIT);
+    assert_eq!(folder, snapshot.join("acestep-5Hz-lm-1.7B"));
+    // Every file of the folder, the extra tokenizer files too; nothing of the DiT's.
+    assert_eq!(files_of(&folder), files_of(&lm));
+    for f in files_of(&lm) {
+        assert_eq!(std::fs::read(folder.join(&f)).unwrap(), std::fs::read(lm.join(&f)).unwrap(), "{f}");
+    }
+    assert_eq!(files_of(&snapshot), ["acestep-5Hz-lm-1.7B"], "only the LM's folder is fetched");
+
+    // The plan names the LM as the command line does, and its bytes, before any file.
+    let lm_bytes: u64 = files_of(&lm).iter().map(|f| std::fs::metadata(lm.join(f)).unwrap().len()).sum();
+    let planned = events.iter().position(|e| matches!(e, DownloadEvent::Planned { .. })).unwrap();
+    assert!(events[..planned].iter().all(|e| matches!(e, DownloadEvent::ListingFiles { .. })));
+    let DownloadEvent::Planned { variant, files, bytes, missing_bytes, .. } = &events[planned] else { unreachable!() };
+    assert_eq!(
+        (*variant, *files, *bytes, *missing_bytes),
+        (Downloadable::Lm(LmVariant::Lm1_7B), 9, lm_bytes, lm_bytes)
+    );
+    assert_eq!(serde_json::to_value(&events[planned]).unwrap()["variant"], "lm-1.7b");
+    assert_eq!(events.last(), Some(&DownloadEvent::Finished { model: folder.clone() }));
+
+    // It opens as an LM: the config's sizes and the headers' parameter count.
+    let opened = LmFolder::open(&folder).unwrap();
+    let tokenizer: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(folder.join("tokenizer.json")).unwrap()).unwrap();
+    let vocab = 256 + tokenizer["added_tokens"].as_array().unwrap().len();
+    assert_eq!((opened.hidden_size, opened.layers, opened.vocab_size), (16, 1, vocab));
+    println!("tiny LM: {} tensors, {} parameters", opened.tensors, opened.parameters);
+    assert_eq!(opened.parameters, tiny_lm_parameters(&folder));
+    assert_eq!(opened.variant(), Some(LmVariant::Lm1_7B));
+
+    // Found in the hub cache, complete; no DiT is (none was downloaded).
+    let found = find_lms(&s.places());
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        (found[0].name.as_str(), found[0].path.as_path(), found[0].origin, found[0].complete, found[0].bytes),
+        ("lm-1.7b", folder.as_path(), Origin::HubCache, true, lm_bytes)
+    );
+    assert!(find_models(&s.places()).is_empty());
+    let v = verify_lm(&folder, &mut |_| {}).unwrap();
+    assert_eq!((v.hashed, v.unhashed, v.tensors), (9, 0, opened.tensors));
+
+    // Downloading the DiT next leaves the LM in place and the LM is still found.
+    s.download(DitVariant::Turbo).0.unwrap();
+    assert_eq!(find_models(&s.places()).len(), 1);
+    assert_eq!(find_lms(&s.places()).len(), 1);
+    let before = s.hub.requests().len();
+    let (again, events) = s.download(LmVariant::Lm1_7B);
+    assert_eq!(again.unwrap(), folder);
+    assert!(matches!(events[1], DownloadEvent::Planned { missing_bytes: 0, .. }));
+    assert!(s.hub.requests()[before..].iter().all(|(p, _)| p.starts_with("/api/")));
+}
+
+#[test]
+fn an_lm_of_its_own_repository_is_its_snapshot() {
+    let (s, lm) = lm_setup();
+    let folder = s.download(LmVariant::Lm0_6B).0.unwrap();
+    let repo = s.repo_dir("ACE-Step/acestep-5Hz-lm-0.6B");
+    assert_eq!(folder, repo.join("snapshots/0d06b0d06b0d06b0d06b0d06b0d06b0d06b0d06b"));
+    let mut expected = files_of(&lm);
+    expected.push("README.md".into());
+    expected.sort();
+    assert_eq!(files_of(&folder), expected, "every file of the repository");
+    assert!(!s.repo_dir(MAIN_REPO).exists(), "the main repository is not needed");
+    let found = find_lms(&s.places());
+    assert_eq!(
+        found.iter().map(|l| (l.name.as_str(), l.path.as_path(), l.complete)).collect::<Vec<_>>(),
+        [("lm-0.6b", folder.as_path(), true)]
+    );
+    // A repository the hub does not have is named.
+    let msg = s.download(LmVariant::Lm4B).0.unwrap_err().to_string();
+    assert!(msg.contains("ACE-Step/acestep-5Hz-lm-4B") && msg.contains("no such repository"), "{msg}");
+}
+
+#[test]
+fn a_quit_lm_download_resumes_where_it_stopped() {
+    let (s, _) = lm_setup();
+    let weights = "acestep-5Hz-lm-1.7B/model.safetensors";
+    let data = s.hub.file(MAIN_REPO, weights);
+    s.hub.fault(&format!("{MAIN_REPO}/{weights}"), Fault::DropAfter(data.len() / 2));
+    let cancel = Cancel::never();
+    let r = s.downloader().download(
+        LmVariant::Lm1_7B,
+        &mut |e| {
+            if matches!(&e, DownloadEvent::Retrying { .. }) {
+                cancel.cancel();
+            }
+        },
+        &cancel,
+    );
+    assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
+    assert!(find_lms(&s.places()).is_empty(), "no snapshot before every file is verified");
+    let (folder, events) = s.download(LmVariant::Lm1_7B);
+    let folder = folder.unwrap();
+    assert_eq!(s.resolve_requests(weights).last(), Some(&Some((data.len() / 2) as u64)), "a Range request");
+    assert!(events.iter().any(|e| matches!(e, DownloadEvent::FileStarted { path, from, .. } if path == weights && *from == (data.len() / 2) as u64)));
+    assert_eq!(std::fs::read(folder.join("model.safetensors")).unwrap(), data);
+    verify_lm(&folder, &mut |_| {}).unwrap();
+}
+
+#[test]
+fn a_downloaded_folder_that_is_no_lm_fails_and_is_listed_with_its_problems() {
+    let hub = FakeHub::start();
+    let dir = tempfile::tempdir().unwrap();
+    let lm = tiny_lm(&dir.path().join("lm-source"));
+    std::fs::remove_file(lm.join("tokenizer_config.json")).unwrap();
+    edit_config(&lm.join("config.json"), serde_json::json!({"architectures": ["Qwen3Model"]}));
+    hub.add_folder("ACE-Step/acestep-5Hz-lm-0.6B", COMMIT, &lm, "");
+    let s = Setup { client: Hub::new(&hub.url, None, quick()), hub, dir };
+    let msg = s.download(LmVariant::Lm0_6B).0.unwrap_err().to_string();
+    println!("{msg}");
+    assert!(msg.contains("tokenizer_config.json: missing") && msg.contains("Qwen3ForCausalLM"), "{msg}");
+    let found = find_lms(&s.places());
+    assert_eq!((found.len(), found[0].name.as_str(), found[0].complete), (1, "lm-0.6b", false), "{found:?}");
+    assert_eq!(found[0].problems.len(), 2, "{:?}", found[0].problems);
+}
+
+#[test]
+fn broken_lm_folders_name_each_problem_by_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let lm = tiny_lm(&dir.path().join("acestep-5Hz-lm-1.7B"));
+    let problems = |lm: &Path| match LmFolder::open(lm) {
+        Err(Error::ModelFolder { problems, .. }) => problems,
+        other => panic!("{other:?}"),
+    };
+    // No weights, no tokenizer.
+    std::fs::rename(lm.join("model.safetensors"), dir.path().join("weights")).unwrap();
+    std::fs::remove_file(lm.join("tokenizer.json")).unwrap();
+    let p = problems(&lm);
+    assert_eq!(p.len(), 2, "{p:?}");
+    assert!(p[0].contains("acestep-5Hz-lm-1.7B/tokenizer.json: missing"), "{p:?}");
+    assert!(p[1].contains("acestep-5Hz-lm-1.7B/model.safetensors"), "{p:?}");
+
+    // Shards: the index is followed, and a shard that is not there is named.
+    std::fs::write(lm.join("tokenizer.json"), "{}").unwrap(); // only its presence is checked
+    std::fs::rename(dir.path().join("weights"), lm.join("model-00001-of-00002.safetensors")).unwrap();
+    let index = serde_json::json!({"weight_map": {
+        "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+        "model.norm.weight": "model-00002-of-00002.safetensors"}});
+    std::fs::write(lm.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let p = problems(&lm);
+    assert!(p.len() == 1 && p[0].contains("model-00002-of-00002.safetensors"), "{p:?}");
+    let index = serde_json::json!({"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}});
+    std::fs::write(lm.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let opened = LmFolder::open(&lm).unwrap();
+    assert_eq!(opened.parameters, tiny_lm_parameters(&lm), "every shard's tensors are counted");
+
+    // A config that is no Qwen3 causal LM, or lacks a size.
+    edit_config(&lm.join("config.json"), serde_json::json!({"model_type": "qwen2"}));
+    let p = problems(&lm);
+    assert!(p.len() == 1 && p[0].contains("config.json: architectures") && p[0].contains("\"qwen2\""), "{p:?}");
+    edit_config(&lm.join("config.json"), serde_json::json!({"model_type": "qwen3", "num_hidden_layers": null}));
+    let p = problems(&lm);
+    assert!(p.len() == 1 && p[0].contains("`num_hidden_layers` is missing"), "{p:?}");
+    edit_config(&lm.join("config.json"), serde_json::json!({"num_hidden_layers": 1, "vocab_size": 1000}));
+    let p = problems(&lm);
+    assert!(
+        p.len() == 1 && p[0].contains("model.embed_tokens.weight has shape [65796, 16], config.json says [1000, 16]"),
+        "{p:?}"
+    );
+    std::fs::write(lm.join("config.json"), "{").unwrap();
+    assert!(problems(&lm)[0].contains("config.json: invalid JSON"));
+    assert_eq!(problems(&dir.path().join("nowhere")), ["does not exist"]);
+}
+
+#[test]
+fn lms_are_found_in_every_place_models_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    // ACE-Step's checkpoints folder: its DiT parts and two LMs, one without weights.
+    let ckpt = root.join("ACE-Step-1.5/checkpoints");
+    copy_dir(&fixture(), &ckpt);
+    tiny_lm(&ckpt.join("acestep-5Hz-lm-1.7B"));
+    tiny_lm(&ckpt.join("acestep-5Hz-lm-4B"));
+    std::fs::remove_file(ckpt.join("acestep-5Hz-lm-4B/model.safetensors")).unwrap();
+    // The downloads folder, an added folder holding only an LM (a name of its own),
+    // and a hub cache with the 0.6B's own repository.
+    let downloads = root.join("models");
+    tiny_lm(&downloads.join("acestep-5Hz-lm-0.6B"));
+    let config = root.join("config");
+    let mine = tiny_lm(&root.join("my-lm"));
+    let added = AddedFolders::add(&config, &mine).unwrap();
+    let cache = HubCache::new(root.join("hub"));
+    let snapshot = cache.snapshot("ACE-Step/acestep-5Hz-lm-0.6B", COMMIT);
+    tiny_lm(&snapshot);
+    cache.set_ref("ACE-Step/acestep-5Hz-lm-0.6B", "main", COMMIT).unwrap();
+    // Another Qwen3 causal LM in the hub cache is no 5 Hz LM.
+    tiny_lm(&cache.snapshot("Qwen/Qwen3-0.6B", COMMIT));
+    cache.set_ref("Qwen/Qwen3-0.6B", "main", COMMIT).unwrap();
+    let places = ModelPlaces {
+        downloads: downloads.clone(),
+        hub_cache: Some(cache.root.clone()),
+        // The same checkpoints folder twice: each LM listed once.
+        checkpoints: vec![ckpt.clone(), ckpt.clone(), root.join("nowhere")],
+        added: AddedFolders::load(&config).unwrap().folders,
+    };
+    let found = find_lms(&places);
+    let listed: Vec<_> = found.iter().map(|l| (l.name.as_str(), l.path.clone(), l.origin, l.complete)).collect();
+    assert_eq!(
+        listed,
+        [
+            ("lm-0.6b", downloads.join("acestep-5Hz-lm-0.6B"), Origin::Downloaded, true),
+            ("lm-0.6b", snapshot, Origin::HubCache, true),
+            ("lm-1.7b", ckpt.join("acestep-5Hz-lm-1.7B"), Origin::Checkpoints, true),
+            ("lm-4b", ckpt.join("acestep-5Hz-lm-4B"), Origin::Checkpoints, false),
+            ("my-lm", added, Origin::Added, true),
+        ]
+    );
+    assert!(found[3].problems.iter().any(|p| p.contains("acestep-5Hz-lm-4B/model.safetensors")), "{:?}", found[3]);
+    assert!(found.iter().all(|l| l.bytes > 0));
+    // The DiT beside them is still found, and the LMs are not taken for models.
+    let models = find_models(&places);
+    assert_eq!(models.iter().map(|m| m.path.clone()).collect::<Vec<_>>(), [ckpt.join("acestep-v15-turbo")]);
 }

@@ -21,6 +21,7 @@ pub const COMMANDS: &[&str] = &[
     "run_charts",
     "export_run",
     "list_models",
+    "list_lms",
     "add_model_folder",
     "remove_model_folder",
     "download_model",

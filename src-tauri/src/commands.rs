@@ -16,7 +16,7 @@ use crate::bridge::{
 };
 use crate::settings::{FieldErrors, Settings};
 use ostinato_engine::data::Field;
-use ostinato_engine::load::{DitVariant, FoundModel, Hub};
+use ostinato_engine::load::{Downloadable, FoundLm, FoundModel, Hub};
 
 /// What a failed command rejects with in JS: `{kind, message, fields?}`.
 #[derive(Debug, Serialize)]
@@ -180,6 +180,14 @@ pub async fn list_models(state: State<'_, AppState>) -> Res<Vec<FoundModel>> {
     blocking(move || state.models().list()).await
 }
 
+/// The 5 Hz LMs (for labelling) found in the same places: name, size on disk,
+/// complete or what is missing.
+#[tauri::command]
+pub async fn list_lms(state: State<'_, AppState>) -> Res<Vec<FoundLm>> {
+    let state = state.inner().clone();
+    blocking(move || state.models().list_lms()).await
+}
+
 /// Remembers a folder that holds a model; the new list.
 #[tauri::command]
 pub async fn add_model_folder(state: State<'_, AppState>, path: String) -> Res<Vec<FoundModel>> {
@@ -194,11 +202,11 @@ pub async fn remove_model_folder(state: State<'_, AppState>, path: String) -> Re
     blocking(move || state.models().remove(&PathBuf::from(path))).await
 }
 
-/// Starts downloading a variant (turbo, base, sft) into the Hugging Face cache; its
-/// progress arrives as `model-download` events.
+/// Starts downloading a variant (turbo, base, sft, ...) or a 5 Hz LM (lm-1.7b, ...)
+/// into the Hugging Face cache; its progress arrives as `model-download` events.
 #[tauri::command]
 pub fn download_model<R: Runtime>(app: AppHandle<R>, state: State<'_, AppState>, variant: String) -> Res<()> {
-    let variant: DitVariant = variant.parse().map_err(|e: String| CommandError::from(BridgeError::Invalid(e)))?;
+    let variant: Downloadable = variant.parse().map_err(|e: String| CommandError::from(BridgeError::Invalid(e)))?;
     Ok(state.models().start_download(variant, Hub::from_env(), app)?)
 }
 

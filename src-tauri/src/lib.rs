@@ -34,6 +34,7 @@ pub fn app_builder<R: tauri::Runtime>(builder: tauri::Builder<R>, state: AppStat
         commands::run_charts,
         commands::export_run,
         commands::list_models,
+        commands::list_lms,
         commands::add_model_folder,
         commands::remove_model_folder,
         commands::download_model,

@@ -1,5 +1,6 @@
-//! The model picker's backend: the ACE-Step models the engine finds on this machine,
-//! the folders the user added, and one download at a time with progress and cancel.
+//! The model picker's backend: the ACE-Step models (and 5 Hz LMs) the engine finds on
+//! this machine, the folders the user added, and one download at a time with progress
+//! and cancel.
 //! The engine's `load` module does the work; this forwards its events to the web view.
 
 use std::path::{Path, PathBuf};
@@ -7,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use ostinato_engine::cancel::Cancel;
 use ostinato_engine::load::{
-    find_models, AddedFolders, DitVariant, Downloader, FoundModel, Hub, HubCache, ModelPlaces,
+    find_lms, find_models, AddedFolders, Downloadable, Downloader, FoundLm, FoundModel, Hub, HubCache, ModelPlaces,
 };
 use serde_json::{json, Value};
 
@@ -38,8 +39,18 @@ impl Models {
 
     /// Every model found, with its variant, size and whether it is complete.
     pub fn list(&self) -> Result<Vec<FoundModel>, BridgeError> {
+        Ok(find_models(&self.all_places()?))
+    }
+
+    /// Every 5 Hz LM found, with whether it is complete.
+    pub fn list_lms(&self) -> Result<Vec<FoundLm>, BridgeError> {
+        Ok(find_lms(&self.all_places()?))
+    }
+
+    /// The system's places and the folders added now.
+    fn all_places(&self) -> Result<ModelPlaces, BridgeError> {
         let added = AddedFolders::load(&self.config_dir).map_err(engine_err)?.folders;
-        Ok(find_models(&ModelPlaces { added, ..self.places.clone() }))
+        Ok(ModelPlaces { added, ..self.places.clone() })
     }
 
     /// Remembers a folder that holds a model; the new list.
@@ -64,9 +75,9 @@ impl Models {
         self.download.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts downloading `variant` into the hub cache on a thread of its own; its
-    /// events go to `sink`. One download at a time.
-    pub fn start_download(&self, variant: DitVariant, hub: Hub, sink: impl EventSink) -> Result<(), BridgeError> {
+    /// Starts downloading `variant` (a DiT or an LM) into the hub cache on a thread of
+    /// its own; its events go to `sink`. One download at a time.
+    pub fn start_download(&self, variant: Downloadable, hub: Hub, sink: impl EventSink) -> Result<(), BridgeError> {
         let cache =
             self.places.hub_cache.clone().ok_or_else(|| {
                 BridgeError::Invalid("no Hugging Face cache folder (set HF_HUB_CACHE or HF_HOME)".into())

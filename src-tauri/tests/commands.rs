@@ -828,3 +828,73 @@ fn labels_edited_in_the_window_are_checked_kept_and_trained_with() {
         (Some("window caption"), Some("3"), Some("en"), None)
     );
 }
+
+#[path = "../../engine/tests/hub_server/mod.rs"]
+mod hub_server;
+
+/// What a download sends the web view, as JSON.
+#[derive(Default, Clone)]
+struct Collected(Arc<Mutex<Vec<Value>>>);
+
+impl ostinato_app::bridge::EventSink for Collected {
+    fn send(&self, message: ostinato_app::bridge::Outgoing<'_>) {
+        if let ostinato_app::bridge::Outgoing::Download(v) = message {
+            self.0.lock().unwrap().push(v.clone());
+        }
+    }
+}
+
+#[test]
+fn the_model_panel_lists_and_downloads_5hz_lms() {
+    let dir = tempfile::tempdir().unwrap();
+    let lm = dir.path().join("lm-source");
+    ostinato_engine::label::understand::tiny::write_tiny_lm(&lm, 5).unwrap();
+    let places = ostinato_engine::load::ModelPlaces {
+        hub_cache: Some(dir.path().join("hub")),
+        downloads: dir.path().join("models"),
+        ..Default::default()
+    };
+    let state = AppState::with_model_places(dir.path().join("config"), dir.path().join("runs"), places);
+    let app = TestApp::with_state(state.clone());
+    assert_eq!(app.invoke("list_lms", json!({})).unwrap(), json!([]));
+    // Each LM is offered with its size in words, before the hub is asked.
+    let choices = app.invoke("get_state", json!({})).unwrap()["choices"]["lm_variants"].clone();
+    assert_eq!(choices[1], json!(["lm-1.7b", "lm-1.7b · about 3.7 GB"]), "{choices}");
+    assert_eq!(choices.as_array().unwrap().len(), 3);
+
+    // The download's plan (its bytes) comes before any file; the LM is then listed.
+    let hub = hub_server::FakeHub::start();
+    hub.add_folder("ACE-Step/acestep-5Hz-lm-0.6B", "5eed", &lm, "");
+    let client = ostinato_engine::load::Hub::new(&hub.url, None, ostinato_engine::load::Patience::default());
+    let sink = Collected::default();
+    let variant = "lm-0.6b".parse().unwrap();
+    state.models().start_download(variant, client, sink.clone()).unwrap();
+    let start = std::time::Instant::now();
+    while state.models().downloading() || sink.0.lock().unwrap().last().is_none_or(|e| e["type"] != "finished") {
+        assert!(start.elapsed().as_secs() < 60, "{:?}", sink.0.lock().unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let events = sink.0.lock().unwrap().clone();
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    let planned = types.iter().position(|t| *t == "planned").unwrap();
+    assert!(planned < types.iter().position(|t| *t == "file_started").unwrap(), "{types:?}");
+    assert_eq!(events[planned]["variant"], "lm-0.6b");
+    let folder = dir.path().join("hub/models--ACE-Step--acestep-5Hz-lm-0.6B/snapshots/5eed");
+    assert_eq!(events.last().unwrap()["model"], json!(folder));
+    let list = app.invoke("list_lms", json!({})).unwrap();
+    assert_eq!(
+        (&list[0]["name"], &list[0]["complete"], &list[0]["origin"], &list[0]["path"]),
+        (&json!("lm-0.6b"), &json!(true), &json!("hub_cache"), &json!(folder))
+    );
+    assert_eq!(app.invoke("list_models", json!({})).unwrap(), json!([]), "an LM is no model to train");
+
+    // A folder holding only an LM can be added; a name that is neither is refused with all.
+    let mine = dir.path().join("mine");
+    ostinato_engine::label::understand::tiny::write_tiny_lm(&mine.join("acestep-5Hz-lm-4B"), 6).unwrap();
+    app.invoke("add_model_folder", json!({ "path": mine })).unwrap();
+    let names: Vec<Value> =
+        app.invoke("list_lms", json!({})).unwrap().as_array().unwrap().iter().map(|l| l["name"].clone()).collect();
+    assert_eq!(names, [json!("lm-0.6b"), json!("lm-4b")]);
+    let err = app.invoke("download_model", json!({ "variant": "lm-2b" })).unwrap_err();
+    assert!(err["message"].as_str().unwrap().contains("lm-0.6b, lm-1.7b, lm-4b"), "{err}");
+}

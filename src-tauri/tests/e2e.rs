@@ -292,6 +292,9 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     // The Model panel offers the engine's variants to download, the XL ones among them.
     let variants = "return [...document.getElementById('download-variant').options].map((o) => o.value).join(' ')";
     assert_eq!(js(&c, variants).await, "turbo base sft xl-turbo xl-base xl-sft");
+    // And the 5 Hz LMs, each with its approximate size before the hub is asked.
+    let lms = "return [...document.getElementById('download-lm').options].map((o) => o.text).join(' | ')";
+    assert_eq!(js(&c, lms).await, "lm-0.6b · about 1.3 GB | lm-1.7b · about 3.7 GB | lm-4b · about 8.4 GB");
     // The engine's precisions, each said in words, the saved one chosen.
     let precision = "const s = document.getElementById('set-precision'); \
         return [s.value, [...s.options].map((o) => `${o.value}: ${o.text}`).at(-1)]";

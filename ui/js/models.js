@@ -1,5 +1,6 @@
 // The model picker: the ACE-Step models the engine found on this machine (2B or XL,
-// turbo, base or SFT, bytes, complete or what is missing) and a download with progress and cancel.
+// turbo, base or SFT, bytes, complete or what is missing), the 5 Hz LMs that label songs,
+// and a download of either with progress and cancel.
 // Picking a model hands its folder to `onPick`, which saves it as the model choice.
 
 import { invoke, listen, errorText } from './api.js';
@@ -9,6 +10,8 @@ const $ = (id) => document.getElementById(id);
 
 let onPick = () => {};
 let onError = () => {};
+/** Whether the download in progress is an LM's (its folder is no model to train). */
+let downloadingLm = false;
 
 function el(tag, props = {}, text = '') {
   const e = document.createElement(tag);
@@ -17,40 +20,59 @@ function el(tag, props = {}, text = '') {
   return e;
 }
 
-function showModels(models) {
-  const list = $('model-list');
+/** One found model or LM: what it is, its bytes, complete or its problems; `use` when
+    complete and it can be picked. */
+function foundRow(found, what, use) {
+  const li = el('li', { className: found.complete ? 'complete' : 'incomplete' });
+  const status = found.complete ? 'complete' : 'incomplete';
+  li.append(el('span', { className: 'what', title: [found.path, ...found.problems].join('\n') },
+    `${what} · ${fmt.bytes(found.bytes)} · ${status} · ${found.path}`));
+  if (found.complete && use) {
+    const button = el('button', { className: 'btn small' }, 'Use');
+    button.addEventListener('click', use);
+    li.append(button);
+  } else if (found.problems.length) {
+    li.append(el('span', { className: 'problem', title: found.problems.join('\n') }, `${found.problems.length} problem(s)`));
+  }
+  return li;
+}
+
+function showFound(listId, found, empty, row) {
+  const list = $(listId);
   list.replaceChildren();
-  if (!models.length) {
-    list.append(el('li', { className: 'incomplete' }, 'None found yet: download one below, or choose its folder.'));
+  if (!found.length) {
+    list.append(el('li', { className: 'incomplete' }, empty));
     return;
   }
-  for (const m of models) {
-    const li = el('li', { className: m.complete ? 'complete' : 'incomplete' });
+  list.append(...found.map(row));
+}
+
+function showModels(models) {
+  showFound('model-list', models, 'None found yet: download one below, or choose its folder.', (m) => {
+    const li = foundRow(m, m.label, () => onPick(m.path));
     li.dataset.testid = 'model-row';
-    const status = m.complete ? 'complete' : 'incomplete';
-    const what = el('span', { className: 'what', title: [m.path, ...m.problems].join('\n') },
-      `${m.label} · ${fmt.bytes(m.bytes)} · ${status} · ${m.path}`);
-    li.append(what);
-    if (m.complete) {
-      const use = el('button', { className: 'btn small' }, 'Use');
-      use.addEventListener('click', () => onPick(m.path));
-      li.append(use);
-    } else if (m.problems.length) {
-      li.append(el('span', { className: 'problem', title: m.problems.join('\n') }, `${m.problems.length} problem(s)`));
-    }
-    list.append(li);
-  }
+    return li;
+  });
+}
+
+function showLms(lms) {
+  showFound('lm-list', lms, 'None found yet: download one below to label songs.', (lm) => {
+    const li = foundRow(lm, lm.name, null);
+    li.dataset.testid = 'lm-row';
+    return li;
+  });
 }
 
 export async function refreshModels() {
   try {
-    showModels(await invoke('list_models'));
+    const [models, lms] = await Promise.all([invoke('list_models'), invoke('list_lms')]);
+    showModels(models);
+    showLms(lms);
   } catch (e) { onError(errorText(e)); }
 }
 
 function downloading(on) {
-  $('btn-download-model').disabled = on;
-  $('download-variant').disabled = on;
+  for (const id of ['btn-download-model', 'download-variant', 'btn-download-lm', 'download-lm']) $(id).disabled = on;
   $('btn-cancel-download').hidden = !on;
   $('download-progress').hidden = !on;
 }
@@ -82,7 +104,7 @@ function onDownloadEvent(ev) {
       downloading(false);
       status(`Ready: ${ev.model}`);
       refreshModels();
-      onPick(ev.model);
+      if (!downloadingLm) onPick(ev.model);
       break;
     case 'cancelled':
       downloading(false);
@@ -99,21 +121,27 @@ function onDownloadEvent(ev) {
   }
 }
 
+/** Downloads the variant `select` names; its option's text (an LM's carries its
+    approximate size) is said before the hub is asked. */
+async function startDownload(select, isLm) {
+  $('download-status').classList.remove('error');
+  downloadingLm = isLm;
+  try {
+    downloading(true);
+    status(`${select.selectedOptions[0]?.text ?? select.value}: asking the hub for the file list…`);
+    await invoke('download_model', { variant: select.value });
+  } catch (e) {
+    downloading(false);
+    status(errorText(e));
+  }
+}
+
 export async function setupModels({ pick, error }) {
   onPick = pick;
   onError = error;
   $('btn-refresh-models').addEventListener('click', refreshModels);
-  $('btn-download-model').addEventListener('click', async () => {
-    $('download-status').classList.remove('error');
-    try {
-      downloading(true);
-      status('Asking the hub for the file list…');
-      await invoke('download_model', { variant: $('download-variant').value });
-    } catch (e) {
-      downloading(false);
-      status(errorText(e));
-    }
-  });
+  $('btn-download-model').addEventListener('click', () => startDownload($('download-variant'), false));
+  $('btn-download-lm').addEventListener('click', () => startDownload($('download-lm'), true));
   $('btn-cancel-download').addEventListener('click', () => invoke('cancel_download').catch((e) => onError(errorText(e))));
   await listen('model-download', onDownloadEvent);
 }

@@ -1,7 +1,7 @@
 //! Finds ACE-Step 1.5 models on disk and says, for each, what it is (2B or XL, turbo,
 //! base or SFT), its bytes and whether it is complete: every file a run opens is there
 //! and every tensor's header fits its config (`ModelFolder::check_weights`, which reads
-//! no weights).
+//! no weights). The 5 Hz LMs (for labelling) are found in the same places.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use super::folder::{models_in, subfolders, ModelFolder, TEXT_DIR, VAE_DIR};
 use super::kind::{Flavor, ModelKind, ModelSize};
+use super::lm::{lm_variant_of, lms_in, LmFolder};
 use super::places::ModelPlaces;
 use crate::Error;
 
@@ -52,8 +53,51 @@ impl FoundModel {
 
 /// Every model in `places`, each once (the first place that has it names it).
 pub fn find_models(places: &ModelPlaces) -> Vec<FoundModel> {
+    found_in(places, models_in).into_iter().map(|(origin, dit)| examine(origin, dit)).collect()
+}
+
+/// A 5 Hz LM found on disk.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FoundLm {
+    /// The catalog's name ("lm-1.7b"), else the folder's.
+    pub name: String,
+    /// The LM folder: what labelling takes.
+    pub path: PathBuf,
+    pub origin: Origin,
+    /// Bytes of the folder (links followed).
+    pub bytes: u64,
+    pub complete: bool,
+    /// Why it is not complete: every missing or malformed file, by name.
+    pub problems: Vec<String>,
+}
+
+/// Every 5 Hz LM in `places`, each once, as `find_models` finds models.
+pub fn find_lms(places: &ModelPlaces) -> Vec<FoundLm> {
+    found_in(places, lms_in)
+        .into_iter()
+        .map(|(origin, path)| {
+            let problems = match LmFolder::open(&path) {
+                Ok(_) => Vec::new(),
+                Err(Error::ModelFolder { problems, .. }) => problems,
+                Err(e) => vec![e.to_string()],
+            };
+            let name = lm_variant_of(&path).map(|v| v.name().to_string());
+            FoundLm {
+                name: name.unwrap_or_else(|| path.file_name().unwrap_or_default().to_string_lossy().into_owned()),
+                origin,
+                bytes: bytes_under(&path),
+                complete: problems.is_empty(),
+                problems,
+                path,
+            }
+        })
+        .collect()
+}
+
+/// What `find_in` finds in each place, in order, each folder once.
+fn found_in(places: &ModelPlaces, find_in: fn(&Path) -> Vec<PathBuf>) -> Vec<(Origin, PathBuf)> {
     let mut candidates: Vec<(Origin, PathBuf)> = Vec::new();
-    let mut add = |origin: Origin, dir: &Path| candidates.extend(models_in(dir).into_iter().map(|d| (origin, d)));
+    let mut add = |origin: Origin, dir: &Path| candidates.extend(find_in(dir).into_iter().map(|d| (origin, d)));
     for sub in subfolders(&places.downloads) {
         add(Origin::Downloaded, &sub);
     }
@@ -67,11 +111,8 @@ pub fn find_models(places: &ModelPlaces) -> Vec<FoundModel> {
         add(Origin::Added, dir);
     }
     let mut seen = HashSet::new();
+    candidates.retain(|(_, dir)| seen.insert(std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone())));
     candidates
-        .into_iter()
-        .filter(|(_, dit)| seen.insert(std::fs::canonicalize(dit).unwrap_or_else(|_| dit.clone())))
-        .map(|(origin, dit)| examine(origin, dit))
-        .collect()
 }
 
 fn examine(origin: Origin, dit: PathBuf) -> FoundModel {

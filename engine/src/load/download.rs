@@ -1,9 +1,9 @@
-//! Downloads an ACE-Step 1.5 variant into the Hugging Face cache, so other tools reuse
-//! it: every file is fetched into `blobs/<id>.incomplete` (resumed with an HTTP Range
-//! after a dropped connection or a quit), checked against the hub's sha256 (LFS) or git
-//! sha1, and only then renamed to `blobs/<id>` and linked from `snapshots/<commit>/`.
-//! A file that fails its check is deleted and named. Nothing looks complete unless it
-//! was verified.
+//! Downloads an ACE-Step 1.5 variant (a DiT with its VAE and text encoder, or a 5 Hz
+//! LM) into the Hugging Face cache, so other tools reuse it: every file is fetched into
+//! `blobs/<id>.incomplete` (resumed with an HTTP Range after a dropped connection or a
+//! quit), checked against the hub's sha256 (LFS) or git sha1, and only then renamed to
+//! `blobs/<id>` and linked from `snapshots/<commit>/`. A file that fails its check is
+//! deleted and named. Nothing looks complete unless it was verified.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::catalog::{DitVariant, Part, REVISION};
+use super::catalog::{DitVariant, Downloadable, Part, REVISION};
 use super::folder::ModelFolder;
 use super::hub::{denied_reason, Hub, HubCache, NetFailure, RemoteFile, Reply};
+use super::lm::LmFolder;
 use super::patience::{wait, Retries, Retry};
 use crate::cancel::Cancel;
 use crate::{Error, Result};
@@ -29,7 +30,7 @@ pub enum DownloadEvent {
     /// The file list of `repo` is asked of the hub at `endpoint`.
     ListingFiles { repo: String, endpoint: String },
     /// Every file of the variant, their bytes, and the bytes still to fetch.
-    Planned { variant: DitVariant, files: usize, bytes: u64, missing_bytes: u64, cache: PathBuf },
+    Planned { variant: Downloadable, files: usize, bytes: u64, missing_bytes: u64, cache: PathBuf },
     /// A file starts, or resumes at byte `from`.
     FileStarted { repo: String, path: String, size: u64, from: u64 },
     /// Bytes of this file, and of everything this download fetches.
@@ -39,7 +40,8 @@ pub enum DownloadEvent {
     Retrying { what: String, reason: String, next_try: u32, tries: u32, wait_ms: u64 },
     /// The file matched the hub's checksum and is in the cache.
     FileVerified { path: String },
-    /// The model folder is complete and opens: train with `--model <model>`.
+    /// The model folder is complete and opens: train with `--model <model>` (a DiT),
+    /// or label with it (an LM folder).
     Finished { model: PathBuf },
 }
 
@@ -72,15 +74,17 @@ pub struct Downloader<'a> {
 }
 
 impl Downloader<'_> {
-    /// Fetches what `variant` still lacks and returns its DiT folder (a model folder
-    /// `ModelFolder::open` accepts). Cancelling keeps the partial file for a resume.
+    /// Fetches what `what` still lacks and returns its DiT folder (a model folder
+    /// `ModelFolder::open` accepts) or its LM folder (`LmFolder::open` accepts).
+    /// Cancelling keeps the partial file for a resume.
     pub fn download(
         &self,
-        variant: DitVariant,
+        what: impl Into<Downloadable>,
         on_event: &mut dyn FnMut(DownloadEvent),
         cancel: &Cancel,
     ) -> Result<PathBuf> {
-        let parts = variant.parts();
+        let what = what.into();
+        let parts = what.parts();
         let mut listings = BTreeMap::new();
         for part in &parts {
             if !listings.contains_key(part.repo) {
@@ -112,7 +116,7 @@ impl Downloader<'_> {
         let missing: Vec<&Job> = jobs.iter().filter(|j| !self.cache.blob(j.repo, &j.file.id).is_file()).collect();
         let missing_bytes: u64 = missing.iter().map(|j| j.file.size.saturating_sub(self.partial_len(j))).sum();
         on_event(DownloadEvent::Planned {
-            variant,
+            variant: what,
             files: jobs.len(),
             bytes: jobs.iter().map(|j| j.file.size).sum(),
             missing_bytes,
@@ -132,11 +136,26 @@ impl Downloader<'_> {
             self.cache.set_ref(repo, REVISION, &listing.commit)?;
         }
 
-        let root = self.model_root(variant, &parts, &listings)?;
-        let dit_dir = root.join(variant.dit_folder());
-        ModelFolder::open(&dit_dir, None)?;
-        on_event(DownloadEvent::Finished { model: dit_dir.clone() });
-        Ok(dit_dir)
+        let folder = match what {
+            Downloadable::Dit(variant) => {
+                let dit_dir = self.model_root(variant, &parts, &listings)?.join(variant.dit_folder());
+                ModelFolder::open(&dit_dir, None)?;
+                dit_dir
+            }
+            Downloadable::Lm(_) => {
+                let lm = &parts[0];
+                let snapshot = self.cache.snapshot(lm.repo, &listings[lm.repo].commit);
+                // An LM's own repository is the LM folder.
+                let lm_dir = match lm.prefix.trim_end_matches('/') {
+                    "" => snapshot,
+                    folder => snapshot.join(folder),
+                };
+                LmFolder::open(&lm_dir)?;
+                lm_dir
+            }
+        };
+        on_event(DownloadEvent::Finished { model: folder.clone() });
+        Ok(folder)
     }
 
     fn partial_path(&self, job: &Job) -> PathBuf {

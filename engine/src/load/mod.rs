@@ -3,7 +3,8 @@
 //! models found on disk (ACE-Step's `checkpoints/`, the Hugging Face cache, folders the
 //! user added) and downloaded from the hub into its cache (`patience`: how long that
 //! waits and retries); the model folder itself (`folder`); what a model is (`kind`: 2B
-//! or XL, turbo, base or SFT); and the memory footprint a model will need (`footprint`).
+//! or XL, turbo, base or SFT); the memory footprint a model will need (`footprint`);
+//! and the 5 Hz LM folders that label songs (`lm`), found and downloaded the same way.
 
 pub mod catalog;
 pub mod demo;
@@ -13,16 +14,18 @@ pub mod folder;
 pub mod footprint;
 pub mod hub;
 pub mod kind;
+pub mod lm;
 pub mod patience;
 pub mod places;
 pub mod source;
 pub mod verify;
 
-pub use catalog::DitVariant;
-pub use discover::{find_models, FoundModel, Origin};
+pub use catalog::{DitVariant, Downloadable, LmVariant};
+pub use discover::{find_lms, find_models, FoundLm, FoundModel, Origin};
 pub use download::{DownloadEvent, Downloader};
 pub use hub::{Hub, HubCache};
 pub use kind::{Flavor, ModelKind, ModelSize};
+pub use lm::LmFolder;
 pub use patience::Patience;
 pub use places::{AddedFolders, ModelPlaces};
-pub use verify::{verify_model, Verified};
+pub use verify::{verify_lm, verify_model, Verified};

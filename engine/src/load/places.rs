@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::folder::{hf_cache_dir, models_in};
+use super::lm::lms_in;
 use crate::{Error, Result};
 
 /// Every place `find_models` looks, in order.
@@ -88,13 +89,14 @@ impl AddedFolders {
         }
     }
 
-    /// Adds `dir` (made absolute) once it holds at least one ACE-Step model; returns it.
+    /// Adds `dir` (made absolute) once it holds at least one ACE-Step model or 5 Hz LM;
+    /// returns it.
     pub fn add(config_dir: &Path, dir: &Path) -> Result<PathBuf> {
         let abs = std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))?;
-        if models_in(&abs).is_empty() {
+        if models_in(&abs).is_empty() && lms_in(&abs).is_empty() {
             return Err(Error::ModelFolder {
                 path: dir.to_path_buf(),
-                problems: vec!["no ACE-Step model here (expected acestep-v15-*/config.json, or a folder or hub cache that holds one)".into()],
+                problems: vec!["no ACE-Step model here (expected acestep-v15-*/config.json or an acestep-5Hz-lm-* folder, or a folder or hub cache that holds one)".into()],
             });
         }
         let mut added = Self::load(config_dir)?;

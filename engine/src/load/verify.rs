@@ -1,6 +1,7 @@
 //! `ostinato models verify`: a model folder opens, every tensor's header fits its
 //! config, and every file that lives in a hub cache still matches the checksum its
-//! blob is named by (sha256 for LFS files, git's sha1 for small ones).
+//! blob is named by (sha256 for LFS files, git's sha1 for small ones). A 5 Hz LM
+//! folder is checked the same way (`verify_lm`).
 
 use std::path::{Path, PathBuf};
 
@@ -8,13 +9,14 @@ use serde::Serialize;
 
 use super::folder::{ModelFolder, TEXT_DIR, VAE_DIR};
 use super::hub::BlobId;
+use super::lm::LmFolder;
 use crate::{Error, Result};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Verified {
-    /// The model root.
+    /// The model root (or the LM folder).
     pub model: PathBuf,
-    /// Tensor headers checked against the configs.
+    /// Tensor headers checked against the configs (an LM's: read).
     pub tensors: usize,
     /// Files re-hashed against their hub checksum.
     pub hashed: usize,
@@ -31,6 +33,25 @@ pub fn verify_model(dir: &Path, on_file: &mut dyn FnMut(&Path)) -> Result<Verifi
     for part in [folder.dit_dir.clone(), folder.root.join(VAE_DIR), folder.root.join(TEXT_DIR)] {
         files_under(&part, &mut files);
     }
+    check_hashes(folder.root, tensors, files, on_file)
+}
+
+/// Checks the 5 Hz LM folder at `dir` (`LmFolder::open`: its files, config and weight
+/// headers) and its hub checksums, as `verify_model` does a model.
+pub fn verify_lm(dir: &Path, on_file: &mut dyn FnMut(&Path)) -> Result<Verified> {
+    let lm = LmFolder::open(dir)?;
+    let mut files = Vec::new();
+    files_under(&lm.dir, &mut files);
+    check_hashes(lm.dir, lm.tensors, files, on_file)
+}
+
+/// Re-hashes each of `files` that lives in a hub cache; every mismatch is named.
+fn check_hashes(
+    model: PathBuf,
+    tensors: usize,
+    files: Vec<PathBuf>,
+    on_file: &mut dyn FnMut(&Path),
+) -> Result<Verified> {
     let (mut hashed, mut unhashed, mut problems) = (0, 0, Vec::new());
     for file in files {
         match hub_blob(&file) {
@@ -45,9 +66,9 @@ pub fn verify_model(dir: &Path, on_file: &mut dyn FnMut(&Path)) -> Result<Verifi
         }
     }
     if !problems.is_empty() {
-        return Err(Error::ModelFolder { path: folder.root, problems });
+        return Err(Error::ModelFolder { path: model, problems });
     }
-    Ok(Verified { model: folder.root, tensors, hashed, unhashed })
+    Ok(Verified { model, tensors, hashed, unhashed })
 }
 
 /// The checksum of a file that resolves to a hub cache blob (`.../blobs/<id>`).

@@ -8,7 +8,7 @@ use ostinato_engine::data::Field;
 use ostinato_engine::device::Precision;
 use ostinato_engine::events::Event;
 use ostinato_engine::label::Resolved;
-use ostinato_engine::load::DitVariant;
+use ostinato_engine::load::{DitVariant, LmVariant};
 use ostinato_engine::lora;
 use ostinato_engine::run_state::RunState;
 pub use ostinato_engine::train::history::RunSummary;
@@ -153,6 +153,9 @@ pub struct Choices {
     pub target_groups: &'static [(&'static str, &'static [&'static str])],
     /// The variants the Model panel can download.
     pub model_variants: &'static [&'static str],
+    /// The 5 Hz LMs it can download, each with its approximate size in words (named
+    /// before the hub is asked).
+    pub lm_variants: Vec<(&'static str, String)>,
     /// The precisions, each with what it means.
     pub precisions: &'static [(&'static str, &'static str)],
 }
@@ -165,6 +168,10 @@ impl Default for Choices {
             lr_schedules: &schedule::SCHEDULES,
             target_groups: &lora::TARGET_GROUPS,
             model_variants: &DitVariant::NAMES,
+            lm_variants: LmVariant::ALL
+                .iter()
+                .map(|v| (v.name(), format!("{} · {}", v.name(), v.approx_size())))
+                .collect(),
             precisions: &Precision::CHOICES,
         }
     }
