@@ -19,6 +19,7 @@ use super::{device_name, median};
 use crate::codec::qwen3::Qwen3Config;
 use crate::codec::CausalLm;
 use crate::device::Precision;
+use crate::label::understand::prompt::AUDIO_CODES;
 use crate::tensor_io::RandomTensors;
 use crate::{metrics, Error, Result};
 
@@ -29,7 +30,6 @@ pub const NEW_TOKENS: usize = 200;
 /// A stand-in for where `<|audio_code_0|>` sits (after Qwen3's 151669 tokens): the cost
 /// of skipping the 64000 code rows does not depend on where they are.
 const AUDIO_CODE_0: u32 = 151_669;
-const AUDIO_CODES: u32 = 64_000;
 
 /// The two 5 Hz LM sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

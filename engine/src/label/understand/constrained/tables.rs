@@ -8,21 +8,15 @@ use super::genres::Genres;
 use super::pystr;
 use super::trees::{Keep, PrefixTree};
 use super::vocab::{encode, last_token, Vocab};
+use crate::data::labels::{BPM_RANGE, LANGUAGES, TIME_SIGNATURES};
+use crate::label::understand::prompt::AUDIO_CODES;
 use crate::{Error, Result};
 
-/// Upstream's constants: the value ranges and sets, the largest valid audio code.
-const BPM: (u32, u32) = (30, 300);
+/// Upstream's constants the labels do not hold: the shortest duration, the keys' parts.
 const MIN_DURATION: u32 = 10;
-const TIME_SIGNATURES: [u32; 4] = [2, 3, 4, 6];
 const NOTES: [char; 7] = ['A', 'B', 'C', 'D', 'E', 'F', 'G'];
 const ACCIDENTALS: [&str; 5] = ["", "#", "b", "♯", "♭"];
 const MODES: [&str; 2] = ["major", "minor"];
-const LANGUAGES: [&str; 51] = [
-    "ar", "az", "bg", "bn", "ca", "cs", "da", "de", "el", "en", "es", "fa", "fi", "fr", "he", "hi", "hr", "ht", "hu",
-    "id", "is", "it", "ja", "ko", "la", "lt", "ms", "ne", "nl", "no", "pa", "pl", "pt", "ro", "ru", "sa", "sk", "sr",
-    "sv", "sw", "ta", "te", "th", "tl", "tr", "uk", "ur", "vi", "yue", "zh", "unknown",
-];
-const MAX_AUDIO_CODE: u64 = 63_999;
 
 /// The fixed strings the state machine writes token by token.
 pub(crate) const FIXED_STRINGS: [&str; 10] = [
@@ -94,7 +88,7 @@ impl MetadataTables {
             backtick: last_token(tok, "`")?,
             audio_codes: audio_codes(&vocab),
             fixed: FIXED_STRINGS.iter().map(|s| fixed_string_steps(tok, &vocab, s)).collect::<Result<_>>()?,
-            bpm: tree("bpm", numbers(BPM.0..=BPM.1), Keep::All)?,
+            bpm: tree("bpm", numbers(BPM_RANGE), Keep::All)?,
             duration: tree("duration", numbers(MIN_DURATION..=max_duration), Keep::All)?,
             keyscale: tree("keyscale", keys.collect(), Keep::NoteFirst)?,
             language_firsts: language.first_tokens_in_set_order(),
@@ -154,7 +148,7 @@ fn audio_codes(vocab: &Vocab) -> Vec<u32> {
         // A number too long for u64 is past the range anyway.
         Some(digits.parse().unwrap_or(u64::MAX))
     };
-    vocab.iter().filter(|(_, t)| code(t).is_some_and(|n| n <= MAX_AUDIO_CODE)).map(|(id, _)| id).collect()
+    vocab.iter().filter(|(_, t)| code(t).is_some_and(|n| n < u64::from(AUDIO_CODES))).map(|(id, _)| id).collect()
 }
 
 /// For each code point position in `fixed`, the tokens that continue it: the single
