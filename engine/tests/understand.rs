@@ -6,7 +6,12 @@ use std::path::Path;
 use ostinato_engine::cancel::Cancel;
 use ostinato_engine::codec::StereoAudio;
 use ostinato_engine::generate::wav::write_wav;
+use candle_core::Device;
+use ostinato_engine::data::Field;
+use ostinato_engine::device::Precision;
 use ostinato_engine::label::understand::codes::song_codes;
+use ostinato_engine::label::understand::labeller::{LmLabeller, Progress, UnderstandSettings, GENRES_VOCAB};
+use ostinato_engine::label::understand::sample::Sampling;
 use ostinato_engine::label::understand::tiny::{write_tiny_lm, AUDIO_CODE_TOKENS};
 use ostinato_engine::load::source::ModelSource;
 use ostinato_engine::Error;
@@ -64,4 +69,76 @@ fn the_tiny_lm_folder_has_every_audio_code_and_qwen_s_specials() {
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).unwrap()).unwrap();
     assert_eq!(config["vocab_size"].as_u64().unwrap() as usize, tok.get_vocab_size(true));
+}
+
+fn lm_fixture() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lm_tiny")
+}
+
+/// Upstream's greedy runs (scripts/make_lm_fixtures.py): the labeller's decoding, with
+/// its skipped LM-head rows, writes upstream's token ids exactly, without and with a
+/// genres vocabulary beside the LM.
+#[test]
+fn greedy_labelling_writes_upstream_s_token_ids_exactly() {
+    let fixture = lm_fixture();
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("expected.json")).unwrap()).unwrap();
+    let tensors = candle_core::safetensors::load(fixture.join("expected.safetensors"), &Device::Cpu).unwrap();
+    let ids = |name: &str| -> Vec<u32> {
+        tensors[name].to_dtype(candle_core::DType::I64).unwrap().to_vec1::<i64>().unwrap().iter().map(|&i| i as u32).collect()
+    };
+    let codes = ids("codes");
+    let settings = UnderstandSettings {
+        sampling: Sampling { temperature: 0.0, ..Sampling::default() },
+        max_new_tokens: expected["max_new_tokens"].as_u64().unwrap() as usize,
+        max_duration: expected["max_duration"].as_u64().unwrap() as u32,
+        precision: Precision::F32,
+        ..UnderstandSettings::default()
+    };
+    for (run, genres) in [("greedy_ids", false), ("greedy_ids_genres", true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let src = fixture.join("acestep-5Hz-lm-tiny");
+        for entry in std::fs::read_dir(&src).unwrap().flatten() {
+            std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+        }
+        if genres {
+            std::fs::copy(fixture.join("genres_vocab.txt"), dir.path().join(GENRES_VOCAB)).unwrap();
+        }
+        let labeller = LmLabeller::load(dir.path(), &ModelSource::Demo, &Device::Cpu, settings.clone()).unwrap();
+        let decoded = labeller.write(&codes, &Cancel::never(), &mut |_| {}).unwrap();
+        let want = ids(run);
+        let first_diff = decoded.ids.iter().zip(&want).position(|(a, b)| a != b);
+        println!("{run}: {} ids written, upstream {}; first difference at {first_diff:?}", decoded.ids.len(), want.len());
+        assert_eq!(decoded.ids, want, "{run}");
+    }
+}
+
+/// A demo song through the whole labelling with a tiny LM this test writes: labels
+/// from what it wrote; a budget too small to close the think block is an error naming
+/// the song, with nothing kept.
+#[test]
+fn a_demo_song_is_labelled_and_an_unfinished_output_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_lm(dir.path(), 7).unwrap();
+    let song = demo_song();
+    let labeller =
+        LmLabeller::load(dir.path(), &ModelSource::Demo, &Device::Cpu, UnderstandSettings::default()).unwrap();
+    let mut stages = Vec::new();
+    let labelled = labeller.understand(&song, &Cancel::never(), &mut |p| stages.push(p)).unwrap();
+    println!("{}: {} codes, {} tokens:\n{}", song.display(), labelled.codes, labelled.tokens, labelled.text);
+    println!("labels {:?}\nrefused {:?}", labelled.labels, labelled.refused);
+    assert!(matches!(stages.first(), Some(Progress::Listening { .. })));
+    assert!(matches!(stages.last(), Some(Progress::Writing { tokens, .. }) if *tokens == labelled.tokens));
+    assert!(labelled.text.contains("</think>"));
+    assert!(labelled.labels.get(Field::Caption).is_some_and(|c| !c.trim().is_empty()), "a caption");
+
+    let short = UnderstandSettings { max_new_tokens: 8, ..UnderstandSettings::default() };
+    let labeller = LmLabeller::load(dir.path(), &ModelSource::Demo, &Device::Cpu, short).unwrap();
+    match labeller.understand(&song, &Cancel::never(), &mut |_| {}) {
+        Err(Error::Understand { path, reason }) => {
+            println!("{}: {reason}", path.display());
+            assert!(path == song && reason.contains("8 tokens") && reason.contains("</think>"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
 }

@@ -4,6 +4,7 @@
 //! LM folders that must be refused.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
@@ -105,10 +106,10 @@ impl Replay {
 }
 
 impl NextLogits for Replay {
-    fn prefill(&mut self, _prompt: &[u32]) -> Result<Vec<f32>> {
+    fn prefill(&mut self, _prompt: &[u32], _masked: &[Range<u32>]) -> Result<Vec<f32>> {
         Ok(self.scores())
     }
-    fn step(&mut self, _token: u32) -> Result<Vec<f32>> {
+    fn step(&mut self, _token: u32, _masked: &[Range<u32>]) -> Result<Vec<f32>> {
         self.fed += 1;
         Ok(self.scores())
     }

@@ -6,6 +6,7 @@
 //! the loop ends after an end token (eos or pad, kept in the output as upstream keeps
 //! it) or after the token budget.
 
+use std::ops::Range;
 use std::path::Path;
 
 use tokenizers::Tokenizer;
@@ -19,12 +20,14 @@ use crate::{Error, Result};
 /// `max_new_tokens` (absent: 4096) capped at its `max_model_len` (4096) less 64.
 pub const MAX_NEW_TOKENS: usize = 4096 - 64;
 
-/// The language model, one sequence at a time, keeping its own cache.
+/// The language model, one sequence at a time, keeping its own cache. `masked` are
+/// token ranges whose scores the processor will set to -inf whatever they are: the model
+/// may skip computing them (and give -inf there).
 pub trait NextLogits {
     /// Reads the prompt afresh; the scores for the token after it (one per vocabulary entry).
-    fn prefill(&mut self, prompt: &[u32]) -> Result<Vec<f32>>;
+    fn prefill(&mut self, prompt: &[u32], masked: &[Range<u32>]) -> Result<Vec<f32>>;
     /// Appends `token`; the scores for the token after it.
-    fn step(&mut self, token: u32) -> Result<Vec<f32>>;
+    fn step(&mut self, token: u32, masked: &[Range<u32>]) -> Result<Vec<f32>>;
 }
 
 /// What shapes the scores before sampling (the metadata constraint) and follows the
@@ -32,6 +35,11 @@ pub trait NextLogits {
 pub trait LogitsProcessor {
     fn process(&mut self, scores: &mut [f32]);
     fn update(&mut self, token: u32);
+    /// Token ranges the next `process` masks whatever their scores (and reads no score
+    /// of): ascending and disjoint.
+    fn masked(&self) -> &[Range<u32>] {
+        &[]
+    }
 }
 
 /// The tokens that end the output; upstream stops on either.
@@ -107,7 +115,7 @@ impl Decoder<'_> {
             return Err(Error::setting("max_new_tokens", "0 leaves the LM no token to write"));
         }
         cancel.check()?;
-        let mut scores = model.prefill(prompt)?;
+        let mut scores = model.prefill(prompt, processor.masked())?;
         let mut context = prompt.to_vec();
         let mut ids = Vec::new();
         let stop = loop {
@@ -124,7 +132,7 @@ impl Decoder<'_> {
                 break Stop::Budget;
             }
             cancel.check()?;
-            scores = model.step(token)?;
+            scores = model.step(token, processor.masked())?;
         };
         let text = self.tokenizer.decode(&ids, false).map_err(|e| Error::BadFile {
             path: self.tokenizer_file.to_path_buf(),
@@ -170,11 +178,11 @@ mod tests {
     }
 
     impl NextLogits for Scripted {
-        fn prefill(&mut self, prompt: &[u32]) -> Result<Vec<f32>> {
+        fn prefill(&mut self, prompt: &[u32], _: &[Range<u32>]) -> Result<Vec<f32>> {
             self.prompt = prompt.to_vec();
             Ok(self.scores())
         }
-        fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+        fn step(&mut self, token: u32, _: &[Range<u32>]) -> Result<Vec<f32>> {
             self.fed.push(token);
             Ok(self.scores())
         }

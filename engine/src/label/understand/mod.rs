@@ -2,11 +2,12 @@
 //! caption, genres, language, lyrics (and the LM's guesses at tempo, key and meter) out.
 //! The song's codes (`codes`), the prompt (`prompt`), the constrained decoding of the metadata block
 //! (`constrained`), sampling (`sample`), the decoding loop (`decode`) and the reading
-//! of the LM's text (`parse`).
+//! of the LM's text (`parse`); `labeller` puts them together for a batch of songs.
 
 pub mod codes;
 pub mod constrained;
 pub mod decode;
+pub mod labeller;
 pub mod parse;
 pub mod prompt;
 pub mod sample;

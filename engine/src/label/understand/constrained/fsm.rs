@@ -7,6 +7,8 @@
 //! a target duration, the codes phase, stop_at_reasoning, skipped fields, per-phase
 //! temperatures, the caption-matched genres trie and the vocabulary file's hot reload.
 
+use std::ops::Range;
+
 use super::pystr;
 use super::tables::{MetadataTables, TreeField, FIXED_STRINGS};
 
@@ -140,6 +142,17 @@ impl<'t> MetadataConstraint<'t> {
     /// Past "</think>": what follows is the lyrics.
     pub fn is_free_text(&self) -> bool {
         self.state == State::Completed
+    }
+
+    /// Token ranges the next `process` masks without reading their scores: the audio
+    /// codes, in the lyrics and in a caption line (not on the step after a caption's
+    /// newline, whose raw argmax decides whether the caption goes on).
+    pub fn masked(&self) -> &'t [Range<u32>] {
+        let caption_line = self.state == State::CaptionValue && !self.caption_after_newline && !self.caption_ending;
+        match self.state == State::Completed || caption_line {
+            true => &self.tables.audio_code_rows,
+            false => &[],
+        }
     }
 
     /// Masks (-inf) what may not come next in `scores`, one step's logits over the

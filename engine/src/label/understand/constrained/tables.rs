@@ -2,6 +2,8 @@
 //! tokens it names, the audio-code tokens, the tokens that continue each fixed string
 //! from each position, the value trees and the genres trie.
 
+use std::ops::Range;
+
 use tokenizers::Tokenizer;
 
 use super::genres::Genres;
@@ -49,6 +51,8 @@ pub struct MetadataTables {
     pub(crate) backtick: Option<u32>,
     /// Tokens that decode to exactly `<|audio_code_N|>` with N <= 63999, sorted.
     pub(crate) audio_codes: Vec<u32>,
+    /// The same tokens as ascending runs of ids.
+    pub(crate) audio_code_rows: Vec<Range<u32>>,
     /// `fixed[s][p]`: the tokens allowed at code point `p` of `FIXED_STRINGS[s]`.
     fixed: Vec<Vec<Vec<u32>>>,
     bpm: PrefixTree,
@@ -83,10 +87,12 @@ impl MetadataTables {
         let keys =
             NOTES.iter().flat_map(|n| ACCIDENTALS.iter().flat_map(move |a| MODES.map(|m| format!("{n}{a} {m}"))));
         let language = tree("language", LANGUAGES.map(String::from).to_vec(), Keep::NonEmpty)?;
+        let audio_codes = audio_codes(&vocab);
         Ok(Self {
+            audio_code_rows: runs(&audio_codes),
+            audio_codes,
             newline,
             backtick: last_token(tok, "`")?,
-            audio_codes: audio_codes(&vocab),
             fixed: FIXED_STRINGS.iter().map(|s| fixed_string_steps(tok, &vocab, s)).collect::<Result<_>>()?,
             bpm: tree("bpm", numbers(BPM_RANGE), Keep::All)?,
             duration: tree("duration", numbers(MIN_DURATION..=max_duration), Keep::All)?,
@@ -149,6 +155,18 @@ fn audio_codes(vocab: &Vocab) -> Vec<u32> {
         Some(digits.parse().unwrap_or(u64::MAX))
     };
     vocab.iter().filter(|(_, t)| code(t).is_some_and(|n| n < u64::from(AUDIO_CODES))).map(|(id, _)| id).collect()
+}
+
+/// Sorted ids as ascending runs of consecutive ids.
+fn runs(ids: &[u32]) -> Vec<Range<u32>> {
+    let mut runs: Vec<Range<u32>> = Vec::new();
+    for &id in ids {
+        match runs.last_mut() {
+            Some(run) if run.end == id => run.end += 1,
+            _ => runs.push(id..id + 1),
+        }
+    }
+    runs
 }
 
 /// For each code point position in `fixed`, the tokens that continue it: the single
