@@ -3,12 +3,12 @@
 
 use std::path::Path;
 
+use candle_core::Device;
 use ostinato_engine::cancel::Cancel;
 use ostinato_engine::codec::StereoAudio;
-use ostinato_engine::generate::wav::write_wav;
-use candle_core::Device;
 use ostinato_engine::data::Field;
 use ostinato_engine::device::Precision;
+use ostinato_engine::generate::wav::write_wav;
 use ostinato_engine::label::understand::codes::song_codes;
 use ostinato_engine::label::understand::labeller::{LmLabeller, Progress, UnderstandSettings, GENRES_VOCAB};
 use ostinato_engine::label::understand::sample::Sampling;
@@ -85,7 +85,14 @@ fn greedy_labelling_writes_upstream_s_token_ids_exactly() {
         serde_json::from_str(&std::fs::read_to_string(fixture.join("expected.json")).unwrap()).unwrap();
     let tensors = candle_core::safetensors::load(fixture.join("expected.safetensors"), &Device::Cpu).unwrap();
     let ids = |name: &str| -> Vec<u32> {
-        tensors[name].to_dtype(candle_core::DType::I64).unwrap().to_vec1::<i64>().unwrap().iter().map(|&i| i as u32).collect()
+        tensors[name]
+            .to_dtype(candle_core::DType::I64)
+            .unwrap()
+            .to_vec1::<i64>()
+            .unwrap()
+            .iter()
+            .map(|&i| i as u32)
+            .collect()
     };
     let codes = ids("codes");
     let settings = UnderstandSettings {
@@ -108,7 +115,11 @@ fn greedy_labelling_writes_upstream_s_token_ids_exactly() {
         let decoded = labeller.write(&codes, &Cancel::never(), &mut |_| {}).unwrap();
         let want = ids(run);
         let first_diff = decoded.ids.iter().zip(&want).position(|(a, b)| a != b);
-        println!("{run}: {} ids written, upstream {}; first difference at {first_diff:?}", decoded.ids.len(), want.len());
+        println!(
+            "{run}: {} ids written, upstream {}; first difference at {first_diff:?}",
+            decoded.ids.len(),
+            want.len()
+        );
         assert_eq!(decoded.ids, want, "{run}");
     }
 }

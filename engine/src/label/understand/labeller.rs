@@ -118,9 +118,8 @@ impl LmLabeller {
     /// What the LM writes of the song at `song`. An output that never closes its think
     /// block is an error: its fields may be cut short and it has no lyrics.
     pub fn understand(&self, song: &Path, cancel: &Cancel, progress: &mut dyn FnMut(Progress)) -> Result<Labelled> {
-        let codes = song_codes(song, &self.songs, cancel, &mut |seconds, of| {
-            progress(Progress::Listening { seconds, of })
-        })?;
+        let codes =
+            song_codes(song, &self.songs, cancel, &mut |seconds, of| progress(Progress::Listening { seconds, of }))?;
         let budget = self.settings.max_new_tokens;
         let decoded = self.write(&codes, cancel, &mut |tokens| progress(Progress::Writing { tokens, budget }))?;
         if let Some(reason) = decoded.unfinished() {

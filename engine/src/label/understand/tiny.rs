@@ -1,17 +1,25 @@
 //! A tiny 5 Hz LM folder in the real layout with seeded random weights: config.json
 //! (Qwen3ForCausalLM, tied embeddings), model.safetensors, a byte-level tokenizer with
 //! Qwen's special tokens, `<think>`/`</think>` and every `<|audio_code_N|>` of the real
-//! vocabulary, and a ChatML chat template. What tests (and anyone trying the labelling
-//! flow) run without a download; its words are noise.
+//! vocabulary, a ChatML chat template and a genres vocabulary. What tests (and anyone
+//! trying the labelling flow) run without a download; its words are noise.
+//!
+//! The weights are shaped so that its output finishes: one hidden dimension is held
+//! constant (every embedding has it, no layer writes it), and the (untied) LM head's
+//! column for it gives each token a fixed bias: letters and spaces likely, line ends and
+//! colons now and then (so captions end and field names close), end tokens, think tags
+//! and audio codes never. The genres vocabulary ends the genres; the lyrics run to the
+//! token budget.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer};
 
+use super::labeller::GENRES_VOCAB;
 use crate::tensor_io::{save_tensors, RandomTensors, TensorSource};
 use crate::{Error, Result};
 
@@ -63,33 +71,68 @@ pub fn write_tiny_lm(dir: &Path, seed: u64) -> Result<()> {
             "rms_norm_eps": 1e-6,
             "rope_theta": 1_000_000.0,
             "max_position_embeddings": 40960,
-            "tie_word_embeddings": true,
+            "tie_word_embeddings": false,
             "torch_dtype": "float32",
         }),
     )?;
+    let genres = dir.join(GENRES_VOCAB);
+    crate::atomic::write_atomically(&genres, GENRES.join("\n").as_bytes())?;
     let random = RandomTensors { seed, device: Device::Cpu };
     let mut tensors = HashMap::new();
-    let mut put = |name: String, shape: &[usize]| -> Result<()> {
-        tensors.insert(name.clone(), random.get(&name, shape)?);
-        Ok(())
-    };
-    put("model.embed_tokens.weight".into(), &[vocab, HIDDEN])?;
-    put("model.norm.weight".into(), &[HIDDEN])?;
     for i in 0..LAYERS {
         let p = |k: &str| format!("model.layers.{i}.{k}");
-        put(p("self_attn.q_proj.weight"), &[HEADS * HEAD_DIM, HIDDEN])?;
-        put(p("self_attn.k_proj.weight"), &[KV_HEADS * HEAD_DIM, HIDDEN])?;
-        put(p("self_attn.v_proj.weight"), &[KV_HEADS * HEAD_DIM, HIDDEN])?;
-        put(p("self_attn.o_proj.weight"), &[HIDDEN, HEADS * HEAD_DIM])?;
-        put(p("self_attn.q_norm.weight"), &[HEAD_DIM])?;
-        put(p("self_attn.k_norm.weight"), &[HEAD_DIM])?;
-        put(p("mlp.gate_proj.weight"), &[INTERMEDIATE, HIDDEN])?;
-        put(p("mlp.up_proj.weight"), &[INTERMEDIATE, HIDDEN])?;
-        put(p("mlp.down_proj.weight"), &[HIDDEN, INTERMEDIATE])?;
-        put(p("input_layernorm.weight"), &[HIDDEN])?;
-        put(p("post_attention_layernorm.weight"), &[HIDDEN])?;
+        for (name, shape) in [
+            ("self_attn.q_proj.weight", [HEADS * HEAD_DIM, HIDDEN]),
+            ("self_attn.k_proj.weight", [KV_HEADS * HEAD_DIM, HIDDEN]),
+            ("self_attn.v_proj.weight", [KV_HEADS * HEAD_DIM, HIDDEN]),
+            ("mlp.gate_proj.weight", [INTERMEDIATE, HIDDEN]),
+            ("mlp.up_proj.weight", [INTERMEDIATE, HIDDEN]),
+        ] {
+            tensors.insert(p(name), random.get(&p(name), &shape)?);
+        }
+        for (name, size) in [
+            ("self_attn.q_norm.weight", HEAD_DIM),
+            ("self_attn.k_norm.weight", HEAD_DIM),
+            ("input_layernorm.weight", HIDDEN),
+            ("post_attention_layernorm.weight", HIDDEN),
+        ] {
+            tensors.insert(p(name), random.get(&p(name), &[size])?);
+        }
+        // The layers leave the constant dimension alone.
+        for (name, inner) in [("self_attn.o_proj.weight", HEADS * HEAD_DIM), ("mlp.down_proj.weight", INTERMEDIATE)] {
+            let mut w = random.get(&p(name), &[HIDDEN, inner])?.to_vec2::<f32>()?;
+            w[0].fill(0.0);
+            tensors.insert(p(name), Tensor::new(w, &Device::Cpu)?);
+        }
     }
+    let mut embed = random.get("model.embed_tokens.weight", &[vocab, HIDDEN])?.to_vec2::<f32>()?;
+    let mut head = random.get("lm_head.weight", &[vocab, HIDDEN])?.to_vec2::<f32>()?;
+    for (id, (e, h)) in embed.iter_mut().zip(&mut head).enumerate() {
+        e[0] = CONSTANT;
+        h[0] = bias(&tokenizer, id as u32);
+    }
+    tensors.insert("model.embed_tokens.weight".into(), Tensor::new(embed, &Device::Cpu)?);
+    tensors.insert("lm_head.weight".into(), Tensor::new(head, &Device::Cpu)?);
+    tensors.insert("model.norm.weight".into(), Tensor::ones(HIDDEN, candle_core::DType::F32, &Device::Cpu)?);
     save_tensors(&tensors, &dir.join("model.safetensors"))
+}
+
+/// The constant dimension's value in every embedding.
+const CONSTANT: f32 = 4.0;
+
+/// The genres its vocabulary lets the LM write.
+const GENRES: [&str; 6] = ["ambient", "electronic", "folk", "jazz", "pop", "rock"];
+
+/// A token's fixed bias (times the constant dimension after the final norm).
+fn bias(tokenizer: &Tokenizer, id: u32) -> f32 {
+    let text = tokenizer.decode(&[id], false).unwrap_or_default();
+    match text.as_str() {
+        "\n" | ":" => 0.3,
+        " " => 0.8,
+        t if t.len() == 1 && t.chars().all(|c| c.is_ascii_lowercase()) => 1.0,
+        t if t.len() == 1 && t.chars().all(|c| c.is_ascii_graphic()) => 0.0,
+        _ => -4.0,
+    }
 }
 
 /// Byte-level BPE over the 256 byte symbols (no merges), then the added tokens.
