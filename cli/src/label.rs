@@ -1,7 +1,8 @@
 //! `label`: each song's tempo, key, time signature and length read from its audio and
 //! kept in the label store (a sidecar's value shown, not replaced, unless
 //! `--overwrite`), printed as a table or JSON lines; `--write-sidecars` writes every
-//! song's labels beside it as ACE-Step sidecars.
+//! song's labels beside it as ACE-Step sidecars; `--captions` has ACE-Step's LM write
+//! each song's caption, lyrics, language and genre too (`captions`).
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -15,6 +16,9 @@ use ostinato_engine::label::store::{Found, LabelStore};
 use ostinato_engine::label::{reading, readings, resolve, stored_songs, Resolved, Source, ANALYSED};
 use serde_json::{json, Value};
 
+use crate::captions::{captioned_json, print_captioned, CaptionArgs, Captioner};
+use crate::train::{cancel_on_ctrl_c, INTERRUPTED};
+
 /// What `ostinato label` was asked to do.
 pub struct LabelArgs {
     pub json: bool,
@@ -22,14 +26,21 @@ pub struct LabelArgs {
     pub write_sidecars: bool,
     pub replace_sidecars: bool,
     pub labels_dir: Option<PathBuf>,
+    /// `--captions`: ACE-Step's LM labels the songs too.
+    pub captions: Option<CaptionArgs>,
 }
 
-pub fn label(audio_dir: &Path, args: &LabelArgs) -> anyhow::Result<()> {
+/// Labels the songs of `audio_dir`; the exit code (INTERRUPTED after a Ctrl-C).
+pub fn label(audio_dir: &Path, args: LabelArgs) -> anyhow::Result<i32> {
     let store = match &args.labels_dir {
         Some(dir) => LabelStore::new(dir),
         None => LabelStore::open_default(),
     };
     let folder = stored_songs(&store, audio_dir)?;
+    let captioner = match args.captions {
+        Some(captions) => Some(Captioner::load(captions, cancel_on_ctrl_c()?)?),
+        None => None,
+    };
     let total = folder.songs.len();
     let name_of = |path: &Path| path.strip_prefix(audio_dir).unwrap_or(path).display().to_string();
     if !args.json {
@@ -56,15 +67,33 @@ pub fn label(audio_dir: &Path, args: &LabelArgs) -> anyhow::Result<()> {
             }
         };
         keep_readings(&store, &song.file.path, &mut found, &analysis, args.overwrite)?;
+        let captioned = match &captioner {
+            Some(c) => match c.caption(&store, &song.file.path, &mut found, &name) {
+                Err(e) if matches!(e.downcast_ref(), Some(ostinato_engine::Error::Cancelled)) => {
+                    eprintln!("stopped: the songs labelled so far keep their labels; {name} keeps the ones it had");
+                    return Ok(INTERRUPTED);
+                }
+                done => Some(done?),
+            },
+            None => None,
+        };
         let fields = resolve(&song.file.sidecars, &found.saved);
         let written = match args.write_sidecars {
             true => write_sidecars(&song.file.path, &fields, args.replace_sidecars)?,
             false => Vec::new(),
         };
         kept += written.iter().filter(|f| f.outcome == Outcome::Kept).count();
-        match args.json {
-            true => println!("{}", as_json(&name, &fields, &analysis, found.stale, &written)),
-            false => print_row(&name, &fields, &analysis, found.stale, &written),
+        if args.json {
+            let mut row = as_json(&name, &fields, &analysis, found.stale, &written);
+            if let Some(lm) = &captioned {
+                row["lm"] = captioned_json(lm);
+            }
+            println!("{row}");
+        } else {
+            print_row(&name, &fields, &analysis, found.stale, &written);
+            if let (Some(lm), Some(c)) = (&captioned, &captioner) {
+                print_captioned(lm, c.takes_metas());
+            }
         }
     }
     if counting && total > 0 {
@@ -79,7 +108,7 @@ pub fn label(audio_dir: &Path, args: &LabelArgs) -> anyhow::Result<()> {
     if kept > 0 {
         eprintln!("{kept} sidecar file(s) already say something else and were kept; --replace-sidecars replaces them");
     }
-    Ok(())
+    Ok(0)
 }
 
 /// Keeps the analysis's readings in the store: accepted (below the sidecars), or

@@ -1,6 +1,7 @@
 //! `ostinato`: train, resume, list, export, generate, decode, benchmark, inspect and
 //! find or download models from the command line. Parsing, wiring and reporting only; the engine does the work.
 
+mod captions;
 mod generate;
 mod label;
 mod models;
@@ -16,6 +17,8 @@ use ostinato_engine::data::TagMode;
 use ostinato_engine::device::Precision;
 use ostinato_engine::export::{ExportFormat, WhichAdapter};
 use ostinato_engine::generate::GenerateSpec;
+use ostinato_engine::label::understand::labeller::UnderstandSettings;
+use ostinato_engine::label::understand::sample::Sampling;
 use ostinato_engine::load::source::ModelSource;
 use ostinato_engine::lora::AdapterKind;
 use ostinato_engine::model::{AttentionScores, KernelPolicy, SlidingAttention};
@@ -133,7 +136,9 @@ enum Command {
     },
     /// Read each song's tempo, key, time signature and length from its audio and keep
     /// them for training in Ostinato's label store (the songs' folder is not touched);
-    /// a value a sidecar already gives is shown beside the reading, not replaced.
+    /// a value a sidecar already gives is shown beside the reading, not replaced. With
+    /// --captions, ACE-Step's 5 Hz LM listens to each song and writes its caption,
+    /// lyrics, language and genre too.
     Label {
         audio_dir: PathBuf,
         /// One JSON object per song instead of a table.
@@ -153,6 +158,8 @@ enum Command {
         /// The label store's folder (default: `labels` in the platform data folder).
         #[arg(long)]
         labels_dir: Option<PathBuf>,
+        #[command(flatten)]
+        captions: CaptionFlags,
     },
     /// Print a model folder's config, parameter counts and a training-memory estimate.
     Inspect { model_dir: PathBuf },
@@ -184,6 +191,58 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+}
+
+/// `label --captions` and what it uses.
+#[derive(Args)]
+pub struct CaptionFlags {
+    /// Have ACE-Step's 5 Hz LM write each song's caption, lyrics, language and genre
+    /// (kept below sidecars and edits); needs --model or --demo for the songs' codes.
+    #[arg(long)]
+    pub captions: bool,
+    /// The 5 Hz LM folder (default: the one `ostinato models list` finds, 1.7B first).
+    #[arg(long, requires = "captions")]
+    pub lm: Option<PathBuf>,
+    /// The ACE-Step model folder whose VAE and audio tokenizer turn songs into the LM's codes.
+    #[arg(long, requires = "captions", conflicts_with = "demo")]
+    pub model: Option<PathBuf>,
+    /// The built-in demo model's encoder and tokenizer (random: for trying the flow).
+    #[arg(long, requires = "captions")]
+    pub demo: bool,
+    /// Also take the LM's tempo, key and meter over the audio's readings (upstream
+    /// warns its LM may invent them).
+    #[arg(long, requires = "captions")]
+    pub lm_metas: bool,
+    /// Sampling temperature (0: always the likeliest token; default: upstream's labeller's).
+    #[arg(long, requires = "captions", default_value_t = UnderstandSettings::default().sampling.temperature)]
+    pub temperature: f32,
+    /// Seed of each song's sampling.
+    #[arg(long, requires = "captions", default_value_t = UnderstandSettings::default().seed)]
+    pub seed: u64,
+}
+
+impl CaptionFlags {
+    /// None without --captions.
+    fn args(self) -> anyhow::Result<Option<captions::CaptionArgs>> {
+        if !self.captions {
+            return Ok(None);
+        }
+        let model = match (self.model, self.demo) {
+            (Some(path), _) => ModelSource::Folder { path },
+            (None, true) => ModelSource::Demo,
+            (None, false) => anyhow::bail!(
+                "--captions needs --model DIR (the ACE-Step model whose VAE and audio tokenizer turn songs into \
+                 the LM's codes) or --demo"
+            ),
+        };
+        let defaults = UnderstandSettings::default();
+        let settings = UnderstandSettings {
+            sampling: Sampling { temperature: self.temperature, ..defaults.sampling },
+            seed: self.seed,
+            ..defaults
+        };
+        Ok(Some(captions::CaptionArgs { lm: self.lm, model, take_metas: self.lm_metas, settings }))
+    }
 }
 
 /// Exactly one of `--model DIR` and `--demo`.
@@ -500,9 +559,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             };
             report::bench(&spec, json).map(|_| 0)
         }
-        Command::Label { audio_dir, json, overwrite, write_sidecars, replace_sidecars, labels_dir } => {
-            let args = label::LabelArgs { json, overwrite, write_sidecars, replace_sidecars, labels_dir };
-            label::label(&audio_dir, &args).map(|_| 0)
+        Command::Label { audio_dir, json, overwrite, write_sidecars, replace_sidecars, labels_dir, captions } => {
+            let captions = captions.args()?;
+            let args = label::LabelArgs { json, overwrite, write_sidecars, replace_sidecars, labels_dir, captions };
+            label::label(&audio_dir, args)
         }
         Command::Inspect { model_dir } => report::inspect(&model_dir).map(|_| 0),
         Command::Models(command) => models::run(command),

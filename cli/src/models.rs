@@ -8,7 +8,6 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
-use ostinato_engine::cancel::Cancel;
 use ostinato_engine::load::download::gb;
 use ostinato_engine::load::folder::hf_cache_dir;
 use ostinato_engine::load::lm::is_lm_dir;
@@ -21,7 +20,7 @@ use ostinato_engine::load::{
 use ostinato_engine::Error;
 use serde::Serialize;
 
-use crate::train::INTERRUPTED;
+use crate::train::{cancel_on_ctrl_c, INTERRUPTED};
 
 #[derive(Subcommand)]
 pub enum ModelsCommand {
@@ -153,17 +152,7 @@ fn download(variant: Downloadable, json: bool) -> anyhow::Result<i32> {
     let hub = Hub::from_env();
     let downloader =
         Downloader { hub: &hub, cache: HubCache::new(cache), models_dir: ModelPlaces::from_env()?.downloads };
-    let cancel = Cancel::never();
-    {
-        let cancel = cancel.clone();
-        ctrlc::set_handler(move || {
-            if cancel.is_cancelled() {
-                std::process::exit(INTERRUPTED);
-            }
-            cancel.cancel();
-        })
-        .context("cannot install the Ctrl-C handler")?;
-    }
+    let cancel = cancel_on_ctrl_c()?;
     let bar = if json { ProgressBar::hidden() } else { ProgressBar::new(0) };
     let mut show = |event: DownloadEvent| show(&bar, json, &event);
     match downloader.download(variant, &mut show, &cancel) {

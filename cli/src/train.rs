@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use ostinato_engine::cancel::Cancel;
 use ostinato_engine::data::{TagMode, TriggerTag};
 use ostinato_engine::label::saved_labels;
 use ostinato_engine::label::store::LabelStore;
@@ -21,6 +22,20 @@ use crate::TrainArgs;
 
 /// Exit code after a stop by Ctrl-C or SIGTERM (128 + SIGINT).
 pub const INTERRUPTED: i32 = 130;
+
+/// A cancel that Ctrl-C sets; a second Ctrl-C exits at once.
+pub fn cancel_on_ctrl_c() -> anyhow::Result<Cancel> {
+    let cancel = Cancel::never();
+    let set = cancel.clone();
+    ctrlc::set_handler(move || {
+        if set.is_cancelled() {
+            std::process::exit(INTERRUPTED);
+        }
+        set.cancel();
+    })
+    .context("cannot install the Ctrl-C handler")?;
+    Ok(cancel)
+}
 
 pub fn train(args: TrainArgs) -> anyhow::Result<i32> {
     let mut config = build_config(&args)?;

@@ -1480,7 +1480,7 @@ fn models_download_list_and_verify_a_5hz_lm() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let folder = dir.join("hub/models--ACE-Step--acestep-5Hz-lm-0.6B/snapshots/0b0e");
     assert_eq!(stdout.trim(), folder.to_str().unwrap());
-    let planned = stderr.lines().find(|l| l.starts_with("lm-0.6b: 4 files, ")).unwrap_or_else(|| panic!("{stderr}"));
+    let planned = stderr.lines().find(|l| l.starts_with("lm-0.6b: 5 files, ")).unwrap_or_else(|| panic!("{stderr}"));
     assert!(planned.contains(" GB (") && planned.contains(" to fetch) into "), "{planned}");
 
     // Listed beside the models, told apart by `kind`; in the table under its own header.
@@ -1496,10 +1496,10 @@ fn models_download_list_and_verify_a_5hz_lm() {
     let row = table.lines().skip_while(|l| !l.starts_with("5 Hz LM ")).nth(1).unwrap_or_else(|| panic!("{table}"));
     assert!(row.starts_with("lm-0.6b ") && row.contains("complete") && row.ends_with("snapshots/0b0e"), "{table}");
 
-    // Verified by folder and by name: 4 files against their hub checksums.
+    // Verified by folder and by name: 5 files against their hub checksums.
     for target in [folder.to_str().unwrap(), "lm-0.6b"] {
         let verified = String::from_utf8_lossy(&run(&["verify", target]).stdout).into_owned();
-        assert!(verified.starts_with("ok ") && verified.contains("4 files match their hub checksums"), "{verified}");
+        assert!(verified.starts_with("ok ") && verified.contains("5 files match their hub checksums"), "{verified}");
     }
     fails_with(&mut models_cmd(dir, &hub.url, &["verify", "lm-4b"]), "no lm-4b model found");
     // A DiT in the same list keeps its shape, tagged `dit`.
@@ -1919,4 +1919,84 @@ fn adapters_are_chosen_by_flag_and_checked() {
     fails_with(&mut train(tmp.path(), &songs, "loha", &["--adapter", "loha"]), "--adapter: unknown adapter `loha`");
     fails_with(&mut train(tmp.path(), &songs, "f", &["--factor", "2"]), "lora.factor");
     fails_with(&mut train(tmp.path(), &songs, "d", &["--adapter", "lokr", "--dropout", "0.1"]), "lora.dropout");
+}
+
+/// `label --captions`: ACE-Step's LM (found where models are looked for, or named)
+/// writes each song's caption, lyrics, language and genre into the label store; its
+/// tempo, key and meter are shown and taken only with --lm-metas; a song it cannot
+/// label keeps its labels; missing pieces are named.
+#[test]
+fn label_captions_keeps_the_lm_s_labels_and_its_metas_only_when_asked() {
+    use ostinato_engine::data::Field;
+    use ostinato_engine::label::store::LabelStore;
+    let clips = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/data/labels");
+    let tmp = tempfile::tempdir().unwrap();
+    let (songs, store, checkpoints) = (tmp.path().join("songs"), tmp.path().join("labels"), tmp.path().join("ckpt"));
+    std::fs::create_dir(&songs).unwrap();
+    for name in ["song-3-000.ogg", "song-3-024.ogg"] {
+        std::fs::copy(clips.join(name), songs.join(name)).unwrap();
+    }
+    let mut blip = ostinato_engine::codec::StereoAudio::silence(48_000, 4_800); // 0.1 s: no 5 Hz code
+    blip.left[100] = 0.5;
+    ostinato_engine::generate::wav::write_wav(&songs.join("blip.wav"), &blip).unwrap();
+    ostinato_engine::label::understand::tiny::write_tiny_lm(&checkpoints.join("acestep-5Hz-lm-1.7B"), 3).unwrap();
+    let label = |more: &[&str], found: &Path| {
+        let mut cmd = ostinato();
+        cmd.args(["label", songs.to_str().unwrap(), "--labels-dir", store.to_str().unwrap()])
+            .args(more)
+            .current_dir(tmp.path())
+            .env("ACESTEP_CHECKPOINTS_DIR", found)
+            .env("HF_HUB_CACHE", tmp.path().join("hub"))
+            .env("XDG_DATA_HOME", tmp.path().join("data"))
+            .env("OSTINATO_CONFIG_DIR", tmp.path().join("config"));
+        cmd.output().unwrap()
+    };
+    let rows = |out: Output| -> Vec<serde_json::Value> {
+        let out = ok(out);
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let saved = |name: &str| LabelStore::new(&store).find(&songs.join(name)).unwrap().saved;
+
+    let first = rows(label(&["--captions", "--demo", "--json"], &checkpoints));
+    for row in first.iter().filter(|r| r["file"] != "blip.wav") {
+        let lm = &row["lm"];
+        println!("{}: {}", row["file"], lm);
+        let caption = lm["fields"]["caption"].as_str().unwrap_or_else(|| panic!("{row}"));
+        assert!(!caption.trim().is_empty() && lm["tokens"].as_u64() > Some(0), "{row}");
+        let kept = saved(row["file"].as_str().unwrap());
+        assert_eq!(kept.understood.get(Field::Caption), Some(caption));
+        assert_eq!(kept.understood.get(Field::Bpm), lm["fields"]["bpm"].as_str(), "the LM's tempo is kept to be shown");
+        // The tempo stays the audio's reading.
+        assert_eq!(row["bpm"], row["analysed"]["bpm"], "{row}");
+        assert_eq!(kept.accepted.get(Field::Bpm), row["analysed"]["bpm"].as_u64().map(|b| b.to_string()).as_deref());
+    }
+    let blip = first.iter().find(|r| r["file"] == "blip.wav").unwrap();
+    let why = blip["lm"]["error"].as_str().or(blip["skipped"].as_str()).unwrap_or_else(|| panic!("{blip}"));
+    assert!(why.contains("blip.wav"), "{why}");
+    assert!(LabelStore::new(&store).find(&songs.join("blip.wav")).unwrap().saved.understood.is_empty());
+
+    // --lm-metas: the LM's tempo is taken over the reading.
+    let again = rows(label(&["--captions", "--demo", "--json", "--lm-metas", "--seed", "5"], &checkpoints));
+    let row = again.iter().find(|r| r["file"] == "song-3-000.ogg").unwrap();
+    let lm_bpm = row["lm"]["fields"]["bpm"].as_str().expect("the tiny LM writes a tempo from the constraint's range");
+    assert_eq!(row["bpm"].as_u64().map(|b| b.to_string()).as_deref(), Some(lm_bpm), "{row}");
+
+    // The table shows the LM's lines under each song.
+    let table = String::from_utf8(ok(label(&["--captions", "--demo"], &checkpoints)).stdout).unwrap();
+    assert!(table.contains("    caption (ACE-Step's LM): "), "{table}");
+    assert!(table.contains("(not taken: --lm-metas takes them)"), "{table}");
+
+    // What is missing is named: the codes' model, the LM (with its download and size).
+    fails_with(ostinato().args(["label", songs.to_str().unwrap(), "--captions"]), "--model DIR");
+    let nowhere = tmp.path().join("nowhere");
+    let out = label(&["--captions", "--demo"], &nowhere);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("ostinato models download lm-1.7b") && stderr.contains("3.7 GB"),
+        "{stderr}"
+    );
+    let out = label(&["--captions", "--demo", "--lm", nowhere.to_str().unwrap()], &checkpoints);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("nowhere"), "{stderr}");
+    fails_with(ostinato().args(["label", songs.to_str().unwrap(), "--lm-metas"]), "--captions");
 }

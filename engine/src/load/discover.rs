@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use super::catalog::LmVariant;
 use super::folder::{models_in, subfolders, ModelFolder, TEXT_DIR, VAE_DIR};
 use super::kind::{Flavor, ModelKind, ModelSize};
 use super::lm::{lm_variant_of, lms_in, LmFolder};
@@ -92,6 +93,13 @@ pub fn find_lms(places: &ModelPlaces) -> Vec<FoundLm> {
             }
         })
         .collect()
+}
+
+/// The LM labelling uses when none is named: the default variant (upstream's
+/// 1.7B) where it is complete, else the first complete one.
+pub fn preferred_lm(found: &[FoundLm]) -> Option<&FoundLm> {
+    let complete = || found.iter().filter(|lm| lm.complete);
+    complete().find(|lm| lm.name == LmVariant::DEFAULT.name()).or_else(|| complete().next())
 }
 
 /// What `find_in` finds in each place, in order, each folder once.

@@ -21,7 +21,7 @@ pub mod source;
 pub mod verify;
 
 pub use catalog::{DitVariant, Downloadable, LmVariant};
-pub use discover::{find_lms, find_models, FoundLm, FoundModel, Origin};
+pub use discover::{find_lms, find_models, preferred_lm, FoundLm, FoundModel, Origin};
 pub use download::{DownloadEvent, Downloader};
 pub use hub::{Hub, HubCache};
 pub use kind::{Flavor, ModelKind, ModelSize};
