@@ -9,6 +9,7 @@ use candle_core::Device;
 use ostinato_engine::label::understand::constrained::{
     read_genres_vocab, MetadataConstraint, MetadataTables, State, TreeField,
 };
+use ostinato_engine::label::understand::decode::Rows;
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
@@ -202,7 +203,18 @@ fn greedy_runs_over_formula_logits_choose_upstreams_tokens() {
         for (step, &expected) in want.iter().enumerate() {
             let state = upstream_name(constraint.state());
             let mut scores = formula.scores(step, tables.vocab_size());
+            // The rows the constraint says it reads are all it reads: the others
+            // left out (-inf, as the LM leaves them), it masks alike.
+            let mut only_rows = scores.clone();
+            leave_out(&mut only_rows, &constraint.rows());
+            let mut twin = constraint.clone();
+            twin.process(&mut only_rows);
             constraint.process(&mut scores);
+            assert!(
+                only_rows == scores && twin.state() == constraint.state(),
+                "{name} step {step} in {state}: the step reads scores outside {:?}",
+                constraint.rows()
+            );
             let got = argmax(&scores);
             if got != expected || state != states[step].as_str().unwrap() {
                 failures.push(format!(
@@ -217,6 +229,21 @@ fn greedy_runs_over_formula_logits_choose_upstreams_tokens() {
         println!("{name}: {matched}/{} steps match upstream (ids and states)", want.len());
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Sets every score outside `rows` to -inf.
+fn leave_out(scores: &mut [f32], rows: &Rows) {
+    match rows {
+        Rows::All => {}
+        Rows::AllBut(masked) => {
+            masked.iter().for_each(|r| scores[r.start as usize..r.end as usize].fill(f32::NEG_INFINITY))
+        }
+        Rows::Only(ids) => {
+            let kept: Vec<(u32, f32)> = ids.iter().map(|&id| (id, scores[id as usize])).collect();
+            scores.fill(f32::NEG_INFINITY);
+            kept.into_iter().for_each(|(id, s)| scores[id as usize] = s);
+        }
+    }
 }
 
 /// Upstream's greedy understand runs on the tiny LM: no per-step logits are recorded,

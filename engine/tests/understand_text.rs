@@ -4,14 +4,13 @@
 //! LM folders that must be refused.
 
 use std::collections::HashMap;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 use serde_json::{json, Value};
 
 use ostinato_engine::cancel::Cancel;
-use ostinato_engine::label::understand::decode::{LogitsProcessor, NextLogits, Stop};
+use ostinato_engine::label::understand::decode::{LogitsProcessor, NextLogits, Rows, Stop};
 use ostinato_engine::label::understand::parse::{parse_understanding, IntOrText, Understood};
 use ostinato_engine::label::understand::prompt::UnderstandPrompt;
 use ostinato_engine::label::understand::sample::{Sampler, Sampling};
@@ -106,10 +105,10 @@ impl Replay {
 }
 
 impl NextLogits for Replay {
-    fn prefill(&mut self, _prompt: &[u32], _masked: &[Range<u32>]) -> Result<Vec<f32>> {
+    fn prefill(&mut self, _prompt: &[u32], _rows: &Rows) -> Result<Vec<f32>> {
         Ok(self.scores())
     }
-    fn step(&mut self, _token: u32, _masked: &[Range<u32>]) -> Result<Vec<f32>> {
+    fn step(&mut self, _token: u32, _rows: &Rows) -> Result<Vec<f32>> {
         self.fed += 1;
         Ok(self.scores())
     }

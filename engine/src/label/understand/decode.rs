@@ -6,6 +6,7 @@
 //! the loop ends after an end token (eos or pad, kept in the output as upstream keeps
 //! it) or after the token budget.
 
+use std::borrow::Cow;
 use std::ops::Range;
 use std::path::Path;
 
@@ -20,14 +21,36 @@ use crate::{Error, Result};
 /// `max_new_tokens` (absent: 4096) capped at its `max_model_len` (4096) less 64.
 pub const MAX_NEW_TOKENS: usize = 4096 - 64;
 
-/// The language model, one sequence at a time, keeping its own cache. `masked` are
-/// token ranges whose scores the processor will set to -inf whatever they are: the model
-/// may skip computing them (and give -inf there).
+/// The scores a step's processing reads: the model may leave the others uncomputed
+/// (-inf), as the processor masks them whatever they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rows<'a> {
+    All,
+    /// Every token but these ascending, disjoint ranges.
+    AllBut(&'a [Range<u32>]),
+    /// Only these tokens.
+    Only(Cow<'a, [u32]>),
+}
+
+/// Ascending, distinct ids as runs of consecutive ids.
+pub fn id_runs(sorted: &[u32]) -> Vec<Range<u32>> {
+    let mut runs: Vec<Range<u32>> = Vec::new();
+    for &id in sorted {
+        match runs.last_mut() {
+            Some(run) if run.end == id => run.end += 1,
+            _ => runs.push(id..id + 1),
+        }
+    }
+    runs
+}
+
+/// The language model, one sequence at a time, keeping its own cache. `rows` says
+/// which scores will be read.
 pub trait NextLogits {
     /// Reads the prompt afresh; the scores for the token after it (one per vocabulary entry).
-    fn prefill(&mut self, prompt: &[u32], masked: &[Range<u32>]) -> Result<Vec<f32>>;
+    fn prefill(&mut self, prompt: &[u32], rows: &Rows) -> Result<Vec<f32>>;
     /// Appends `token`; the scores for the token after it.
-    fn step(&mut self, token: u32, masked: &[Range<u32>]) -> Result<Vec<f32>>;
+    fn step(&mut self, token: u32, rows: &Rows) -> Result<Vec<f32>>;
 }
 
 /// What shapes the scores before sampling (the metadata constraint) and follows the
@@ -35,10 +58,9 @@ pub trait NextLogits {
 pub trait LogitsProcessor {
     fn process(&mut self, scores: &mut [f32]);
     fn update(&mut self, token: u32);
-    /// Token ranges the next `process` masks whatever their scores (and reads no score
-    /// of): ascending and disjoint.
-    fn masked(&self) -> &[Range<u32>] {
-        &[]
+    /// The scores the next `process` reads.
+    fn rows(&self) -> Rows<'_> {
+        Rows::All
     }
 }
 
@@ -115,7 +137,7 @@ impl Decoder<'_> {
             return Err(Error::setting("max_new_tokens", "0 leaves the LM no token to write"));
         }
         cancel.check()?;
-        let mut scores = model.prefill(prompt, processor.masked())?;
+        let mut scores = model.prefill(prompt, &processor.rows())?;
         let mut context = prompt.to_vec();
         let mut ids = Vec::new();
         let stop = loop {
@@ -132,7 +154,7 @@ impl Decoder<'_> {
                 break Stop::Budget;
             }
             cancel.check()?;
-            scores = model.step(token, processor.masked())?;
+            scores = model.step(token, &processor.rows())?;
         };
         let text = self.tokenizer.decode(&ids, false).map_err(|e| Error::BadFile {
             path: self.tokenizer_file.to_path_buf(),
@@ -178,11 +200,11 @@ mod tests {
     }
 
     impl NextLogits for Scripted {
-        fn prefill(&mut self, prompt: &[u32], _: &[Range<u32>]) -> Result<Vec<f32>> {
+        fn prefill(&mut self, prompt: &[u32], _: &Rows) -> Result<Vec<f32>> {
             self.prompt = prompt.to_vec();
             Ok(self.scores())
         }
-        fn step(&mut self, token: u32, _: &[Range<u32>]) -> Result<Vec<f32>> {
+        fn step(&mut self, token: u32, _: &Rows) -> Result<Vec<f32>> {
             self.fed.push(token);
             Ok(self.scores())
         }

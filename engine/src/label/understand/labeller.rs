@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::codes::song_codes;
 use super::constrained::{read_genres_vocab, MetadataConstraint, MetadataTables};
-use super::decode::{Decoded, LogitsProcessor, NextLogits, MAX_NEW_TOKENS};
+use super::decode::{id_runs, Decoded, LogitsProcessor, NextLogits, Rows, MAX_NEW_TOKENS};
 use super::parse::{parse_understanding, IntOrText};
 use super::prompt::UnderstandPrompt;
 use super::sample::{Sampler, Sampling};
@@ -185,27 +185,30 @@ struct LmSteps<'a> {
 }
 
 impl LmSteps<'_> {
-    fn logits(&self, hidden: &candle_core::Tensor, masked: &[Range<u32>]) -> Result<Vec<f32>> {
-        if masked.is_empty() {
-            return self.lm.logits(hidden, None);
-        }
-        self.lm.logits(hidden, Some(&complement(masked, self.lm.config().vocab_size as u32)))
+    fn logits(&self, hidden: &candle_core::Tensor, rows: &Rows) -> Result<Vec<f32>> {
+        let vocab = self.lm.config().vocab_size as u32;
+        let keep = match rows {
+            Rows::All => return self.lm.logits(hidden, None),
+            Rows::AllBut(masked) => complement(masked, vocab),
+            Rows::Only(ids) => runs(ids, vocab),
+        };
+        self.lm.logits(hidden, Some(&keep))
     }
 }
 
 impl NextLogits for LmSteps<'_> {
-    fn prefill(&mut self, prompt: &[u32], masked: &[Range<u32>]) -> Result<Vec<f32>> {
+    fn prefill(&mut self, prompt: &[u32], rows: &Rows) -> Result<Vec<f32>> {
         let mut cache = self.lm.new_cache()?;
         cache.reserve(prompt.len() + self.budget)?;
         let hidden = self.lm.prefill(prompt, &mut cache)?;
         self.cache = Some(cache);
-        self.logits(&hidden, masked)
+        self.logits(&hidden, rows)
     }
 
-    fn step(&mut self, token: u32, masked: &[Range<u32>]) -> Result<Vec<f32>> {
+    fn step(&mut self, token: u32, rows: &Rows) -> Result<Vec<f32>> {
         let cache = self.cache.as_mut().ok_or_else(|| Error::BadRequest("an LM step before its prefill".into()))?;
         let hidden = self.lm.step(token, cache)?;
-        self.logits(&hidden, masked)
+        self.logits(&hidden, rows)
     }
 }
 
@@ -226,6 +229,14 @@ fn complement(masked: &[Range<u32>], vocab: u32) -> Vec<Range<u32>> {
     kept
 }
 
+/// The ids below `vocab` as ascending runs of consecutive ids.
+fn runs(ids: &[u32], vocab: u32) -> Vec<Range<u32>> {
+    let mut ids: Vec<u32> = ids.iter().copied().filter(|&id| id < vocab).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    id_runs(&ids)
+}
+
 /// The metadata constraint as the decoding loop's processor (its own methods).
 impl LogitsProcessor for MetadataConstraint<'_> {
     fn process(&mut self, scores: &mut [f32]) {
@@ -236,14 +247,14 @@ impl LogitsProcessor for MetadataConstraint<'_> {
         MetadataConstraint::update(self, token);
     }
 
-    fn masked(&self) -> &[Range<u32>] {
-        MetadataConstraint::masked(self)
+    fn rows(&self) -> Rows<'_> {
+        MetadataConstraint::rows(self)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::complement;
+    use super::{complement, runs};
 
     #[test]
     fn complement_keeps_what_is_not_masked() {
@@ -252,5 +263,10 @@ mod tests {
         assert_eq!(complement(&[2..4, 6..7], 10), [0..2, 4..6, 7..10]);
         assert_eq!(complement(&[0..3, 8..12], 10), vec![3..8]);
         assert_eq!(complement(&[whole], 10), Vec::<std::ops::Range<u32>>::new());
+    }
+
+    #[test]
+    fn runs_of_ids_are_sorted_deduplicated_and_within_the_vocabulary() {
+        assert_eq!(runs(&[7, 3, 4, 4, 9, 12], 10), [3..5, 7..8, 9..10]);
     }
 }

@@ -7,10 +7,11 @@
 //! a target duration, the codes phase, stop_at_reasoning, skipped fields, per-phase
 //! temperatures, the caption-matched genres trie and the vocabulary file's hot reload.
 
-use std::ops::Range;
+use std::borrow::Cow;
 
 use super::pystr;
 use super::tables::{MetadataTables, TreeField, FIXED_STRINGS};
+use crate::label::understand::decode::Rows;
 
 /// Where the decoding is, in upstream's order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,15 +145,24 @@ impl<'t> MetadataConstraint<'t> {
         self.state == State::Completed
     }
 
-    /// Token ranges the next `process` masks without reading their scores: the audio
-    /// codes, in the lyrics and in a caption line (not on the step after a caption's
-    /// newline, whose raw argmax decides whether the caption goes on).
-    pub fn masked(&self) -> &'t [Range<u32>] {
-        let caption_line = self.state == State::CaptionValue && !self.caption_after_newline && !self.caption_ending;
-        match self.state == State::Completed || caption_line {
-            true => &self.tables.audio_code_rows,
-            false => &[],
+    /// The LM-head rows the next `process` reads; the others it masks whatever they
+    /// are, so the LM may leave them uncomputed.
+    pub fn rows(&self) -> Rows<'t> {
+        if let Some(allowed) = self.plain_choice() {
+            return Rows::Only(allowed);
         }
+        let caption_line = self.state == State::CaptionValue && !self.caption_after_newline && !self.caption_ending;
+        if self.state == State::Completed || caption_line {
+            return Rows::AllBut(&self.tables.audio_code_rows);
+        }
+        if self.state == State::LanguageValue {
+            // The first token: the best of the languages' first tokens (the newline
+            // where there are none).
+            let mut ids = self.tables.language_firsts.clone();
+            ids.push(self.tables.newline);
+            return Rows::Only(ids.into());
+        }
+        Rows::All
     }
 
     /// Masks (-inf) what may not come next in `scores`, one step's logits over the
@@ -205,38 +215,48 @@ impl<'t> MetadataConstraint<'t> {
 
     /// Upstream's per-sequence step: every state but Completed.
     fn constrain(&mut self, scores: &mut [f32]) {
-        let newline = self.tables.newline;
+        if let Some(allowed) = self.plain_choice() {
+            return keep_only(scores, &allowed);
+        }
         if let Some(string) = self.state.fixed_string() {
             return self.constrain_fixed_string(scores, string);
         }
         match self.state {
-            State::BpmValue => keep_only(scores, self.tree_next(TreeField::Bpm)),
-            State::DurationValue => keep_only(scores, self.tree_next(TreeField::Duration)),
-            State::TimesigValue => {
-                if self.value_complete(TreeField::Timesignature) {
-                    keep_only(scores, &[newline]);
-                } else {
-                    keep_only(scores, self.tree_next(TreeField::Timesignature));
-                }
-            }
-            State::KeyscaleValue => self.constrain_closed_value(scores, TreeField::Keyscale),
             State::LanguageValue => self.constrain_language(scores),
             State::CaptionValue => self.constrain_caption(scores),
             State::GenresValue => self.constrain_genres(scores),
-            // Completed is not constrained here (see `process`); the fixed strings
-            // were handled above.
+            // Completed is not constrained here (see `process`); the other states
+            // made their plain choice above.
             _ => {}
         }
     }
 
+    /// The tokens allowed next where that is all the step does (it reads no score):
+    /// a fixed string's next characters, a value's continuations in its tree, the
+    /// newline after a complete value.
+    fn plain_choice(&self) -> Option<Cow<'t, [u32]>> {
+        let newline = || Cow::Owned(vec![self.tables.newline]);
+        let tree = |field| Cow::Borrowed(self.tree_next(field));
+        Some(match self.state {
+            s if s.fixed_string().is_some() => {
+                let allowed = self.tables.fixed_allowed(s.fixed_string()?, self.position);
+                (!allowed.is_empty()).then_some(Cow::Borrowed(allowed))?
+            }
+            State::BpmValue => tree(TreeField::Bpm),
+            State::DurationValue => tree(TreeField::Duration),
+            State::TimesigValue if self.value_complete(TreeField::Timesignature) => newline(),
+            State::TimesigValue => tree(TreeField::Timesignature),
+            State::KeyscaleValue => self.closed_value(TreeField::Keyscale),
+            State::LanguageValue if !self.value_ids.is_empty() => self.closed_value(TreeField::Language),
+            _ => return None,
+        })
+    }
+
+    /// Nothing continues the string (a tokenizer with no token for its next
+    /// characters): upstream moves on and constrains the next state's step on zeroed
+    /// logits, or leaves them be where that state is another fixed string.
     fn constrain_fixed_string(&mut self, scores: &mut [f32], string: usize) {
-        let allowed = self.tables.fixed_allowed(string, self.position);
-        if !allowed.is_empty() {
-            return keep_only(scores, allowed);
-        }
-        // Nothing continues the string (a tokenizer with no token for its next
-        // characters): upstream moves on and constrains the next state's step on
-        // zeroed logits, or leaves them be where that state is another fixed string.
+        debug_assert!(self.tables.fixed_allowed(string, self.position).is_empty());
         self.advance();
         if self.state.fixed_string().is_none() {
             scores.fill(0.0);
@@ -256,21 +276,17 @@ impl<'t> MetadataConstraint<'t> {
 
     /// Key and language after their first token: a complete value ends the line,
     /// otherwise the tree's continuations, otherwise the newline.
-    fn constrain_closed_value(&self, scores: &mut [f32], field: TreeField) {
+    fn closed_value(&self, field: TreeField) -> Cow<'t, [u32]> {
         let next = self.tree_next(field);
-        if self.value_complete(field) || next.is_empty() {
-            keep_only(scores, &[self.tables.newline]);
-        } else {
-            keep_only(scores, next);
+        match self.value_complete(field) || next.is_empty() {
+            true => Cow::Owned(vec![self.tables.newline]),
+            false => Cow::Borrowed(next),
         }
     }
 
     /// The language's first token is the best-scored of all languages' first tokens,
     /// alone; the rest follows the tree.
     fn constrain_language(&self, scores: &mut [f32]) {
-        if !self.value_ids.is_empty() {
-            return self.constrain_closed_value(scores, TreeField::Language);
-        }
         let best = self.tables.language_firsts.iter().copied().reduce(|best, id| {
             if score(scores, id) > score(scores, best) {
                 id

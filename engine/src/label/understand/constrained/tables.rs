@@ -11,6 +11,7 @@ use super::pystr;
 use super::trees::{Keep, PrefixTree};
 use super::vocab::{encode, last_token, Vocab};
 use crate::data::labels::{BPM_RANGE, LANGUAGES, TIME_SIGNATURES};
+use crate::label::understand::decode::id_runs;
 use crate::label::understand::prompt::AUDIO_CODES;
 use crate::{Error, Result};
 
@@ -89,7 +90,7 @@ impl MetadataTables {
         let language = tree("language", LANGUAGES.map(String::from).to_vec(), Keep::NonEmpty)?;
         let audio_codes = audio_codes(&vocab);
         Ok(Self {
-            audio_code_rows: runs(&audio_codes),
+            audio_code_rows: id_runs(&audio_codes),
             audio_codes,
             newline,
             backtick: last_token(tok, "`")?,
@@ -155,18 +156,6 @@ fn audio_codes(vocab: &Vocab) -> Vec<u32> {
         Some(digits.parse().unwrap_or(u64::MAX))
     };
     vocab.iter().filter(|(_, t)| code(t).is_some_and(|n| n < u64::from(AUDIO_CODES))).map(|(id, _)| id).collect()
-}
-
-/// Sorted ids as ascending runs of consecutive ids.
-fn runs(ids: &[u32]) -> Vec<Range<u32>> {
-    let mut runs: Vec<Range<u32>> = Vec::new();
-    for &id in ids {
-        match runs.last_mut() {
-            Some(run) if run.end == id => run.end += 1,
-            _ => runs.push(id..id + 1),
-        }
-    }
-    runs
 }
 
 /// For each code point position in `fixed`, the tokens that continue it: the single
