@@ -1,9 +1,10 @@
 //! `ostinato bench --preset lm-0.6b` / `lm-1.7b`: labelling one 4-minute song with the 5 Hz
 //! LM at its real sizes, seeded random weights: a 1240-token prompt (1200 audio codes and
 //! the instruction) prefilled, then greedy decoding to [`NEW_TOKENS`] new tokens over the
-//! KV cache. Each step computes the LM head's rows the understand mode can pick: all but
-//! the 64000 audio-code tokens, which its constrained decoder masks in every state (in
-//! many states it leaves only a few tokens; the bench does not count on that). Reports
+//! KV cache. Each step computes the LM head's rows a caption or lyrics step reads: all
+//! but the 64000 audio-code tokens (see `MetadataConstraint::rows`; a metadata value's
+//! steps read only their allowed tokens, fewer, and the step after a caption's newline
+//! reads all, so the bench stands for the bulk of a song's tokens). Reports
 //! seconds per song, its prefill and decode parts, tokens per second, and peak RSS
 //! against the held weights.
 //!
