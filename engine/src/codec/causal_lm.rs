@@ -146,7 +146,8 @@ impl CausalLm {
     pub fn new_cache(&self) -> Result<KvCache> {
         let dims = self.cfg.dims();
         let layers = (0..self.cfg.num_hidden_layers)
-            .map(|_| LayerCache::new(dims.kv_heads, dims.head_dim, 0, self.compute, &self.device))
+            // Held like the weights: bf16 beside bf16 weights halves what each step reads.
+            .map(|_| LayerCache::new(dims.kv_heads, dims.head_dim, 0, self.held, &self.device))
             .collect::<Result<_>>()?;
         let rope = Rope::new(dims.head_dim, self.cfg.rope_theta, 0, &self.device)?.to_dtype(self.compute)?;
         Ok(KvCache {

@@ -118,12 +118,13 @@ impl LayerCache {
         Ok(())
     }
 
-    /// Appends `k`, `v` `[1, kv_heads, n, head_dim]`; the keys and values of every
-    /// position so far, `[1, kv_heads, len, head_dim]` views.
+    /// Appends `k`, `v` `[1, kv_heads, n, head_dim]` (stored in the cache's dtype); the
+    /// keys and values of every position so far, `[1, kv_heads, len, head_dim]` views.
     fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         self.reserve(self.len + k.dim(2)?)?;
-        self.k.slice_set(&k.contiguous()?, 2, self.len)?;
-        self.v.slice_set(&v.contiguous()?, 2, self.len)?;
+        let dtype = self.k.dtype();
+        self.k.slice_set(&k.to_dtype(dtype)?.contiguous()?, 2, self.len)?;
+        self.v.slice_set(&v.to_dtype(dtype)?.contiguous()?, 2, self.len)?;
         self.len += k.dim(2)?;
         Ok((self.k.narrow(2, 0, self.len)?, self.v.narrow(2, 0, self.len)?))
     }
@@ -269,6 +270,7 @@ impl Layer {
         } else {
             // A prompt in blocks of query rows, each against the keys it can see: half
             // the products of the full square, and a score block instead of the square.
+            let (keys, values) = (keys.to_dtype(q.dtype())?, values.to_dtype(q.dtype())?);
             let blocks = (0..rows)
                 .step_by(QUERY_BLOCK)
                 .map(|start| {

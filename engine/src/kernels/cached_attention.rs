@@ -1,4 +1,5 @@
-//! Attention of one new query row per head over a KV cache (decoding, f32 on the CPU).
+//! Attention of one new query row per head over a KV cache (decoding on the CPU: f32
+//! queries, the cache in f32 or bf16, widened as it is read).
 //! Each KV head's keys and values are read once for all the query heads that share
 //! them (GQA), straight from the cache's strided view: no copy, no score matrix for a
 //! general GEMM to be called on with two rows.
@@ -16,18 +17,15 @@ pub(crate) struct SingleQueryAttention {
     pub scale: f32,
 }
 
-/// A cache view's data, its start, and the distance between KV heads.
-fn view<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Result<(&'a [f32], usize, usize)> {
-    let CpuStorage::F32(data) = s else {
-        candle_core::bail!("cached attention: {what} must be f32, is {:?}", s.dtype())
-    };
+/// A cache view's layout: its start and the distance between KV heads.
+fn view(l: &Layout, what: &str) -> candle_core::Result<(usize, usize)> {
     let (stride, dims) = (l.stride(), l.dims());
     if dims.len() != 4 || dims[0] != 1 || stride[3] != 1 || stride[2] != dims[3] {
         candle_core::bail!(
             "cached attention: {what} {dims:?} (strides {stride:?}) is not a (1, KV, len, D) cache view"
         );
     }
-    Ok((data, l.start_offset(), stride[1]))
+    Ok((l.start_offset(), stride[1]))
 }
 
 impl CustomOp3 for SingleQueryAttention {
@@ -47,9 +45,6 @@ impl CustomOp3 for SingleQueryAttention {
         let (Some((q0, q1)), CpuStorage::F32(q)) = (ql.contiguous_offsets(), qs) else {
             candle_core::bail!("cached attention: the queries must be contiguous f32");
         };
-        let q = &q[q0..q1];
-        let (k, k0, k_head) = view(ks, kl, "keys")?;
-        let (v, v0, v_head) = view(vs, vl, "values")?;
         let (heads, d) = (ql.dims()[1], ql.dims()[3]);
         let (kv_heads, len) = (kl.dims()[1], kl.dims()[2]);
         if ql.dims() != [1, heads, 1, d]
@@ -64,16 +59,50 @@ impl CustomOp3 for SingleQueryAttention {
                 vl.dims()
             );
         }
-        let rep = heads / kv_heads;
-        let mut out = vec![0f32; heads * d];
+        let (k, v) = (Cache { layout: view(kl, "keys")?, len }, Cache { layout: view(vl, "values")?, len });
+        let q = &q[q0..q1];
+        let out = match (ks, vs) {
+            (CpuStorage::F32(ks), CpuStorage::F32(vs)) => self.attend(q, d, kv_heads, (ks, k), (vs, v)),
+            (CpuStorage::BF16(ks), CpuStorage::BF16(vs)) => self.attend(q, d, kv_heads, (ks, k), (vs, v)),
+            _ => candle_core::bail!(
+                "cached attention: the cache must be f32 or bf16, keys and values alike (keys {:?}, values {:?})",
+                ks.dtype(),
+                vs.dtype()
+            ),
+        };
+        Ok((CpuStorage::F32(out), Shape::from((1, heads, 1, d))))
+    }
+}
+
+/// Where a cache view's rows are.
+#[derive(Clone, Copy)]
+struct Cache {
+    /// Start and distance between KV heads.
+    layout: (usize, usize),
+    len: usize,
+}
+
+impl SingleQueryAttention {
+    /// The attention of `q` (every head's row of `d`) over the keys and values.
+    fn attend<W: MatvecWeight>(
+        &self,
+        q: &[f32],
+        d: usize,
+        kv_heads: usize,
+        (k, kc): (&[W], Cache),
+        (v, vc): (&[W], Cache),
+    ) -> Vec<f32> {
+        let (rep, len) = (q.len() / d / kv_heads, kc.len);
+        let mut out = vec![0f32; q.len()];
         out.par_chunks_mut(rep * d).enumerate().for_each(|(g, out)| {
-            let (keys, values) = (&k[k0 + g * k_head..], &v[v0 + g * v_head..]);
+            let keys = &k[kc.layout.0 + g * kc.layout.1..];
+            let values = &v[vc.layout.0 + g * vc.layout.1..];
             let queries = &q[g * rep * d..(g + 1) * rep * d];
             // scores[r][j] for this KV head's query heads r, one pass over the keys.
             let mut scores = vec![0f32; rep * len];
             for (j, key) in keys.chunks_exact(d).take(len).enumerate() {
                 for (r, query) in queries.chunks_exact(d).enumerate() {
-                    scores[r * len + j] = f32::dot(query, key) * self.scale;
+                    scores[r * len + j] = W::dot(key, query) * self.scale;
                 }
             }
             let mut probs = vec![0f32; rep * len];
@@ -82,43 +111,46 @@ impl CustomOp3 for SingleQueryAttention {
             }
             for (j, value) in values.chunks_exact(d).take(len).enumerate() {
                 for (r, o) in out.chunks_exact_mut(d).enumerate() {
-                    simd::axpy_row(probs[r * len + j], value, o);
+                    W::axpy(probs[r * len + j], value, o);
                 }
             }
         });
-        Ok((CpuStorage::F32(out), Shape::from((1, heads, 1, d))))
+        out
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{Device, Tensor};
+    use candle_core::{DType, Device, Tensor};
 
     #[test]
-    fn matches_the_composed_product_on_a_cache_view() {
+    fn matches_the_composed_product_on_an_f32_or_bf16_cache_view() {
         let dev = Device::Cpu;
         let (kv, rep, cap, len, d) = (2, 3, 11, 7, 20);
         let q = Tensor::randn(0f32, 1.0, (1, kv * rep, 1, d), &dev).unwrap();
-        let k = Tensor::randn(0f32, 1.0, (1, kv, cap, d), &dev).unwrap().narrow(2, 0, len).unwrap();
-        let v = Tensor::randn(0f32, 1.0, (1, kv, cap, d), &dev).unwrap().narrow(2, 0, len).unwrap();
-        let scale = 0.3;
-        let got = q.apply_op3_no_bwd(&k, &v, &SingleQueryAttention { scale }).unwrap();
-        // Composed: each query head against its KV head.
-        let q3 = q.reshape((kv, rep, d)).unwrap();
-        let (k3, v3) = (k.squeeze(0).unwrap().contiguous().unwrap(), v.squeeze(0).unwrap().contiguous().unwrap());
-        let scores = (q3.matmul(&k3.t().unwrap()).unwrap() * scale as f64).unwrap();
-        let want = candle_core::Tensor::exp(&scores).unwrap();
-        let want = want.broadcast_div(&want.sum_keepdim(2).unwrap()).unwrap().matmul(&v3).unwrap();
-        let err = (got.flatten_all().unwrap() - want.flatten_all().unwrap())
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        println!("cached attention vs composed: max abs error {err:.2e} (tolerance 1e-5)");
-        assert!(err < 1e-5, "{err}");
+        for dtype in [DType::F32, DType::BF16] {
+            let cache = || Tensor::randn(0f32, 1.0, (1, kv, cap, d), &dev).unwrap().to_dtype(dtype).unwrap();
+            let (k, v) = (cache().narrow(2, 0, len).unwrap(), cache().narrow(2, 0, len).unwrap());
+            let scale = 0.3;
+            let got = q.apply_op3_no_bwd(&k, &v, &SingleQueryAttention { scale }).unwrap();
+            // Composed in f32 on the cache's values: each query head against its KV head.
+            let q3 = q.reshape((kv, rep, d)).unwrap();
+            let f32_of = |t: &Tensor| t.squeeze(0).unwrap().to_dtype(DType::F32).unwrap().contiguous().unwrap();
+            let (k3, v3) = (f32_of(&k), f32_of(&v));
+            let scores = (q3.matmul(&k3.t().unwrap()).unwrap() * scale as f64).unwrap();
+            let want = candle_core::Tensor::exp(&scores).unwrap();
+            let want = want.broadcast_div(&want.sum_keepdim(2).unwrap()).unwrap().matmul(&v3).unwrap();
+            let err = (got.flatten_all().unwrap() - want.flatten_all().unwrap())
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            println!("cached attention ({dtype:?} cache) vs composed: max abs error {err:.2e} (tolerance 1e-5)");
+            assert!(err < 1e-5, "{dtype:?}: {err}");
+        }
     }
 }

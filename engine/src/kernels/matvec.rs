@@ -21,6 +21,8 @@ const FEATURES_PER_TASK: usize = 64;
 pub(crate) trait MatvecWeight: Copy + Send + Sync {
     /// `sum_i w[i] * x[i]`, `w.len() == x.len()`.
     fn dot(w: &[Self], x: &[f32]) -> f32;
+    /// `y[i] += a * w[i]`, `w.len() == y.len()`.
+    fn axpy(a: f32, w: &[Self], y: &mut [f32]);
 }
 
 impl MatvecWeight for f32 {
@@ -37,6 +39,10 @@ impl MatvecWeight for f32 {
             }
         }
         w.iter().zip(x).map(|(w, x)| w * x).sum()
+    }
+
+    fn axpy(a: f32, w: &[f32], y: &mut [f32]) {
+        super::simd::axpy_row(a, w, y);
     }
 }
 
@@ -56,6 +62,22 @@ impl MatvecWeight for bf16 {
             }
         }
         w.iter().zip(x).map(|(w, x)| w.to_f32() * x).sum()
+    }
+
+    fn axpy(a: f32, w: &[bf16], y: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let bits: &[u16] = bytemuck_u16(w);
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F; both slices have the same length.
+                return unsafe { x86::axpy_bf16_avx512(a, bits, y) };
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                // SAFETY: the CPU has AVX2 and FMA; both slices have the same length.
+                return unsafe { x86::axpy_bf16_avx2(a, bits, y) };
+            }
+        }
+        y.iter_mut().zip(w).for_each(|(y, w)| *y += a * w.to_f32());
     }
 }
 
@@ -218,6 +240,37 @@ mod x86 {
         }
         let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
         horizontal_sum_256(sum) + tail_bf16(&w[i..], &x[i..])
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn axpy_bf16_avx512(a: f32, w: &[u16], y: &mut [f32]) {
+        let (wp, yp, av) = (w.as_ptr(), y.as_mut_ptr(), _mm512_set1_ps(a));
+        let mut i = 0;
+        while i + 16 <= w.len() {
+            let wide = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                wp.add(i).cast(),
+            ))));
+            _mm512_storeu_ps(yp.add(i), _mm512_fmadd_ps(av, wide, _mm512_loadu_ps(yp.add(i))));
+            i += 16;
+        }
+        axpy_tail_bf16(a, &w[i..], &mut y[i..]);
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy_bf16_avx2(a: f32, w: &[u16], y: &mut [f32]) {
+        let (wp, yp, av) = (w.as_ptr(), y.as_mut_ptr(), _mm256_set1_ps(a));
+        let mut i = 0;
+        while i + 8 <= w.len() {
+            let wide =
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(wp.add(i).cast()))));
+            _mm256_storeu_ps(yp.add(i), _mm256_fmadd_ps(av, wide, _mm256_loadu_ps(yp.add(i))));
+            i += 8;
+        }
+        axpy_tail_bf16(a, &w[i..], &mut y[i..]);
+    }
+
+    fn axpy_tail_bf16(a: f32, w: &[u16], y: &mut [f32]) {
+        y.iter_mut().zip(w).for_each(|(y, &w)| *y += a * f32::from_bits(u32::from(w) << 16));
     }
 
     #[target_feature(enable = "avx512f")]
