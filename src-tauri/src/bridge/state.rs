@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use ostinato_engine::cancel::Cancel;
 use ostinato_engine::load::ModelPlaces;
 
 use super::run::{CurrentRun, StartRequest};
@@ -22,6 +23,8 @@ pub(super) struct Inner {
     pub next_song: u64,
     /// The web view's appearance: charts are rendered to match it.
     pub dark: bool,
+    /// The cancel token of the captioning in progress (captions.rs): one at a time.
+    pub captioning: Option<Cancel>,
 }
 
 struct Shared {
@@ -58,6 +61,7 @@ impl AppState {
                 next_generation: 1,
                 next_song: 1,
                 dark: false,
+                captioning: None,
             }),
             models: Models::new(places, config_dir.clone()),
             config_dir,
