@@ -981,9 +981,10 @@ fn songs_are_captioned_by_the_lm_and_a_song_that_fails_keeps_its_labels() {
 
     let seen = app.record(&["caption-progress", "caption-song", "caption-done"]);
     let started = app.invoke("caption_songs", json!({})).unwrap();
-    assert_eq!(started, json!({"lm": "lm-0.6b", "path": setup.lm, "songs": 2}));
+    assert_eq!(started, json!({"batch": 1, "lm": "lm-0.6b", "path": setup.lm, "songs": 2}));
     let done = wait_caption_done(&seen);
-    assert_eq!(done, json!({"songs": 2, "captioned": 1, "failed": 1, "cancelled": false, "error": null}));
+    assert_eq!(done, json!({"batch": 1, "songs": 2, "captioned": 1, "failed": 1, "cancelled": false, "error": null}));
+    assert!(seen.lock().unwrap().iter().all(|(_, e)| e["batch"] == 1), "every event names its batch");
 
     // The song's stages, in order: the LM loads, the song is heard, then written.
     let stages: Vec<(Value, Value)> = caption_events(&seen, "caption-progress")
@@ -1107,14 +1108,14 @@ fn captioning_is_one_batch_at_a_time_and_cancels() {
     assert!(state.cancel_captions());
     listening.release();
     let done = wait_caption_done(&listening.seen);
-    assert_eq!(done, json!({"songs": 1, "captioned": 0, "failed": 0, "cancelled": true, "error": null}));
+    assert_eq!(done, json!({"batch": 1, "songs": 1, "captioned": 0, "failed": 0, "cancelled": true, "error": null}));
     assert!(caption_events(&listening.seen, "caption-song").is_empty(), "no song's outcome after a cancel");
     assert!(setup.saved(DEMO_SONG).understood.is_empty(), "nothing kept of the cancelled song");
 
     // The slot is free again: the next batch runs to its end, with the LM named.
     let next = Gated::new(|_| false);
     let started = state.start_captions(song(), Some(&setup.lm), next.clone()).unwrap();
-    assert_eq!(started.songs, 1);
+    assert_eq!((started.batch, started.songs), (2, 1));
     let done = wait_caption_done(&next.seen);
     assert_eq!((&done["captioned"], &done["cancelled"]), (&json!(1), &json!(false)), "{done}");
     assert!(setup.saved(DEMO_SONG).understood.get(ostinato_engine::data::Field::Caption).is_some());

@@ -58,7 +58,7 @@ impl AppState {
             self.usable_song_folder(name)?;
         }
         let lm = self.caption_lm(lm)?;
-        let cancel = {
+        let (batch, cancel) = {
             let mut g = self.lock();
             if g.captioning.is_some() {
                 return Err(BridgeError::Invalid("songs are being captioned: wait for them, or cancel first".into()));
@@ -66,10 +66,12 @@ impl AppState {
             if g.run.active_dir().is_some() {
                 return Err(BridgeError::Invalid("a run is training: caption songs once it has ended".into()));
             }
-            g.captioning.insert(Cancel::never()).clone()
+            g.next_caption_batch += 1;
+            (g.next_caption_batch - 1, g.captioning.insert(Cancel::never()).clone())
         };
-        let start = CaptionStart { lm: lm.name.clone(), path: lm.path.clone(), songs: names.len() };
+        let start = CaptionStart { batch, lm: lm.name.clone(), path: lm.path.clone(), songs: names.len() };
         let batch = Batch {
+            id: batch,
             state: self.clone(),
             lm: lm.path,
             model: self.settings().run.model,
@@ -123,6 +125,7 @@ impl AppState {
 
 /// A captioning batch, run on its own thread.
 struct Batch {
+    id: u64,
     state: AppState,
     lm: PathBuf,
     model: ModelSource,
@@ -142,7 +145,7 @@ struct Cancelled;
 
 impl Batch {
     fn run(self) {
-        let mut finish = Finish { state: self.state.clone(), sink: self.sink.clone(), done: None };
+        let mut finish = Finish { batch: self.id, state: self.state.clone(), sink: self.sink.clone(), done: None };
         finish.done = Some(self.caption_all());
     }
 
@@ -150,8 +153,9 @@ impl Batch {
     /// so a next batch never holds two).
     fn caption_all(&self) -> CaptionsDone {
         let songs = self.names.len();
-        let mut done = CaptionsDone { songs, captioned: 0, failed: 0, cancelled: false, error: None };
-        self.send(CaptionEvent::Progress(CaptionProgress { song: None, number: 0, songs, stage: None }));
+        let mut done = CaptionsDone { batch: self.id, songs, captioned: 0, failed: 0, cancelled: false, error: None };
+        let batch = self.id;
+        self.send(CaptionEvent::Progress(CaptionProgress { batch, song: None, number: 0, songs, stage: None }));
         let labeller = match self.load() {
             Ok(labeller) => labeller,
             Err(why) => {
@@ -182,6 +186,7 @@ impl Batch {
     /// labels were kept (a song that fails keeps the labels it had).
     fn caption(&self, labeller: &LmLabeller, name: &str, number: usize) -> Result<bool, Cancelled> {
         let mut outcome = CaptionedSong {
+            batch: self.id,
             song: name.to_string(),
             number,
             songs: self.names.len(),
@@ -217,7 +222,8 @@ impl Batch {
             }
             last = Some((Instant::now(), kind));
             let (song, songs) = (Some(name.to_string()), self.names.len());
-            self.send(CaptionEvent::Progress(CaptionProgress { song, number, songs, stage: Some(stage) }));
+            let batch = self.id;
+            self.send(CaptionEvent::Progress(CaptionProgress { batch, song, number, songs, stage: Some(stage) }));
         };
         let labelled = match labeller.understand(&folder.join(name), &self.cancel, &mut progress) {
             Ok(labelled) => labelled,
@@ -241,6 +247,7 @@ fn guesses(labelled: &Labelled) -> BTreeMap<Field, String> {
 /// Ends a batch however its thread ends: the slot freed for the next batch, and the
 /// web view told it is over (a batch that panicked, that it stopped).
 struct Finish {
+    batch: u64,
     state: AppState,
     sink: Arc<dyn EventSink>,
     done: Option<CaptionsDone>,
@@ -250,6 +257,7 @@ impl Drop for Finish {
     fn drop(&mut self) {
         self.state.lock().captioning = None;
         let done = self.done.take().unwrap_or_else(|| CaptionsDone {
+            batch: self.batch,
             songs: 0,
             captioned: 0,
             failed: 0,

@@ -25,6 +25,8 @@ pub(super) struct Inner {
     pub dark: bool,
     /// The cancel token of the captioning in progress (captions.rs): one at a time.
     pub captioning: Option<Cancel>,
+    /// The id of the next captioning batch.
+    pub next_caption_batch: u64,
 }
 
 struct Shared {
@@ -62,6 +64,7 @@ impl AppState {
                 next_song: 1,
                 dark: false,
                 captioning: None,
+                next_caption_batch: 1,
             }),
             models: Models::new(places, config_dir.clone()),
             config_dir,

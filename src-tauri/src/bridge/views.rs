@@ -258,6 +258,7 @@ pub enum SongStage {
 /// no song (number 0) and no stage while the LM loads.
 #[derive(Debug, Clone, Serialize)]
 pub struct CaptionProgress {
+    pub batch: u64,
     pub song: Option<String>,
     pub number: usize,
     pub songs: usize,
@@ -268,6 +269,7 @@ pub struct CaptionProgress {
 /// One song captioned, or why not, sent as a `caption-song` event.
 #[derive(Debug, Clone, Serialize)]
 pub struct CaptionedSong {
+    pub batch: u64,
     pub song: String,
     pub number: usize,
     pub songs: usize,
@@ -283,6 +285,7 @@ pub struct CaptionedSong {
 /// How a captioning ended, sent as a `caption-done` event.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CaptionsDone {
+    pub batch: u64,
     pub songs: usize,
     pub captioned: usize,
     pub failed: usize,
@@ -300,9 +303,12 @@ pub enum CaptionEvent {
     Done(CaptionsDone),
 }
 
-/// A captioning started: the LM it uses and how many songs it captions.
+/// A captioning started: its id (its events carry it: the web view may get them out of
+/// order, and one of a batch that has ended is stale), the LM it uses and how many songs
+/// it captions.
 #[derive(Debug, Clone, Serialize)]
 pub struct CaptionStart {
+    pub batch: u64,
     pub lm: String,
     pub path: PathBuf,
     pub songs: usize,
