@@ -1129,6 +1129,6 @@ fn captioning_is_one_batch_at_a_time_and_cancels() {
     let err = bare.start_captions(None, None, Gated::new(|_| false)).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "no 5 Hz LM found: download lm-1.7b (about 3.7 GB) in the Model panel to caption songs"
+        "no complete 5 Hz LM found: download lm-1.7b (about 3.7 GB) in the Model panel to caption songs"
     );
 }

@@ -114,7 +114,7 @@ impl AppState {
             None => lms.next().ok_or_else(|| {
                 let default = LmVariant::DEFAULT;
                 BridgeError::Invalid(format!(
-                    "no 5 Hz LM found: download {} ({}) in the Model panel to caption songs",
+                    "no complete 5 Hz LM found: download {} ({}) in the Model panel to caption songs",
                     default.name(),
                     default.approx_size()
                 ))
