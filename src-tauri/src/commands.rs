@@ -11,8 +11,8 @@ use serde::Serialize;
 use tauri::{AppHandle, Runtime, State};
 
 use crate::bridge::{
-    AppState, BridgeError, Charts, DatasetView, EstimateView, ExportFormat, FileRow, HistoryEntry, MemoryView, RunView,
-    SidecarReport, StateView,
+    AppState, BridgeError, CaptionStart, Charts, DatasetView, EstimateView, ExportFormat, FileRow, HistoryEntry,
+    MemoryView, RunView, SidecarReport, StateView,
 };
 use crate::settings::{FieldErrors, Settings};
 use ostinato_engine::data::Field;
@@ -107,6 +107,33 @@ pub async fn accept_labels(state: State<'_, AppState>, name: String, values: BTr
 pub async fn analyse_song(state: State<'_, AppState>, name: String) -> Res<BTreeMap<Field, EstimateView>> {
     let state = state.inner().clone();
     blocking(move || state.analyse_song(&name)).await
+}
+
+/// The complete 5 Hz LMs found, the one captioning takes by default first.
+#[tauri::command]
+pub async fn caption_lms(state: State<'_, AppState>) -> Res<Vec<FoundLm>> {
+    let state = state.inner().clone();
+    blocking(move || state.caption_lms()).await
+}
+
+/// Starts captioning songs of the scanned folder (`names`; absent: every usable one)
+/// with ACE-Step's LM at `lm` (absent: the one found first); their progress and
+/// outcomes arrive as `caption-progress`, `caption-song` and `caption-done` events.
+#[tauri::command]
+pub async fn caption_songs<R: Runtime>(
+    app: AppHandle<R>,
+    state: State<'_, AppState>,
+    names: Option<Vec<String>>,
+    lm: Option<String>,
+) -> Res<CaptionStart> {
+    let state = state.inner().clone();
+    blocking(move || state.start_captions(names, lm.as_deref().map(std::path::Path::new), app)).await
+}
+
+/// Cancels the captioning in progress; whether there was one.
+#[tauri::command]
+pub fn cancel_captions(state: State<'_, AppState>) -> bool {
+    state.cancel_captions()
 }
 
 /// Writes every song's labels beside it as ACE-Step sidecars (replacing ones that say

@@ -898,3 +898,237 @@ fn the_model_panel_lists_and_downloads_5hz_lms() {
     let err = app.invoke("download_model", json!({ "variant": "lm-2b" })).unwrap_err();
     assert!(err["message"].as_str().unwrap().contains("lm-0.6b, lm-1.7b, lm-4b"), "{err}");
 }
+
+// ---- Captioning with ACE-Step's 5 Hz LM (the dataset editor's "Caption"). ----
+
+/// A folder with two demo songs copied without their sidecars (so what the LM writes
+/// shows); a tiny LM the app finds where ACE-Step keeps checkpoints; an app that looks
+/// only there.
+struct Captioning {
+    dir: tempfile::TempDir,
+    state: AppState,
+    songs: std::path::PathBuf,
+    lm: std::path::PathBuf,
+}
+
+const DEMO_SONG: &str = "pluck_arpeggio_c_major.wav";
+/// A song that goes missing after the scan (a usable song the LM cannot hear).
+const GONE_SONG: &str = "gone.wav";
+
+impl Captioning {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let songs = dir.path().join("songs");
+        std::fs::create_dir(&songs).unwrap();
+        let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/demo");
+        std::fs::copy(demo.join(DEMO_SONG), songs.join(DEMO_SONG)).unwrap();
+        // Another song: the label store keeps labels by content, so a copy would share them.
+        std::fs::copy(demo.join("music_box_f_major.wav"), songs.join(GONE_SONG)).unwrap();
+        let lm = dir.path().join("checkpoints/acestep-5Hz-lm-0.6B");
+        ostinato_engine::label::understand::tiny::write_tiny_lm(&lm, 3).unwrap();
+        let places = ostinato_engine::load::ModelPlaces {
+            checkpoints: vec![dir.path().join("checkpoints")],
+            downloads: dir.path().join("models"),
+            ..Default::default()
+        };
+        let state = AppState::with_model_places(dir.path().join("config"), dir.path().join("runs"), places);
+        Captioning { dir, state, songs, lm }
+    }
+
+    /// What the label store keeps of a song.
+    fn saved(&self, name: &str) -> ostinato_engine::label::store::Saved {
+        ostinato_engine::label::store::LabelStore::new(self.dir.path().join("labels"))
+            .find(&self.songs.join(name))
+            .unwrap()
+            .saved
+    }
+}
+
+/// The caption events of a recording, by name.
+fn caption_events(seen: &Mutex<Vec<(&'static str, Value)>>, name: &str) -> Vec<Value> {
+    seen.lock().unwrap().iter().filter(|(n, _)| *n == name).map(|(_, v)| v.clone()).collect()
+}
+
+/// Waits (at most 5 minutes, for a loaded machine) for the batch's `caption-done`.
+fn wait_caption_done(seen: &Mutex<Vec<(&'static str, Value)>>) -> Value {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(done) = caption_events(seen, "caption-done").pop() {
+            return done;
+        }
+        assert!(start.elapsed().as_secs() < 300, "no caption-done: {:?}", seen.lock().unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Through the window's commands: the LM's caption, lyrics, language and genre of a
+/// song are kept in the label store and shown with the source `lm`, its tempo, key and
+/// meter only offered; a song that went missing since the scan gets the engine's
+/// error, naming it, and keeps the labels it had; the batch's end counts both.
+#[test]
+fn songs_are_captioned_by_the_lm_and_a_song_that_fails_keeps_its_labels() {
+    let setup = Captioning::new();
+    let app = TestApp::with_state(setup.state.clone());
+    let err = app.invoke("caption_songs", json!({})).unwrap_err();
+    assert_eq!(err["message"], "scan a dataset folder first");
+    app.invoke("scan_dataset", json!({"path": setup.songs})).unwrap();
+    let lms = app.invoke("caption_lms", json!({})).unwrap();
+    assert_eq!((&lms[0]["name"], &lms[0]["path"]), (&json!("lm-0.6b"), &json!(setup.lm)), "{lms}");
+    let row = app.invoke("set_label", json!({"name": GONE_SONG, "field": "caption", "value": "a quiet room"}));
+    assert_eq!(row.unwrap()["labels"]["caption"]["source"], "edited");
+    let gone = setup.dir.path().join(GONE_SONG);
+    std::fs::rename(setup.songs.join(GONE_SONG), &gone).unwrap();
+
+    let seen = app.record(&["caption-progress", "caption-song", "caption-done"]);
+    let started = app.invoke("caption_songs", json!({})).unwrap();
+    assert_eq!(started, json!({"batch": 1, "lm": "lm-0.6b", "path": setup.lm, "songs": 2}));
+    let done = wait_caption_done(&seen);
+    assert_eq!(done, json!({"batch": 1, "songs": 2, "captioned": 1, "failed": 1, "cancelled": false, "error": null}));
+    assert!(seen.lock().unwrap().iter().all(|(_, e)| e["batch"] == 1), "every event names its batch");
+
+    // The song's stages, in order: the LM loads, the song is heard, then written.
+    let stages: Vec<(Value, Value)> = caption_events(&seen, "caption-progress")
+        .iter()
+        .filter(|p| p["song"] == DEMO_SONG || p["song"].is_null())
+        .map(|p| (p["song"].clone(), p["stage"].clone()))
+        .collect();
+    assert_eq!(stages.first(), Some(&(Value::Null, Value::Null)), "the LM loads first: {stages:?}");
+    let heard = stages.iter().position(|(_, s)| s == "listening").expect("listening");
+    let written = stages.iter().position(|(_, s)| s == "writing").expect("writing");
+    assert!(heard < written, "{stages:?}");
+
+    let outcomes = caption_events(&seen, "caption-song");
+    let numbers: Vec<(Value, Value)> = outcomes.iter().map(|o| (o["number"].clone(), o["songs"].clone())).collect();
+    assert_eq!(numbers, [(json!(1), json!(2)), (json!(2), json!(2))], "each song once, in order");
+    let song = outcomes.iter().find(|o| o["song"] == DEMO_SONG).unwrap();
+    assert_eq!(song["error"], Value::Null, "{song}");
+    let kept = setup.saved(DEMO_SONG).understood;
+    let caption = kept.get(ostinato_engine::data::Field::Caption).expect("the LM's caption kept");
+    assert!(!caption.trim().is_empty());
+    let labels = &song["row"]["labels"];
+    assert_eq!(labels["caption"], json!({"value": caption, "source": "lm"}), "{song}");
+    for field in ["lyrics", "language", "genre"] {
+        let f: ostinato_engine::data::Field = field.parse().unwrap();
+        if let Some(value) = kept.get(f) {
+            assert_eq!(labels[field], json!({"value": value, "source": "lm"}), "{field}: {song}");
+        }
+    }
+    // The LM's tempo, key and meter: offered as its guesses (the store keeps them to be
+    // shown), never taken.
+    let guesses = song["guesses"].as_object().unwrap();
+    assert!(!guesses.is_empty(), "the tiny LM writes a tempo, a key and a meter: {song}");
+    for (field, guess) in guesses {
+        assert!(["bpm", "keyscale", "timesignature"].contains(&field.as_str()), "{field}");
+        assert_eq!(kept.get(field.parse().unwrap()), guess.as_str(), "{field}");
+        assert_eq!(labels[field], json!({"value": null, "source": null}), "{field} not taken: {song}");
+    }
+
+    let failed = outcomes.iter().find(|o| o["song"] == GONE_SONG).unwrap();
+    assert_eq!(failed["row"], Value::Null, "{failed}");
+    let why = failed["error"].as_str().unwrap_or_else(|| panic!("{failed}"));
+    assert!(why.contains(&setup.songs.join(GONE_SONG).display().to_string()), "{why}");
+    // Back in place, the song has the labels it had, nothing of the LM's.
+    std::fs::rename(&gone, setup.songs.join(GONE_SONG)).unwrap();
+    let saved = setup.saved(GONE_SONG);
+    assert!(saved.understood.is_empty(), "nothing of the LM kept: {saved:?}");
+    assert_eq!(saved.edited.get(ostinato_engine::data::Field::Caption), Some("a quiet room"));
+
+    // What the window shows after a rescan: the same.
+    let view = app.invoke("scan_dataset", json!({"path": setup.songs})).unwrap();
+    let row = |name: &str| view["files"].as_array().unwrap().iter().find(|f| f["name"] == name).unwrap().clone();
+    assert_eq!(row(DEMO_SONG)["labels"], *labels);
+    assert_eq!(row(GONE_SONG)["labels"]["caption"], json!({"value": "a quiet room", "source": "edited"}));
+    assert_eq!(app.invoke("cancel_captions", json!({})).unwrap(), json!(false), "nothing left to cancel");
+}
+
+/// Holds the captioning thread at the first event `hold` picks until the test opens
+/// the gate; records every caption event as the web view would get it.
+#[derive(Clone)]
+struct Gated {
+    seen: Arc<Mutex<Vec<(&'static str, Value)>>>,
+    open: Arc<(Mutex<bool>, std::sync::Condvar)>,
+    hold: fn(&Value) -> bool,
+}
+
+impl Gated {
+    fn new(hold: fn(&Value) -> bool) -> Self {
+        Gated { seen: Arc::default(), open: Arc::default(), hold }
+    }
+
+    /// Waits until the thread holds at the gate.
+    fn wait_held(&self) {
+        let start = std::time::Instant::now();
+        while !self.seen.lock().unwrap().iter().any(|(_, v)| (self.hold)(v)) {
+            assert!(start.elapsed().as_secs() < 300, "never held: {:?}", self.seen.lock().unwrap());
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    fn release(&self) {
+        *self.open.0.lock().unwrap() = true;
+        self.open.1.notify_all();
+    }
+}
+
+impl ostinato_app::bridge::EventSink for Gated {
+    fn send(&self, message: ostinato_app::bridge::Outgoing<'_>) {
+        let ostinato_app::bridge::Outgoing::Caption(_) = message else { return };
+        let value = serde_json::to_value(message).unwrap();
+        let held = (self.hold)(&value);
+        self.seen.lock().unwrap().push((message.name(), value));
+        if held {
+            let (open, opened) = &*self.open;
+            let mut open = open.lock().unwrap();
+            while !*open {
+                open = opened.wait(open).unwrap();
+            }
+        }
+    }
+}
+
+/// One batch at a time: a second start is refused while the first runs; Cancel while a
+/// song is heard ends the batch with nothing kept of that song, and frees the slot for
+/// the next batch. An LM that was not found is refused, and without any the message
+/// says where to get one.
+#[test]
+fn captioning_is_one_batch_at_a_time_and_cancels() {
+    let setup = Captioning::new();
+    let state = &setup.state;
+    state.scan_dataset(&setup.songs).unwrap();
+    let song = || Some(vec![DEMO_SONG.to_string()]);
+    let elsewhere = setup.dir.path().join("songs");
+    let err = state.start_captions(song(), Some(&elsewhere), Gated::new(|_| false)).unwrap_err();
+    assert!(err.to_string().contains("no complete 5 Hz LM found on this machine"), "{err}");
+
+    let listening = Gated::new(|v| v["stage"] == "listening");
+    state.start_captions(song(), None, listening.clone()).unwrap();
+    listening.wait_held();
+    let err = state.start_captions(song(), None, Gated::new(|_| false)).unwrap_err();
+    assert_eq!(err.to_string(), "songs are being captioned: wait for them, or cancel first");
+    assert!(state.cancel_captions());
+    listening.release();
+    let done = wait_caption_done(&listening.seen);
+    assert_eq!(done, json!({"batch": 1, "songs": 1, "captioned": 0, "failed": 0, "cancelled": true, "error": null}));
+    assert!(caption_events(&listening.seen, "caption-song").is_empty(), "no song's outcome after a cancel");
+    assert!(setup.saved(DEMO_SONG).understood.is_empty(), "nothing kept of the cancelled song");
+
+    // The slot is free again: the next batch runs to its end, with the LM named.
+    let next = Gated::new(|_| false);
+    let started = state.start_captions(song(), Some(&setup.lm), next.clone()).unwrap();
+    assert_eq!((started.batch, started.songs), (2, 1));
+    let done = wait_caption_done(&next.seen);
+    assert_eq!((&done["captioned"], &done["cancelled"]), (&json!(1), &json!(false)), "{done}");
+    assert!(setup.saved(DEMO_SONG).understood.get(ostinato_engine::data::Field::Caption).is_some());
+
+    let bare = AppState::with_model_places(
+        setup.dir.path().join("config2"),
+        setup.dir.path().join("runs2"),
+        ostinato_engine::load::ModelPlaces { downloads: setup.dir.path().join("none"), ..Default::default() },
+    );
+    bare.scan_dataset(&setup.songs).unwrap();
+    let err = bare.start_captions(None, None, Gated::new(|_| false)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "no complete 5 Hz LM found: download lm-1.7b (about 3.7 GB) in the Model panel to caption songs"
+    );
+}

@@ -243,6 +243,11 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
         ("XDG_DATA_HOME", home.as_path()),
         ("XDG_CACHE_HOME", home.as_path()),
     ];
+    // A tiny 5 Hz LM (random weights, the real layout) in a folder the Model panel added.
+    let lm = tmp.path().join("lms/acestep-5Hz-lm-0.6B");
+    ostinato_engine::label::understand::tiny::write_tiny_lm(&lm, 4).unwrap();
+    ostinato_engine::load::places::AddedFolders::add(&config, &tmp.path().join("lms")).unwrap();
+    let lm = lm.canonicalize().unwrap();
     let (_xvfb, display) = start_xvfb(xvfb);
 
     // ---- First launch -----------------------------------------------------------------
@@ -352,13 +357,18 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     wait_js(&c, "return document.getElementById('settings-status').dataset.state === 'saved'", "rank to save").await;
     assert_eq!(text(&c, "[data-error-for=\"lora.r\"]").await, "");
 
-    // Load a copy of the demo songs, with one 18 s song of known tempo, key and meter
-    // and no sidecars, by typing its folder, as a user without drag and drop would.
+    // Load a copy of the demo songs (one without its sidecars, for ACE-Step's LM to
+    // caption), with one 18 s song of known tempo, key and meter and no sidecars, by
+    // typing its folder, as a user without drag and drop would.
     let songs = tmp.path().join("songs");
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     std::fs::create_dir(&songs).unwrap();
     for entry in std::fs::read_dir(repo.join("assets/demo")).unwrap() {
         let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(UNLABELLED) && !name.ends_with(".wav") {
+            continue;
+        }
         std::fs::copy(entry.path(), songs.join(entry.file_name())).unwrap();
     }
     std::fs::copy(repo.join("engine/tests/data/labels/song-3-000.ogg"), songs.join("song-3-000.ogg")).unwrap();
@@ -367,6 +377,9 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     c.find(Locator::Css("#dataset-form button")).await.unwrap().click().await.unwrap();
     wait_js(&c, "return document.querySelectorAll('#panel-files tbody tr').length === 7", "the files table").await;
     edit_labels(&c).await;
+    let lm_caption = caption_with_the_lm(&c, &lm, &tmp.path().join("labels"), &songs).await;
+    // Captioning left the files table scrolled: the settings' field is brought into view.
+    js(&c, "document.getElementById('set-epochs').scrollIntoView({block: 'center'}); return true").await;
     let epochs = c.find(Locator::Id("set-epochs")).await.unwrap();
     epochs.clear().await.unwrap();
     epochs.send_keys("100").await.unwrap();
@@ -593,7 +606,7 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     assert!(!c.find(Locator::Id("dataset-progress")).await.unwrap().is_displayed().await.unwrap());
     let run = std::fs::read_dir(&runs).unwrap().next().unwrap().unwrap().path();
     assert!(run.join("final/adapter/lokr_weights.safetensors").is_file(), "LoKr's file, as upstream writes it");
-    trained_with_the_labels(&run);
+    trained_with_the_labels(&run, &lm_caption);
     let started = js(&c, "return [...document.querySelectorAll('#activity li')].map(e => e.textContent).find(t => t.includes('Run started')) || ''").await;
     assert!(
         started.as_str().unwrap_or_default().contains("LoKr + DoRA r 32 alpha 128, adafactor, constant schedule"),
@@ -765,6 +778,53 @@ async fn edit_labels(c: &Client) {
     show_tab(c, "charts").await;
 }
 
+/// The demo song copied without its sidecars: ACE-Step's LM captions it.
+const UNLABELLED: &str = "music_box_f_major";
+
+/// Caption with ACE-Step's LM (the tiny one this test wrote, chosen among the LMs
+/// found): the song's caption arrives in its row with the source `lm`, as the label
+/// store keeps it, and the LM's tempo, key and meter show as its guesses to accept, not
+/// taken. Returns the caption.
+async fn caption_with_the_lm(c: &Client, lm: &Path, labels: &Path, songs: &Path) -> String {
+    show_tab(c, "files").await;
+    let song = format!("{UNLABELLED}.wav");
+    let offered = format!(
+        "const s = document.getElementById('caption-lm'); \
+         if (![...s.options].some((o) => o.value === {lm})) return false; \
+         s.value = {lm}; return !document.getElementById('btn-caption-all').disabled",
+        lm = json!(lm.to_str().unwrap())
+    );
+    wait_js(c, &offered, "the tiny LM offered for captioning").await;
+    let button = format!("#files-body tr[data-file='{song}'] [data-testid=caption-song]");
+    js(c, &format!("document.querySelector(\"{button}\").scrollIntoView({{block: 'center'}}); return true")).await;
+    c.find(Locator::Css(&button)).await.unwrap().click().await.unwrap();
+    let captioned = format!(
+        "const i = document.querySelector(\"{}\"); return i.dataset.source === 'lm' && i.value.trim() !== ''",
+        cell(&song, "caption")
+    );
+    wait_js_for(c, &captioned, "the LM's caption in the song's row", ENGINE_WAIT).await;
+    let progress = text(c, "#caption-progress").await;
+    assert!(progress.starts_with("Captioned 1 of 1"), "{progress}");
+    let caption = js(c, &format!("return document.querySelector(\"{}\").value", cell(&song, "caption"))).await;
+    let caption = caption.as_str().unwrap().to_string();
+    let kept = ostinato_engine::label::store::LabelStore::new(labels).find(&songs.join(&song)).unwrap().saved;
+    assert_eq!(kept.understood.get(ostinato_engine::data::Field::Caption), Some(caption.as_str()));
+    // Its tempo, key and meter: shown as the LM's guesses with Accept, nothing taken.
+    let guesses = format!(
+        "const r = document.querySelector(\"#files-body tr[data-file='{song}']\"); \
+         return [...r.querySelectorAll('[data-estimate=lm]')].filter((i) => i.dataset.source === 'estimate' && i.value !== '').map((i) => i.dataset.field)"
+    );
+    let guessed = js(c, &guesses).await;
+    eprintln!("e2e: the LM captioned {song}: {caption:?}; its guesses shown for {guessed}");
+    assert!(!guessed.as_array().unwrap().is_empty(), "the LM's guesses shown as estimates");
+    let accept = format!("#files-body tr[data-file='{song}'] [data-testid=accept-estimates]");
+    assert!(c.find(Locator::Css(&accept)).await.unwrap().is_displayed().await.unwrap());
+    assert!(kept.accepted.is_empty(), "nothing of the LM's guesses taken: {kept:?}");
+    screenshot(c, "02c-captions.png").await;
+    show_tab(c, "charts").await;
+    caption
+}
+
 /// Clicks a tab of the workspace, brought into view first (the files table scrolls it away).
 async fn show_tab(c: &Client, name: &str) {
     js(c, &format!("document.getElementById('tab-{name}').scrollIntoView({{block: 'center'}}); return true")).await;
@@ -773,10 +833,13 @@ async fn show_tab(c: &Client, name: &str) {
 
 /// The run recorded the labels given in the window in run.toml and trained with them:
 /// the prompts of its songs (the `dataset_file` events, before its first step) say so.
-fn trained_with_the_labels(run: &Path) {
+fn trained_with_the_labels(run: &Path, lm_caption: &str) {
     let config = ostinato_engine::train::RunConfig::from_toml_file(&run.join("run.toml")).unwrap();
     let given = |name: &str| config.data.labels.get(name).cloned().unwrap_or_default();
     assert_eq!(given("drum_groove_128.wav").caption.as_deref(), Some("edited groove caption"));
+    let captioned = given(&format!("{UNLABELLED}.wav"));
+    assert_eq!(captioned.caption.as_deref(), Some(lm_caption), "the LM's caption trained with");
+    assert_eq!(captioned.bpm, None, "the LM's tempo is not taken unless accepted");
     let song = given("song-3-000.ogg");
     assert_eq!(
         (song.bpm.as_deref(), song.keyscale.as_deref(), song.timesignature.as_deref()),

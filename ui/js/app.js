@@ -12,7 +12,8 @@ import { followPointer } from './readout.js';
 import { setupModels, refreshModels } from './models.js';
 import { showShortcuts, followMenu } from './native.js';
 import { setupListen, showRun, onPreview } from './listen.js';
-import { setupEditor, showDataset as showEditor, markFileProblem } from './editor.js';
+import { setupEditor, showDataset as showEditor, markFileProblem, updateRow, offerEstimates } from './editor.js';
+import { setupCaptions } from './captions.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -688,6 +689,7 @@ async function init() {
     }),
     showShortcuts().catch((e) => say(errorText(e), { error: true })),
     setupListen({ say }),
+    setupCaptions({ updateRow, offerEstimates, say }),
   ]);
   const dark = window.matchMedia('(prefers-color-scheme: dark)');
   await invoke('set_appearance', { dark: dark.matches }).catch(() => {});

@@ -3,12 +3,14 @@
 // training will use them, each marked with where its value comes from. Edits are
 // checked and kept by the backend (the engine's label store, never the songs' folder);
 // "Analyse" reads tempo, key and meter from the audio as estimates, kept only once
-// accepted. Cells are inputs: Tab moves between them, Enter keeps an edit (Shift+Enter
+// accepted; "Caption" has ACE-Step's LM write them (captions.js), its tempo, key and
+// meter offered the same way. Cells are inputs: Tab moves between them, Enter keeps an edit (Shift+Enter
 // is a new line in lyrics), Escape undoes it, Enter on an analysed row accepts it.
 
 import { invoke, errorText } from './api.js';
 import * as fmt from './format.js';
 import { datasetButtons } from './listen.js';
+import { captionControls } from './captions.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -32,7 +34,9 @@ const SOURCE_TEXT = {
 const state = {
   say: () => {},
   dataset: null,
-  estimates: new Map(), // file name -> {field: {value, confidence, cannot_tell}}
+  // file name -> {field: {value, confidence, cannot_tell}}, or {value, from: 'lm'} for
+  // the LM's guesses
+  estimates: new Map(),
   analysing: null,      // {cancelled} while Analyse runs
 };
 
@@ -111,7 +115,7 @@ function fileRow(f) {
   accept.className = 'btn small';
   accept.textContent = 'Accept';
   accept.dataset.testid = 'accept-estimates';
-  accept.title = 'Keep the tempo, key and meter read from the audio (Enter in the row)';
+  accept.title = 'Keep the estimated tempo, key and meter (Enter in the row)';
   accept.hidden = true;
   accept.addEventListener('click', () => acceptEstimates(f.name));
   const analyseOne = document.createElement('button');
@@ -119,7 +123,8 @@ function fileRow(f) {
   analyseOne.textContent = 'Analyse';
   analyseOne.dataset.testid = 'analyse-song';
   analyseOne.addEventListener('click', () => analyse([f.name]));
-  tr.append(td('actions-cell', ...(ok ? [analyseOne, accept] : [])), td('', ...(ok ? [datasetButtons(f.name)] : [])));
+  const [caption, captioned] = ok ? captionControls(f.name) : [];
+  tr.append(td('actions-cell', ...(ok ? [analyseOne, caption, accept, captioned] : [])), td('', ...(ok ? [datasetButtons(f.name)] : [])));
   tr.addEventListener('keydown', (e) => {
     if (e.key === 'Enter' && !e.shiftKey && state.estimates.has(f.name) && !e.target.dataset.dirty) {
       e.preventDefault();
@@ -163,6 +168,7 @@ function showValue(input, resolved) {
   input.value = resolved?.value ?? '';
   const source = resolved?.source || 'none';
   input.dataset.source = source;
+  delete input.dataset.estimate;
   input.title = SOURCE_TEXT[source] || 'not given: N/A to ACE-Step';
 }
 
@@ -192,7 +198,7 @@ function rowOf(name) {
 }
 
 /** The backend's row after a change: every cell not being typed in shows it. */
-function updateRow(row) {
+export function updateRow(row) {
   const tr = rowOf(row.name);
   if (!tr) return;
   const file = state.dataset.files.findIndex((f) => f.name === row.name);
@@ -204,7 +210,13 @@ function updateRow(row) {
   showEstimates(row.name);
 }
 
-/** Estimates not yet accepted fill the empty or analysed cells, marked as such. */
+/** Estimates for a song (the analysis's, or the LM's guesses), offered over earlier ones. */
+export function offerEstimates(name, estimates) {
+  state.estimates.set(name, { ...state.estimates.get(name), ...estimates });
+  showEstimates(name);
+}
+
+/** Estimates not yet accepted fill the empty, analysed or LM-written cells, marked as such. */
 function showEstimates(name) {
   const tr = rowOf(name);
   const estimates = state.estimates.get(name);
@@ -218,7 +230,10 @@ function showEstimates(name) {
     if (e.value != null && shown !== 'edited' && shown !== 'sidecar') {
       input.value = e.value;
       input.dataset.source = 'estimate';
-      input.title = `estimate from the audio (${Math.round(100 * e.confidence)}% sure): Enter or Accept keeps it`;
+      input.dataset.estimate = e.from || 'analysis';
+      input.title = e.from === 'lm'
+        ? "ACE-Step's LM's guess (it may invent it): Enter or Accept keeps it"
+        : `estimate from the audio (${Math.round(100 * e.confidence)}% sure): Enter or Accept keeps it`;
     } else if (e.cannot_tell && input.value === '') {
       input.placeholder = 'cannot tell';
       input.title = `cannot tell from the audio: ${e.cannot_tell}`;
@@ -239,8 +254,7 @@ async function analyse(names) {
       if (run.cancelled) break;
       progress.textContent = `Analysing ${done + 1} / ${names.length}: ${name}`;
       try {
-        state.estimates.set(name, await invoke('analyse_song', { name }));
-        showEstimates(name);
+        offerEstimates(name, await invoke('analyse_song', { name }));
       } catch (e) {
         state.say(errorText(e), { error: true });
       }

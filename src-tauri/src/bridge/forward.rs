@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::engine;
 use super::state::AppState;
-use super::views::{Charts, RunView, SongProgress};
+use super::views::{CaptionEvent, Charts, RunView, SongProgress};
 
 /// Name of the event every engine event is forwarded under (payload: the event itself,
 /// `{"type": "step", ...}`).
@@ -22,6 +22,11 @@ pub const CHARTS_EVENT: &str = "charts";
 pub const RUN_EVENT: &str = "run-state";
 /// Name of the event that carries a requested song's progress (payload: [`SongProgress`]).
 pub const SONG_EVENT: &str = "song";
+/// Captioning with ACE-Step's LM: a song's stage, a song's outcome, the batch's end
+/// (payloads: the [`CaptionEvent`] variants).
+pub const CAPTION_PROGRESS_EVENT: &str = "caption-progress";
+pub const CAPTION_SONG_EVENT: &str = "caption-song";
+pub const CAPTION_DONE_EVENT: &str = "caption-done";
 /// Charts are re-rendered at most this often while events arrive (2.5 Hz >= 2 Hz).
 pub const CHART_INTERVAL: Duration = Duration::from_millis(400);
 
@@ -36,6 +41,8 @@ pub enum Outgoing<'a> {
     Download(&'a serde_json::Value),
     /// A requested song's progress (listen.rs).
     Song(&'a SongProgress),
+    /// Captioning's progress and outcomes (captions.rs).
+    Caption(&'a CaptionEvent),
 }
 
 impl Outgoing<'_> {
@@ -47,6 +54,9 @@ impl Outgoing<'_> {
             Outgoing::Charts(_) => CHARTS_EVENT,
             Outgoing::Download(_) => crate::models::DOWNLOAD_EVENT,
             Outgoing::Song(_) => SONG_EVENT,
+            Outgoing::Caption(CaptionEvent::Progress(_)) => CAPTION_PROGRESS_EVENT,
+            Outgoing::Caption(CaptionEvent::Song(_)) => CAPTION_SONG_EVENT,
+            Outgoing::Caption(CaptionEvent::Done(_)) => CAPTION_DONE_EVENT,
         }
     }
 }

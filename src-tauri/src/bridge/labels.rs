@@ -1,15 +1,16 @@
 //! The dataset editor: a song's label edited, or the audio's reading accepted (both
 //! kept in the label store, never in the songs' folder), the audio analysed on
-//! request, and every song's labels written as ACE-Step sidecars when the user asks.
+//! request, what ACE-Step's LM wrote of a song kept (captions.rs runs it), and every
+//! song's labels written as ACE-Step sidecars when the user asks.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use ostinato_engine::data::Field;
+use ostinato_engine::data::{Field, Labels};
 use ostinato_engine::label::analysis::{analyse_file, Reading};
 use ostinato_engine::label::sidecars::{write_sidecars, Outcome};
 use ostinato_engine::label::store::{Found, LabelStore, Saved};
-use ostinato_engine::label::{reading, resolve, stored_song, stored_songs, StoredSong, ANALYSED};
+use ostinato_engine::label::{keep_understood, reading, resolve, stored_song, stored_songs, StoredSong, ANALYSED};
 
 use super::dataset_scan::show_labels;
 use super::engine::engine_err;
@@ -61,6 +62,13 @@ impl AppState {
             checked.push((field, value));
         }
         self.change_labels(name, |saved| checked.into_iter().for_each(|(f, v)| saved.accepted.put(f, v)))
+    }
+
+    /// Keeps what ACE-Step's LM wrote of the song `name` in place of what it wrote
+    /// before; its tempo, key and meter are kept only to be shown (the user accepts
+    /// them, or not). The song's row as it now is.
+    pub(super) fn keep_lm_labels(&self, name: &str, lm: &Labels) -> Result<FileRow, BridgeError> {
+        self.change_labels(name, |saved| keep_understood(saved, lm, false))
     }
 
     /// Reads tempo, key and time signature from the song's audio: estimates, not kept

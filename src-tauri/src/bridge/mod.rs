@@ -6,9 +6,11 @@
 //! the run's view and its charts to the web view; what the web view sees is in
 //! views.rs. Previews, Generate and the audio the web view plays are in listen.rs.
 //! The dataset editor (labels edited, analysed, accepted, written as sidecars) is in
-//! labels.rs. The engine is called from engine.rs, dataset_scan.rs, run_settings.rs,
-//! labels.rs and listen.rs.
+//! labels.rs; captioning songs with ACE-Step's 5 Hz LM in captions.rs. The engine is
+//! called from engine.rs, dataset_scan.rs, run_settings.rs, labels.rs, captions.rs and
+//! listen.rs.
 
+mod captions;
 mod dataset_scan;
 mod engine;
 mod forward;
@@ -23,12 +25,16 @@ mod views;
 
 use crate::settings::FieldErrors;
 
-pub use forward::{EventSink, Outgoing, CHARTS_EVENT, CHART_INTERVAL, ENGINE_EVENT, RUN_EVENT, SONG_EVENT};
+pub use forward::{
+    EventSink, Outgoing, CAPTION_DONE_EVENT, CAPTION_PROGRESS_EVENT, CAPTION_SONG_EVENT, CHARTS_EVENT, CHART_INTERVAL,
+    ENGINE_EVENT, RUN_EVENT, SONG_EVENT,
+};
 pub use run::{EngineRun, StartRequest};
 pub use state::AppState;
 pub use views::{
-    Charts, DatasetView, EstimateView, ExportFormat, FileRow, HistoryEntry, MemoryView, PreviewView, Request,
-    RunSnapshot, RunSummary, RunView, SavedSongView, SidecarReport, SongChoices, SongProgress, SongStage, StateView,
+    CaptionEvent, CaptionProgress, CaptionStart, CaptionedSong, CaptionsDone, Charts, DatasetView, EstimateView,
+    ExportFormat, FileRow, HistoryEntry, MemoryView, PreviewView, Request, RunSnapshot, RunSummary, RunView,
+    SavedSongView, SidecarReport, SongChoices, SongProgress, SongStage, StateView,
 };
 
 /// How many recent events the state keeps for the UI (for `get_state` after a reload).

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use ostinato_engine::cancel::Cancel;
 use ostinato_engine::load::ModelPlaces;
 
 use super::run::{CurrentRun, StartRequest};
@@ -22,6 +23,10 @@ pub(super) struct Inner {
     pub next_song: u64,
     /// The web view's appearance: charts are rendered to match it.
     pub dark: bool,
+    /// The cancel token of the captioning in progress (captions.rs): one at a time.
+    pub captioning: Option<Cancel>,
+    /// The id of the next captioning batch.
+    pub next_caption_batch: u64,
 }
 
 struct Shared {
@@ -58,6 +63,8 @@ impl AppState {
                 next_generation: 1,
                 next_song: 1,
                 dark: false,
+                captioning: None,
+                next_caption_batch: 1,
             }),
             models: Models::new(places, config_dir.clone()),
             config_dir,

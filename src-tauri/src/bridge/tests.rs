@@ -343,3 +343,26 @@ fn generate_asks_the_live_run_and_falls_back_when_it_ends() {
     let err = state.generate(tmp.path(), choices, rec).unwrap_err();
     assert_eq!(err.kind(), "invalid");
 }
+
+/// Captioning holds ACE-Step's LM in memory: it waits while a run trains.
+#[test]
+fn captioning_waits_while_a_run_trains() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = tmp.path().join("songs");
+    ostinato_engine::data::synth::write_demo(&songs).unwrap();
+    ostinato_engine::label::understand::tiny::write_tiny_lm(&tmp.path().join("ckpt/acestep-5Hz-lm-1.7B"), 1).unwrap();
+    let places = ostinato_engine::load::ModelPlaces {
+        checkpoints: vec![tmp.path().join("ckpt")],
+        downloads: tmp.path().join("models"),
+        ..Default::default()
+    };
+    let state = AppState::with_model_places(tmp.path().join("cfg"), tmp.path().join("runs"), places);
+    state.scan_dataset(&songs).unwrap();
+    let (_tx, rx) = mpsc::channel();
+    state.adopt_run(Box::new(Scripted(tmp.path().join("runs/r1"), Arc::default())), rx, Recorder::default());
+    let rec = Recorder::default();
+    let err = state.start_captions(None, None, rec.clone()).unwrap_err();
+    assert_eq!(err.to_string(), "a run is training: caption songs once it has ended");
+    assert!(!state.cancel_captions(), "no batch was started");
+    assert!(rec.0.lock().unwrap().is_empty());
+}

@@ -7,6 +7,7 @@ use ostinato_engine::charts::Readout;
 use ostinato_engine::data::Field;
 use ostinato_engine::device::Precision;
 use ostinato_engine::events::Event;
+use ostinato_engine::label::understand::labeller::Progress;
 use ostinato_engine::label::Resolved;
 use ostinato_engine::load::{DitVariant, LmVariant};
 use ostinato_engine::lora;
@@ -250,4 +251,65 @@ pub enum SongStage {
     Decoding,
     Written { path: PathBuf, seconds: f64 },
     Failed { message: String },
+}
+
+/// Where captioning with ACE-Step's LM is, sent as a `caption-progress` event: the song
+/// and its number in the batch with the engine's stage for it (listening, writing);
+/// no song (number 0) and no stage while the LM loads.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaptionProgress {
+    pub batch: u64,
+    pub song: Option<String>,
+    pub number: usize,
+    pub songs: usize,
+    #[serde(flatten)]
+    pub stage: Option<Progress>,
+}
+
+/// One song captioned, or why not, sent as a `caption-song` event.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaptionedSong {
+    pub batch: u64,
+    pub song: String,
+    pub number: usize,
+    pub songs: usize,
+    /// Its row with the LM's labels kept; None when it failed (it keeps its labels).
+    pub row: Option<FileRow>,
+    /// The LM's tempo, key and meter: guesses the user may accept, never taken by themselves.
+    pub guesses: BTreeMap<Field, String>,
+    /// What the LM wrote that is no label value: the field, the value, why it is left out.
+    pub refused: Vec<(Field, String, String)>,
+    pub error: Option<String>,
+}
+
+/// How a captioning ended, sent as a `caption-done` event.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CaptionsDone {
+    pub batch: u64,
+    pub songs: usize,
+    pub captioned: usize,
+    pub failed: usize,
+    pub cancelled: bool,
+    /// What stopped the whole batch (the LM could not be loaded).
+    pub error: Option<String>,
+}
+
+/// What captioning sends the web view, each under its own event name.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum CaptionEvent {
+    Progress(CaptionProgress),
+    Song(CaptionedSong),
+    Done(CaptionsDone),
+}
+
+/// A captioning started: its id (its events carry it: the web view may get them out of
+/// order, and one of a batch that has ended is stale), the LM it uses and how many songs
+/// it captions.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaptionStart {
+    pub batch: u64,
+    pub lm: String,
+    pub path: PathBuf,
+    pub songs: usize,
 }
