@@ -1,8 +1,6 @@
 //! ACE-Step's 5 Hz LM in understand mode, end to end on this machine: a song's codes,
 //! the tiny LM folder the engine writes, and the labelling of a song.
 
-use std::path::Path;
-
 use candle_core::Device;
 use ostinato_engine::cancel::Cancel;
 use ostinato_engine::codec::StereoAudio;
@@ -16,12 +14,9 @@ use ostinato_engine::label::understand::tiny::{write_tiny_lm, AUDIO_CODE_TOKENS}
 use ostinato_engine::load::source::ModelSource;
 use ostinato_engine::Error;
 
-fn demo_song() -> std::path::PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/demo");
-    let mut songs: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
-    songs.sort();
-    songs.into_iter().find(|p| p.extension().is_some_and(|e| e == "wav")).expect("a demo song")
-}
+use common::demo_song;
+
+mod common;
 
 #[test]
 fn a_song_becomes_one_code_per_window_and_bad_songs_are_named() {
@@ -72,7 +67,7 @@ fn the_tiny_lm_folder_has_every_audio_code_and_qwen_s_specials() {
 }
 
 fn lm_fixture() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lm_tiny")
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lm_tiny")
 }
 
 /// Upstream's greedy runs (scripts/make_lm_fixtures.py): the labeller's decoding, with

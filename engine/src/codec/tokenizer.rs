@@ -8,6 +8,7 @@
 use std::path::Path;
 
 use serde_json::Value;
+use tokenizers::models::ModelWrapper;
 use tokenizers::{
     PaddingDirection, PaddingParams, PaddingStrategy, Tokenizer, TruncationDirection, TruncationParams,
     TruncationStrategy,
@@ -32,6 +33,22 @@ pub enum Padding {
     None,
 }
 
+/// Reads a `tokenizer.json` with its BPE word cache off. tokenizers 0.23 keeps that
+/// cache in thread-locals keyed by the tokenizer, which outlive it: every tokenizer
+/// loaded would leave the words it encoded on each thread that encoded them, for as
+/// long as the thread lives (the LM's constraint tables alone left ~180 KB per LM
+/// loaded). Each of our texts is encoded once, so the cache saves nothing.
+pub fn read_tokenizer(path: &Path) -> Result<Tokenizer> {
+    let mut tok = Tokenizer::from_file(path)
+        .map_err(|e| Error::BadFile { path: path.to_path_buf(), reason: format!("cannot load the tokenizer: {e}") })?;
+    if let ModelWrapper::BPE(bpe) = tok.get_model() {
+        let mut uncached = bpe.clone();
+        uncached.resize_cache(0);
+        tok.with_model(uncached);
+    }
+    Ok(tok)
+}
+
 pub struct TextTokenizer {
     tok: Tokenizer,
     max_len: usize,
@@ -51,7 +68,7 @@ impl TextTokenizer {
         let json = dir.join("tokenizer.json");
         let cfg_path = dir.join("tokenizer_config.json");
         let bad = |path: &Path, reason: String| Error::BadFile { path: path.to_path_buf(), reason };
-        let mut tok = Tokenizer::from_file(&json).map_err(|e| bad(&json, format!("cannot load tokenizer: {e}")))?;
+        let mut tok = read_tokenizer(&json)?;
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
         let config: Value =
             serde_json::from_str(&text).map_err(|cause| Error::Json { path: cfg_path.clone(), cause })?;

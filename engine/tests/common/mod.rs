@@ -21,6 +21,14 @@ pub fn small_config(layers: usize) -> DitConfig {
     .expect("a valid config")
 }
 
+/// The first song of the demo set (`assets/demo`).
+pub fn demo_song() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/demo");
+    let mut songs: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+    songs.sort();
+    songs.into_iter().find(|p| p.extension().is_some_and(|e| e == "wav")).expect("a demo song")
+}
+
 /// `OSTINATO_FIXTURES`, else `../shared/fixtures` beside the repository.
 pub fn fixtures_dir() -> PathBuf {
     let dir = std::env::var_os("OSTINATO_FIXTURES")

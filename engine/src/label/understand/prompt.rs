@@ -17,6 +17,7 @@ use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use super::decode::{Decoder, StopTokens};
+use crate::codec::tokenizer::read_tokenizer;
 use crate::{Error, Result};
 
 /// The system message's instruction for understand mode, as upstream words it.
@@ -51,10 +52,7 @@ impl UnderstandPrompt {
     /// 5 Hz LM: every audio-code token present and within config.json's vocab_size.
     pub fn new(lm_dir: &Path) -> Result<Self> {
         let tokenizer_file = lm_dir.join("tokenizer.json");
-        let tokenizer = Tokenizer::from_file(&tokenizer_file).map_err(|e| Error::BadFile {
-            path: tokenizer_file.clone(),
-            reason: format!("cannot load the tokenizer: {e}"),
-        })?;
+        let tokenizer = read_tokenizer(&tokenizer_file)?;
         let config_file = lm_dir.join("tokenizer_config.json");
         let config: Value = crate::error::read_json(&config_file)?;
         let (template, template_file) = chat_template(lm_dir, &config, &config_file)?;
