@@ -1,8 +1,9 @@
 //! Validation: clips held out of training (named, or a seeded share) and their loss
 //! at fixed timesteps with fixed noise, so successive values are comparable. It draws
-//! from its own seeds only: the training streams, and so resume, are untouched.
+//! from its own seeds only: the training streams, and so resume, are untouched. A live
+//! run measures it when due, keeps the best adapter, and stops once patience runs out.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
 use rand::seq::SliceRandom;
@@ -11,9 +12,13 @@ use rand_chacha::ChaCha8Rng;
 
 use super::config::RunConfig;
 use super::flow::{Batch, FlowBatch};
-use super::step::mix;
+use super::sink::Sink;
+use super::state::{self, BestValidation, TrainingState};
+use super::step::{mix, Trainer};
 use crate::codec::{Conditioner, LatentEncoder};
 use crate::data::{DatasetItem, PreparedDataset};
+use crate::device;
+use crate::events::Event;
 use crate::lora::{LoraAdapter, LoraMode};
 use crate::model::timesteps::turbo_timesteps;
 use crate::model::DitModel;
@@ -118,6 +123,57 @@ impl Validator {
             }
         }
         Ok(sum / (self.batches.len() * self.timesteps.len()) as f64)
+    }
+}
+
+/// A live run's validation: when it is due, and what a better or a worse loss does.
+pub(super) struct Validation {
+    /// Present when clips are held out.
+    validator: Option<Validator>,
+    every_steps: Option<u64>,
+    patience: Option<u64>,
+    run_dir: PathBuf,
+}
+
+impl Validation {
+    pub fn new(config: &RunConfig, run_dir: &Path, validator: Option<Validator>) -> Self {
+        Self {
+            validator,
+            every_steps: config.val_every_steps,
+            patience: config.patience,
+            run_dir: run_dir.to_path_buf(),
+        }
+    }
+
+    /// After update `step`: measures the validation loss when due; a better one rewrites
+    /// `best/adapter` (before the event, so whoever sees `best` finds it). Returns why to
+    /// stop once patience runs out.
+    pub fn after_update(
+        &self,
+        step: u64,
+        trainer: &Trainer,
+        state: &mut TrainingState,
+        sink: &mut Sink,
+    ) -> Result<Option<String>> {
+        let Some(validator) =
+            self.validator.as_ref().filter(|_| self.every_steps.is_some_and(|n| step.is_multiple_of(n)))
+        else {
+            return Ok(None);
+        };
+        let loss = device::in_step_scope(|| validator.loss(&trainer.model, &trainer.adapter))?;
+        let best = state.best.is_none_or(|b| loss < b.loss);
+        if best {
+            state::save_best_adapter(&self.run_dir, &trainer.adapter)?;
+            state.best = Some(BestValidation { step, loss });
+            state.validations_since_best = 0;
+        } else {
+            state.validations_since_best += 1;
+        }
+        sink.emit(Event::Validation { step, loss, best });
+        let waited = state.validations_since_best;
+        Ok(self.patience.filter(|&p| waited >= p).map(|p| {
+            format!("no better validation loss in {p} validations (best at step {})", state.best.map_or(0, |b| b.step))
+        }))
     }
 }
 
