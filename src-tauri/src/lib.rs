@@ -10,6 +10,23 @@ pub mod settings;
 
 pub use bridge::AppState;
 
+use bridge::{EventSink, Outgoing};
+
+/// The app handle is the bridge's event sink: each message goes to the web view, and
+/// each run view to the native manners too (the wake lock, the notice). Wired here, so
+/// the bridge knows nothing of the native plugin that uses it.
+impl<R: tauri::Runtime> EventSink for tauri::AppHandle<R> {
+    fn send(&self, message: Outgoing<'_>) {
+        use tauri::Emitter;
+        if let Outgoing::Run(view) = message {
+            native::run_changed(self, view);
+        }
+        if let Err(e) = self.emit(message.name(), message) {
+            eprintln!("ostinato: could not emit {}: {e}", message.name());
+        }
+    }
+}
+
 /// Adds the app's state and commands to a builder (the real one, or tauri's mock one in
 /// tests). `Builder::setup` does not run under the mock runtime, so nothing here needs it.
 pub fn app_builder<R: tauri::Runtime>(builder: tauri::Builder<R>, state: AppState) -> tauri::Builder<R> {

@@ -12,12 +12,7 @@ use ostinato_engine::load::{
 };
 use serde_json::{json, Value};
 
-use crate::bridge::{BridgeError, EventSink, Outgoing};
-
-/// Name of the event every download event is forwarded under: the engine's
-/// `DownloadEvent` (`{"type": "progress", ...}`), then `cancelled` or `failed` (with
-/// `error`) when it ends without `finished`.
-pub const DOWNLOAD_EVENT: &str = "model-download";
+use crate::bridge::{engine_err, BridgeError, EventSink, Outgoing};
 
 /// Where models are looked for and the download in progress.
 pub struct Models {
@@ -26,10 +21,6 @@ pub struct Models {
     config_dir: PathBuf,
     /// The cancel token of the download in progress.
     download: Arc<Mutex<Option<Cancel>>>,
-}
-
-fn engine_err(e: impl std::fmt::Display) -> BridgeError {
-    BridgeError::Engine(e.to_string())
 }
 
 impl Models {

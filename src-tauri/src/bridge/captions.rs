@@ -16,10 +16,10 @@ use ostinato_engine::load::source::ModelSource;
 use ostinato_engine::load::{preferred_lm, FoundLm, LmVariant};
 use ostinato_engine::Error as EngineError;
 
-use super::forward::{EventSink, Outgoing};
+use super::error::BridgeError;
+use super::outgoing::{EventSink, Outgoing};
 use super::state::AppState;
 use super::views::{CaptionEvent, CaptionProgress, CaptionStart, CaptionedSong, CaptionsDone, FileRow};
-use super::BridgeError;
 
 /// The web view hears a song's stage at most this often (the tiny test LM writes
 /// thousands of tokens a second; each would be an event), and at each new stage.

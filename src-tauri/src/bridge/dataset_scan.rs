@@ -11,8 +11,8 @@ use ostinato_engine::data::{cut_note, DataSpec, Field};
 use ostinato_engine::label::store::{Found, LabelStore};
 use ostinato_engine::label::{resolve, stored_songs, Resolved, StoredSong};
 
-use super::engine::engine_err;
-use super::{BridgeError, DatasetView, FileRow};
+use super::error::{engine_err, BridgeError};
+use super::views::{DatasetView, FileRow};
 
 /// Every audio file under `dir` with its duration, labels and, for a bad one, what is
 /// wrong: the engine's check of a folder, the one training applies.

@@ -1,11 +1,13 @@
 //! The engine: the only place the app calls it (apart from the dataset scan and the
-//! settings' conversion into a run config, in their own files).
+//! settings' conversion into a run config, in their own files). Below the rest of the
+//! bridge: it knows only the bridge's views, errors and start request.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Receiver;
 
 use ostinato_engine::charts::{render_svg, Chart, Theme};
+use ostinato_engine::codec::StereoAudio;
 use ostinato_engine::events::{read_events, Event};
 use ostinato_engine::export::export_run;
 use ostinato_engine::generate::GenerateSpec;
@@ -17,25 +19,31 @@ use ostinato_engine::train::songs::{as_the_model_hears, SongUpdate};
 use ostinato_engine::train::{fit, history, Run, RunConfig, RunControl, RunHandle};
 use ostinato_engine::Error as EngineError;
 
-use super::run::{EngineRun, StartRequest};
-use super::run_settings::run_config;
+use super::error::{engine_err, BridgeError};
+use super::run_settings::{run_config, StartRequest};
 use super::views::{Charts, ExportFormat, MemoryView};
-use super::BridgeError;
-use ostinato_engine::codec::StereoAudio;
 
 /// The size charts are drawn at: about the size the window shows them at, so their
 /// labels keep the size they are drawn with.
 const CHART_SIZE: (u32, u32) = (440, 184);
-
-pub(super) fn engine_err(e: impl std::fmt::Display) -> BridgeError {
-    BridgeError::Engine(e.to_string())
-}
 
 /// `OSTINATO_RUNS_DIR`, else the engine's default (the one the CLI uses too).
 pub fn default_runs_dir() -> PathBuf {
     std::env::var_os("OSTINATO_RUNS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(ostinato_engine::train::config::default_runs_dir)
+}
+
+/// Control of a run the engine is training (the engine's `RunControl` in the app, a
+/// recorder in tests).
+pub trait EngineRun: Send {
+    fn pause(&self) -> Result<(), BridgeError>;
+    fn resume(&self) -> Result<(), BridgeError>;
+    fn stop(&self) -> Result<(), BridgeError>;
+    /// The run directory (`<runs>/<run-id>`).
+    fn run_dir(&self) -> PathBuf;
+    /// Asks the run for a song at its next step boundary, written to `out`.
+    fn generate(&self, spec: GenerateSpec, out: PathBuf) -> Result<Receiver<SongUpdate>, BridgeError>;
 }
 
 struct Handle {

@@ -13,10 +13,9 @@ use ostinato_engine::label::store::{Found, LabelStore, Saved};
 use ostinato_engine::label::{keep_understood, reading, resolve, stored_song, stored_songs, StoredSong, ANALYSED};
 
 use super::dataset_scan::show_labels;
-use super::engine::engine_err;
+use super::error::{engine_err, BridgeError};
 use super::state::AppState;
 use super::views::{EstimateView, FileRow, SidecarReport};
-use super::BridgeError;
 
 impl AppState {
     pub(super) fn label_store(&self) -> LabelStore {

@@ -18,11 +18,11 @@ use ostinato_engine::generate::wav::float_wav_bytes;
 use ostinato_engine::generate::{GenerateEvent, GenerateSpec};
 use ostinato_engine::train::songs::{generate_for_run, new_song_path, run_songs, RunSong, SongUpdate};
 
-use super::engine::engine_err;
-use super::forward::{EventSink, Outgoing};
+use super::engine;
+use super::error::{engine_err, BridgeError};
+use super::outgoing::{EventSink, Outgoing};
 use super::state::AppState;
 use super::views::{PreviewView, SavedSongView, SongChoices, SongProgress, SongStage};
-use super::BridgeError;
 
 /// The size audio pictures are drawn at: about the width the previews panel gives them.
 const PICTURE_SIZE: (u32, u32) = (360, 64);
@@ -116,7 +116,7 @@ impl AppState {
             false => decode_file(&path, DataSpec::default().cut(None))
                 .map(|d| d.audio)
                 .map_err(|e| BridgeError::Engine(format!("{}: {e}", path.display())))?,
-            true => super::engine::heard_by_model(&self.start_request(self.settings(), folder), &path)?,
+            true => engine::heard_by_model(&self.start_request(self.settings(), folder), &path)?,
         };
         float_wav_bytes(&audio).map_err(engine_err)
     }

@@ -1,136 +1,23 @@
-//! The current run: its control handle, its [`RunState`] folded from the engine's
-//! events, and what the user asked of it; starting, resuming, pausing and stopping it.
+//! The current run's control: starting, resuming, pausing and stopping it, and the
+//! thread that forwards each run's engine events to it and to the web view.
 
-use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
-use std::sync::mpsc::Receiver;
+use std::path::Path;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ostinato_engine::events::Event;
-use ostinato_engine::generate::GenerateSpec;
-use ostinato_engine::run_state::{RunState, RunStatus};
-use ostinato_engine::train::songs::SongUpdate;
+use ostinato_engine::run_state::RunStatus;
 
-use super::forward::{forward, EventSink, Outgoing};
+use super::current_run::CurrentRun;
+use super::engine::{self, EngineRun};
+use super::error::BridgeError;
+use super::outgoing::{EventSink, Outgoing};
 use super::state::AppState;
-use super::views::{Charts, Request, RunSnapshot, RunView};
-use super::{engine, BridgeError, RECENT_EVENTS};
-use crate::settings::Settings;
+use super::views::{Request, RunView};
 
-/// Control of a run the engine is training (the engine's `RunControl` in the app, a
-/// recorder in tests).
-pub trait EngineRun: Send {
-    fn pause(&self) -> Result<(), BridgeError>;
-    fn resume(&self) -> Result<(), BridgeError>;
-    fn stop(&self) -> Result<(), BridgeError>;
-    /// The run directory (`<runs>/<run-id>`).
-    fn run_dir(&self) -> PathBuf;
-    /// Asks the run for a song at its next step boundary, written to `out`.
-    fn generate(&self, spec: GenerateSpec, out: PathBuf) -> Result<Receiver<SongUpdate>, BridgeError>;
-}
-
-/// What `engine::start` gets: the validated settings and where things are.
-#[derive(Debug, Clone)]
-pub struct StartRequest {
-    pub settings: Settings,
-    pub dataset_dir: PathBuf,
-    pub runs_dir: PathBuf,
-    /// The label store whose labels the run records and trains with.
-    pub labels_dir: PathBuf,
-}
-
-pub(super) struct CurrentRun {
-    /// Present while the engine has the run.
-    control: Option<Box<dyn EngineRun>>,
-    /// Where views go; absent before the first run.
-    sink: Option<Arc<dyn EventSink>>,
-    /// Bumped for every new run, so a late forwarder of an old run changes nothing.
-    pub generation: u64,
-    pub state: RunState,
-    requested: Option<Request>,
-    run_dir: Option<PathBuf>,
-    recent: VecDeque<Event>,
-    pub charts: Option<Charts>,
-}
-
-impl CurrentRun {
-    pub fn idle() -> Self {
-        CurrentRun {
-            control: None,
-            sink: None,
-            generation: 0,
-            state: RunState::default(),
-            requested: None,
-            run_dir: None,
-            recent: VecDeque::new(),
-            charts: None,
-        }
-    }
-
-    pub fn view(&self) -> RunView {
-        RunView {
-            state: self.state.clone(),
-            run_dir: self.run_dir.clone(),
-            requested: self.requested,
-            active: self.state.status.is_active(),
-        }
-    }
-
-    pub fn snapshot(&self) -> RunSnapshot {
-        RunSnapshot { view: self.view(), recent_events: self.recent.iter().cloned().collect() }
-    }
-
-    /// The control of the run in `dir` while the engine has it.
-    pub fn live_control(&self, dir: &Path) -> Option<&dyn EngineRun> {
-        let live = self.run_dir.as_deref().and_then(|d| d.canonicalize().ok()).is_some_and(|d| d == dir);
-        self.control.as_deref().filter(|_| live)
-    }
-
-    pub fn active_dir(&self) -> Option<&Path> {
-        self.run_dir.as_deref().filter(|_| self.state.status.is_active())
-    }
-
-    /// Sends the view. Called under the state's lock: views go out in the order they
-    /// were made, so the web view can take the last one it got.
-    fn announce(&self) {
-        if let Some(sink) = &self.sink {
-            sink.send(Outgoing::Run(&self.view()));
-        }
-    }
-
-    /// An engine event: forwarded, folded into the state, and the new view sent.
-    pub fn take(&mut self, event: &Event) {
-        if let Some(sink) = &self.sink {
-            sink.send(Outgoing::Engine(event));
-        }
-        self.apply(event);
-        self.announce();
-    }
-
-    /// Folds one engine event in. The engine's answer ends what was asked of it.
-    fn apply(&mut self, event: &Event) {
-        self.state.apply(event);
-        if self.recent.len() == RECENT_EVENTS {
-            self.recent.pop_front();
-        }
-        self.recent.push_back(event.clone());
-        let status = self.state.status;
-        if !status.is_active() {
-            (self.control, self.requested) = (None, None);
-        } else if self.requested == Some(Request::Pause) && status == RunStatus::Paused {
-            self.requested = None;
-        }
-    }
-
-    /// The engine's events ended. A run still active then ended without saying how.
-    pub fn ended(&mut self) {
-        if self.state.status.is_active() {
-            let reason = "the engine stopped sending events without finishing the run".to_string();
-            self.take(&Event::Failed { step: self.state.steps, reason });
-        }
-        self.control = None;
-    }
-}
+/// Charts are re-rendered at most this often while events arrive (2.5 Hz >= 2 Hz).
+pub const CHART_INTERVAL: Duration = Duration::from_millis(400);
 
 impl AppState {
     /// Starts a run with the saved settings; events go to `sink` from a background thread.
@@ -167,14 +54,7 @@ impl AppState {
             let mut g = self.lock();
             let generation = g.next_generation;
             g.next_generation += 1;
-            g.run = CurrentRun {
-                run_dir: Some(control.run_dir()),
-                control: Some(control),
-                sink: Some(sink.clone()),
-                generation,
-                state: RunState::begun(),
-                ..CurrentRun::idle()
-            };
+            g.run = CurrentRun::begun(control, sink.clone(), generation);
             g.run.announce();
             (generation, g.run.view())
         };
@@ -224,5 +104,61 @@ impl AppState {
     /// Asks the run to stop (it saves a checkpoint and ends with a `stopped` event).
     pub fn stop(&self) -> Result<RunView, BridgeError> {
         self.with_control(|_| Ok(()), Some(Request::Stop), |c| c.stop())
+    }
+}
+
+/// The forwarding loop of run `generation`: folds each event into the run's state and
+/// sends it and the new view (under the state's lock, so views go out in the order they
+/// were made), and redraws the charts at most every [`CHART_INTERVAL`] and once more
+/// when the events end.
+fn forward(state: AppState, generation: u64, events: Receiver<Event>, sink: Arc<dyn EventSink>) {
+    let mut last_render: Option<Instant> = None;
+    let mut dirty = false;
+    let mut chart_error_reported = false;
+    loop {
+        let (ended, event) = match events.recv_timeout(CHART_INTERVAL / 2) {
+            Ok(ev) => (false, Some(ev)),
+            Err(RecvTimeoutError::Timeout) => (false, None),
+            Err(RecvTimeoutError::Disconnected) => (true, None),
+        };
+        {
+            let mut g = state.lock();
+            if g.run.generation != generation {
+                return;
+            }
+            if let Some(ev) = &event {
+                g.run.take(ev);
+                dirty = true;
+            }
+            if ended {
+                g.run.ended();
+            }
+        }
+        let due = last_render.is_none_or(|t| t.elapsed() >= CHART_INTERVAL);
+        if dirty && (due || ended) {
+            let (run, dark) = {
+                let g = state.lock();
+                (g.run.state.clone(), g.dark)
+            };
+            match engine::render_charts(&run, dark) {
+                Ok(charts) => {
+                    let mut g = state.lock();
+                    if g.run.generation == generation {
+                        sink.send(Outgoing::Charts(&charts));
+                        g.run.charts = Some(charts);
+                    }
+                }
+                Err(e) if !chart_error_reported => {
+                    chart_error_reported = true;
+                    eprintln!("ostinato: charts unavailable: {e}");
+                }
+                Err(_) => {}
+            }
+            last_render = Some(Instant::now());
+            dirty = false;
+        }
+        if ended {
+            return;
+        }
     }
 }

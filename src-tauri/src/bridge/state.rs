@@ -1,5 +1,6 @@
 //! The app's state: settings, the current dataset scan, the current run, the web view's
-//! appearance; what reads and changes them apart from the run's control (run.rs).
+//! appearance; what reads and changes them apart from the run's control (run.rs) and
+//! the dataset editor, listening and captioning (labels.rs, listen.rs, captions.rs).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -7,9 +8,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ostinato_engine::cancel::Cancel;
 use ostinato_engine::load::ModelPlaces;
 
-use super::run::{CurrentRun, StartRequest};
+use super::current_run::CurrentRun;
+use super::error::BridgeError;
+use super::run_settings::StartRequest;
 use super::views::{Charts, Choices, DatasetView, ExportFormat, HistoryEntry, MemoryView, StateView};
-use super::{dataset_scan, engine, BridgeError};
+use super::{dataset_scan, engine};
 use crate::models::Models;
 use crate::settings::{self, Settings};
 

@@ -7,7 +7,7 @@ use ostinato_engine::events::Event;
 use ostinato_engine::run_state::RunStatus;
 use serde_json::{json, Value};
 
-use super::run::CurrentRun;
+use super::current_run::CurrentRun;
 use super::*;
 
 /// Records what is sent, as the web view would get it (name, JSON payload).
