@@ -17,8 +17,8 @@ use ostinato_engine::train::fit::{self, Fit};
 use ostinato_engine::train::schedule::LrSchedule;
 use ostinato_engine::train::{Run, RunConfig, RunEnd, RunHandle};
 
+use crate::args::TrainArgs;
 use crate::progress::{self, Mode, Progress};
-use crate::TrainArgs;
 
 /// Exit code after a stop by Ctrl-C or SIGTERM (128 + SIGINT).
 pub const INTERRUPTED: i32 = 130;

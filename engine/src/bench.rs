@@ -13,6 +13,7 @@
 pub mod generation;
 pub mod label;
 pub mod lm;
+mod presets;
 pub mod text;
 pub mod vae;
 
@@ -36,6 +37,8 @@ use crate::train::schedule::{LrSchedule, LrScheduler};
 use crate::train::step::{StepOutcome, StepSettings, Trainer};
 use crate::{heap, metrics};
 use crate::{Error, Result};
+
+pub use presets::AnyPreset;
 
 /// The shapes a bench runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,49 +129,6 @@ impl std::str::FromStr for Preset {
 impl std::fmt::Display for Preset {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-/// A DiT training-step preset, a VAE preset or the text side's: what `ostinato bench
-/// --preset` names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AnyPreset {
-    Dit(Preset),
-    Vae(vae::VaePreset),
-    /// [`text::TEXT_ENCODE`]
-    Text,
-    /// [`label::LABEL_240S`]
-    Label,
-    /// The 5 Hz LM labelling a song ([`lm::run_lm`]).
-    Lm(lm::LmPreset),
-}
-
-impl std::str::FromStr for AnyPreset {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        if let Some(p) = vae::VaePreset::ALL.into_iter().find(|p| p.name() == s) {
-            return Ok(AnyPreset::Vae(p));
-        }
-        if s == text::TEXT_ENCODE {
-            return Ok(AnyPreset::Text);
-        }
-        if s == label::LABEL_240S {
-            return Ok(AnyPreset::Label);
-        }
-        if let Some(p) = lm::LmPreset::ALL.into_iter().find(|p| p.name() == s) {
-            return Ok(AnyPreset::Lm(p));
-        }
-        s.parse::<Preset>().map(AnyPreset::Dit).map_err(|e| {
-            let vae: Vec<_> = vae::VaePreset::ALL.iter().map(|p| p.name()).collect();
-            let lms: Vec<_> = lm::LmPreset::ALL.iter().map(|p| p.name()).collect();
-            format!(
-                "{e}, a VAE preset: {}, {}, {} or an LM preset: {}",
-                vae.join(", "),
-                text::TEXT_ENCODE,
-                label::LABEL_240S,
-                lms.join(", ")
-            )
-        })
     }
 }
 

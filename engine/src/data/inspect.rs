@@ -79,3 +79,53 @@ pub(crate) fn decode_checked(path: &Path, cut: Cut) -> std::result::Result<Decod
     audio::check_usable(&decoded.audio)?;
     Ok(decoded)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::testutil::{good_wav, prepare, write_file};
+    use crate::data::{DataEvent, DataSpec, IssueKind};
+    use std::path::PathBuf;
+
+    /// Every file's verdict from `inspect_folder` (the app's scan): None when training
+    /// can use it, else why not.
+    fn inspected(folder: &Path) -> BTreeMap<PathBuf, Option<String>> {
+        let inspection = inspect_folder(folder, &Default::default()).unwrap();
+        let spec = DataSpec::new(folder);
+        let songs = inspection.songs.iter().map(|s| (s.path.clone(), s.check(&spec).err()));
+        songs.chain(inspection.skipped.into_iter().map(|(file, reason)| (file, Some(reason)))).collect()
+    }
+
+    /// Every file's verdict from training's preparation (no cache: every song decoded).
+    fn prepared(folder: &Path) -> BTreeMap<PathBuf, Option<String>> {
+        let (_, events) = prepare(&DataSpec::new(folder), None);
+        let verdict = |e: DataEvent| match e {
+            DataEvent::Used(u) => Some((u.file, None)),
+            DataEvent::Issue(i) if i.kind == IssueKind::Skipped => Some((i.file, Some(i.reason))),
+            _ => None,
+        };
+        events.into_iter().filter_map(verdict).collect()
+    }
+
+    #[test]
+    fn inspect_folder_gives_the_verdicts_training_reaches() {
+        let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/demo");
+        let verdicts = inspected(&demo);
+        assert_eq!(verdicts.len(), 6, "{verdicts:?}");
+        assert!(verdicts.values().all(Option::is_none), "{verdicts:?}");
+        assert_eq!(verdicts, prepared(&demo));
+        assert!(inspect_folder(&demo, &Default::default()).unwrap().songs.iter().all(|s| s.meta.has_caption()));
+
+        let src = tempfile::tempdir().unwrap();
+        let good = good_wav(src.path(), "good.wav", 1.5, 440.0);
+        let notes = write_file(src.path(), "notes.wav", b"not audio");
+        let short = good_wav(src.path(), "short.wav", 0.2, 440.0);
+        let readme = write_file(src.path(), "readme.md", b"songs");
+        let verdicts = inspected(src.path());
+        assert_eq!(verdicts[&good], None);
+        assert!(verdicts[&notes].is_some());
+        assert!(verdicts[&short].as_deref().is_some_and(|r| r.starts_with("too short")), "{verdicts:?}");
+        assert!(verdicts[&readme].is_some());
+        assert_eq!(verdicts, prepared(src.path()));
+    }
+}

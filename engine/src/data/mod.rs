@@ -3,7 +3,7 @@
 //! scan (find audio) -> sidecar (captions, lyrics, metas) -> audio (decode, resample,
 //! cut) -> the codecs' encoders (latents, condition) -> cache (content-addressed).
 //! `inspect` is the check of a folder every shell calls (scan, sidecars, decode);
-//! `dataset` ties it all together. The source folder is only ever read.
+//! `prepare` ties it all together into a `dataset`. The source folder is only ever read.
 
 pub mod audio;
 pub mod cache;
@@ -11,6 +11,7 @@ pub mod dataset;
 mod guard;
 pub mod inspect;
 pub mod labels;
+pub mod prepare;
 pub mod preprocessed;
 pub mod regular;
 pub mod scan;
@@ -30,9 +31,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::SettingErrors;
 
 pub use cache::LatentCache;
-pub use dataset::{cached_latents, cut_note, encode_item, prepare_dataset, DatasetItem, PreparedDataset};
+pub use dataset::{cut_note, encode_item, DatasetItem, PreparedDataset};
 pub use inspect::{inspect_folder, FolderInspection, SongFile};
 pub use labels::{Field, Labels};
+pub use prepare::{cached_latents, prepare_dataset};
 
 /// One preprocessed sample, with ACE-Step's preprocessed-sample tensors.
 #[derive(Debug, Clone)]

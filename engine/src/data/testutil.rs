@@ -1,7 +1,17 @@
 //! Test helpers: signals and the non-WAV files the tests write themselves (a minimal
-//! verbatim FLAC encoder and an AIFF writer), so no fixture or tool is needed.
+//! verbatim FLAC encoder and an AIFF writer), so no fixture or tool is needed; small
+//! models and a preparation that records its events, with lookups into them.
 
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+
+use super::wav::{wav_bytes, SampleFormat};
+use super::{prepare_dataset, DataEvent, DataSpec, FileUse, IssueKind, LatentCache, PreparedDataset};
+use crate::cancel::Cancel;
+use crate::codec::condition::HashConditioner;
+use crate::codec::encode::MelEncoder;
+use crate::error::Result;
 
 pub fn sine(freq: f64, amp: f32, rate: u32, frames: usize) -> Vec<f32> {
     (0..frames).map(|i| amp * (2.0 * std::f64::consts::PI * freq * i as f64 / rate as f64).sin() as f32).collect()
@@ -134,6 +144,53 @@ pub fn noise_bytes(len: usize, seed: u64) -> Vec<u8> {
             (s >> 24) as u8
         })
         .collect()
+}
+
+pub fn models() -> (MelEncoder, HashConditioner) {
+    let enc = MelEncoder::new();
+    let cond = HashConditioner::for_encoder(16, &enc).unwrap();
+    (enc, cond.with_max_tokens(32, 16))
+}
+
+pub fn stereo_sine(rate: u32, seconds: f64, freq: f64) -> Vec<Vec<f32>> {
+    let n = (rate as f64 * seconds) as usize;
+    vec![sine(freq, 0.5, rate, n), sine(freq * 1.5, 0.3, rate, n)]
+}
+
+pub fn good_wav(dir: &Path, name: impl AsRef<OsStr>, seconds: f64, freq: f64) -> PathBuf {
+    write_file(dir, name, &wav_bytes(44_100, SampleFormat::Int(16), &stereo_sine(44_100, seconds, freq)))
+}
+
+pub fn prepare(spec: &DataSpec, cache: Option<&LatentCache>) -> (Result<PreparedDataset>, Vec<DataEvent>) {
+    let (enc, cond) = models();
+    let mut events = Vec::new();
+    let r = prepare_dataset(spec, &enc, &cond, cache, &Cancel::never(), &mut |e| events.push(e));
+    (r, events)
+}
+
+/// The reason of the first issue of `kind` about the file called `name`.
+pub fn find_issue<'a>(events: &'a [DataEvent], kind: IssueKind, name: &[u8]) -> Option<&'a str> {
+    events.iter().find_map(|e| match e {
+        DataEvent::Issue(i) if i.kind == kind && i.file.file_name()?.as_bytes() == name => Some(i.reason.as_str()),
+        _ => None,
+    })
+}
+
+/// Why the file called `name` was skipped.
+pub fn issue_for<'a>(events: &'a [DataEvent], name: &[u8]) -> Option<&'a str> {
+    find_issue(events, IssueKind::Skipped, name)
+}
+
+pub fn warning_for<'a>(events: &'a [DataEvent], name: &[u8]) -> Option<&'a str> {
+    find_issue(events, IssueKind::Warning, name)
+}
+
+/// What the per-file event says of the file called `name`.
+pub fn use_of<'a>(events: &'a [DataEvent], name: &str) -> Option<&'a FileUse> {
+    events.iter().find_map(|e| match e {
+        DataEvent::Used(u) if u.file.file_name()? == name => Some(u),
+        _ => None,
+    })
 }
 
 #[cfg(test)]

@@ -12,8 +12,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::folder::{TEXT_DIR, VAE_DIR};
 use super::kind::{Flavor, ModelKind, ModelSize};
+use super::layout::{TEXT_DIR, VAE_DIR};
 
 /// The repository with the turbo DiT, `vae/` and `Qwen3-Embedding-0.6B/`.
 pub const MAIN_REPO: &str = "ACE-Step/Ace-Step1.5";

@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::catalog::LmVariant;
-use super::folder::{models_in, subfolders, ModelFolder, TEXT_DIR, VAE_DIR};
+use super::folder::ModelFolder;
 use super::kind::{Flavor, ModelKind, ModelSize};
+use super::layout::{models_in, subfolders, TEXT_DIR, VAE_DIR};
 use super::lm::{lm_variant_of, lms_in, LmFolder};
 use super::places::ModelPlaces;
 use crate::Error;

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::catalog::LmVariant;
-use super::folder::{hf_snapshot, subfolders};
+use super::layout::{hf_snapshot, subfolders};
 use crate::tensor_io::shards::weights_in;
 use crate::tensor_io::TensorFile;
 use crate::{Error, Result};

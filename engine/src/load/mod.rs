@@ -2,8 +2,9 @@
 //! a model folder or the built-in demo model) and what comes with it; ACE-Step 1.5
 //! models found on disk (ACE-Step's `checkpoints/`, the Hugging Face cache, folders the
 //! user added) and downloaded from the hub into its cache (`patience`: how long that
-//! waits and retries); the model folder itself (`folder`); what a model is (`kind`: 2B
-//! or XL, turbo, base or SFT); the memory footprint a model will need (`footprint`);
+//! waits and retries); where model folders sit on disk (`layout`) and the model folder
+//! itself (`folder`); what a model is (`kind`: 2B or XL, turbo, base or SFT); the
+//! memory footprint a model will need (`footprint`);
 //! and the 5 Hz LM folders that label songs (`lm`), found and downloaded the same way.
 
 pub mod catalog;
@@ -14,6 +15,7 @@ pub mod folder;
 pub mod footprint;
 pub mod hub;
 pub mod kind;
+mod layout;
 pub mod lm;
 pub mod patience;
 pub mod places;

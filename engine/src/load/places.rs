@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::folder::{hf_cache_dir, models_in};
+use super::layout::{hf_cache_dir, models_in};
 use super::lm::lms_in;
 use crate::{Error, Result};
 

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::folder::{ModelFolder, TEXT_DIR, VAE_DIR};
+use super::folder::ModelFolder;
 use super::hub::BlobId;
+use super::layout::{TEXT_DIR, VAE_DIR};
 use super::lm::LmFolder;
 use crate::{Error, Result};
 
