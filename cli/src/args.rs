@@ -9,6 +9,7 @@ use ostinato_engine::device::Precision;
 use ostinato_engine::label::understand::labeller::UnderstandSettings;
 use ostinato_engine::label::understand::sample::Sampling;
 use ostinato_engine::load::source::ModelSource;
+use ostinato_engine::lora::PartStrengths;
 use ostinato_engine::train::fit::Fit;
 
 use crate::captions::CaptionArgs;
@@ -113,12 +114,18 @@ pub struct GenerateArgs {
     /// Classifier-free guidance scale, base/SFT models only (default 7 there).
     #[arg(long)]
     pub guidance: Option<f64>,
-    /// A PEFT adapter folder (adapter_config.json + adapter_model.safetensors).
-    #[arg(long)]
-    pub adapter: Option<PathBuf>,
+    /// An adapter folder (PEFT's adapter_config.json + adapter_model.safetensors, or a
+    /// LoKr folder). Give it several times to mix adapters: their changes add up.
+    #[arg(long = "adapter")]
+    pub adapters: Vec<PathBuf>,
     /// The adapter's strength, 0 to 4: 0 is the base model, 1 the adapter as trained.
-    #[arg(long, default_value_t = 1.0, requires = "adapter")]
-    pub adapter_scale: f64,
+    /// Once for each --adapter, in the same order, or once for all (default 1).
+    #[arg(long = "adapter-scale", requires = "adapters")]
+    pub adapter_scales: Vec<f64>,
+    /// A strength per part of each layer on top of the adapters', e.g. cross=0.5,mlp=0
+    /// (parts: self, cross, mlp; those not named stay at 1).
+    #[arg(long, value_parser = parse_with::<PartStrengths>, requires = "adapters")]
+    pub parts: Option<PartStrengths>,
     #[arg(long)]
     pub out: PathBuf,
     /// Also write the clean latents [frames, 64] (`latents` in a .safetensors file).

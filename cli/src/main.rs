@@ -284,9 +284,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 steps: a.steps,
                 shift: a.shift,
                 guidance: a.guidance,
-                adapter: a.adapter,
-                adapter_scale: a.adapter_scale,
-            };
+                parts: a.parts.unwrap_or_default(),
+                ..GenerateSpec::default()
+            }
+            .with_adapters(a.adapters, &a.adapter_scales)?;
             generate::generate(&spec, &a.model.source(), &a.out, a.latents_out.as_deref(), a.json).map(|_| 0)
         }
         Command::Decode { latents, model, out } => generate::decode(&latents, &model.source(), &out).map(|_| 0),

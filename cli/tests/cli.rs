@@ -1089,6 +1089,50 @@ fn adapter_scale_zero_is_the_base_model_and_one_changes_the_song() {
 }
 
 #[test]
+fn several_adapters_mix_each_at_its_scale_and_parts_scale_their_changes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let demo = ostinato_engine::load::source::ModelSource::Demo;
+    let (first, second) = (tmp.path().join("attention"), tmp.path().join("mlp"));
+    random_adapter(&demo, &first, &["q_proj", "k_proj", "v_proj", "o_proj"]);
+    random_adapter(&demo, &second, &["gate_proj", "up_proj", "down_proj"]);
+    let (a, b) = (first.to_str().unwrap(), second.to_str().unwrap());
+    let song = |name: &str, extra: &[&str]| {
+        let p = tmp.path().join(name);
+        ok(generate(&p, extra).output().unwrap());
+        std::fs::read(p).unwrap()
+    };
+    let base = song("base.wav", &[]);
+    let a_alone = song("a.wav", &["--adapter", a, "--adapter-scale", "0.5"]);
+    let with_b_off = ["--adapter", a, "--adapter", b, "--adapter-scale", "0.5", "--adapter-scale", "0"];
+    assert_eq!(song("a-b0.wav", &with_b_off), a_alone, "an adapter at 0 adds nothing");
+    let both = song("ab.wav", &["--adapter", a, "--adapter", b, "--adapter-scale", "0.5"]);
+    assert_ne!(both, a_alone, "one --adapter-scale applies to both");
+    assert_eq!(
+        song("ab-mlp0.wav", &["--adapter", a, "--adapter", b, "--adapter-scale", "0.5", "--parts", "mlp=0"]),
+        a_alone
+    );
+    assert_eq!(song("a-attn0.wav", &["--adapter", a, "--parts", "self=0,cross=0"]), base);
+
+    let out = tmp.path().join("refused.wav");
+    let three =
+        ["--adapter", a, "--adapter", b, "--adapter-scale", "1", "--adapter-scale", "1", "--adapter-scale", "1"];
+    fails_with(
+        &mut generate(&out, &three),
+        "setting `adapter_scale`: 3 scales for 2 adapters: give one for each, in the same order, or one for all",
+    );
+    fails_with(
+        &mut generate(&out, &["--adapter", a, "--adapter", b, "--adapter-scale", "1", "--adapter-scale", "9"]),
+        "setting `more_adapters[0].scale`: 9 is out of range",
+    );
+    fails_with(
+        &mut generate(&out, &["--adapter", a, "--parts", "attn=1"]),
+        "`attn` is not a part: they are self, cross and mlp",
+    );
+    fails_with(&mut generate(&out, &["--adapter", a, "--parts", "mlp=5"]), "mlp=5 is out of range");
+    assert!(!out.exists());
+}
+
+#[test]
 fn generates_and_decodes_with_an_acestep_model_folder() {
     let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/real/model");
     let tmp = tempfile::tempdir().unwrap();

@@ -13,7 +13,7 @@ use crate::cancel::Cancel;
 use crate::codec::{Conditioner, LatentDecoder, SongMeta, StereoAudio, INSTRUMENTAL};
 use crate::device::Precision;
 use crate::load::source::ModelSource;
-use crate::lora::{LoraAdapter, LoraMode};
+use crate::lora::{AdapterMix, LoraAdapter, LoraMode, PartStrengths};
 use crate::model::timesteps::TimestepSampling;
 use crate::model::{DitModel, LinearAdapter};
 use crate::{Error, Result};
@@ -54,6 +54,21 @@ pub struct GenerateSpec {
     pub adapter: Option<PathBuf>,
     /// The adapter's strength: 0 is the base model exactly, 1 the adapter as trained.
     pub adapter_scale: f64,
+    /// More adapter folders, each at its own strength: their changes are added to
+    /// `adapter`'s (or to a run's own).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_adapters: Vec<MixedAdapter>,
+    /// A strength per part of each layer, on top of every adapter's own.
+    #[serde(default, skip_serializing_if = "PartStrengths::is_whole")]
+    pub parts: PartStrengths,
+}
+
+/// An adapter folder mixed into a song at its own strength.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MixedAdapter {
+    pub path: PathBuf,
+    pub scale: f64,
 }
 
 impl Default for GenerateSpec {
@@ -69,6 +84,8 @@ impl Default for GenerateSpec {
             guidance: None,
             adapter: None,
             adapter_scale: 1.0,
+            more_adapters: Vec::new(),
+            parts: PartStrengths::default(),
         }
     }
 }
@@ -80,13 +97,74 @@ impl GenerateSpec {
         if let Some(steps) = self.steps.filter(|s| !(1..=MAX_STEPS).contains(s)) {
             return Err(Error::setting("steps", format!("{steps} is out of range: it must be 1 to {MAX_STEPS}")));
         }
-        let scale = self.adapter_scale;
-        if !(0.0..=MAX_ADAPTER_SCALE).contains(&scale) {
-            let range = format!("0 (the base model) to {MAX_ADAPTER_SCALE} (1 is the adapter as trained)");
-            return Err(Error::setting("adapter_scale", format!("{scale} is out of range: it must be {range}")));
+        check_scale("adapter_scale", self.adapter_scale)?;
+        for (i, mixed) in self.more_adapters.iter().enumerate() {
+            check_scale(&format!("more_adapters[{i}].scale"), mixed.scale)?;
         }
-        Ok(())
+        self.parts.check().map_err(|why| Error::setting("parts", why))
     }
+
+    /// The spec with adapter folders `paths` at `scales`: one scale for each, in the
+    /// same order, or a single one for all, or none (all at 1). The first is `adapter`,
+    /// the rest `more_adapters`.
+    pub fn with_adapters(self, paths: Vec<PathBuf>, scales: &[f64]) -> Result<Self> {
+        let count = paths.len();
+        let scale_of = |i: usize| match scales {
+            [] => Ok(1.0),
+            [all] => Ok(*all),
+            each if each.len() == count => Ok(each[i]),
+            each => Err(Error::setting(
+                "adapter_scale",
+                format!(
+                    "{} scales for {} adapters: give one for each, in the same order, or one for all",
+                    each.len(),
+                    count
+                ),
+            )),
+        };
+        let mut mixed = Vec::new();
+        for (i, path) in paths.into_iter().enumerate() {
+            mixed.push(MixedAdapter { path, scale: scale_of(i)? });
+        }
+        let mut mixed = mixed.into_iter();
+        Ok(match mixed.next() {
+            Some(first) => {
+                Self { adapter: Some(first.path), adapter_scale: first.scale, more_adapters: mixed.collect(), ..self }
+            }
+            None => self,
+        })
+    }
+
+    /// The adapters' strengths as a message shows them.
+    fn scales(&self) -> String {
+        let parts = if self.parts.is_whole() { String::new() } else { format!(", parts {}", self.parts) };
+        if self.more_adapters.is_empty() {
+            return format!("the adapter at scale {}{parts}", self.adapter_scale);
+        }
+        let more = self.more_adapters.iter().map(|m| format!(", {}", m.scale)).collect::<String>();
+        format!("the adapters at scales {}{more}{parts}", self.adapter_scale)
+    }
+}
+
+/// An adapter strength in range, or an error naming `field`.
+fn check_scale(field: &str, scale: f64) -> Result<()> {
+    if !(0.0..=MAX_ADAPTER_SCALE).contains(&scale) {
+        let range = format!("0 (the base model) to {MAX_ADAPTER_SCALE} (1 is the adapter as trained)");
+        return Err(Error::setting(field, format!("{scale} is out of range: it must be {range}")));
+    }
+    Ok(())
+}
+
+/// The adapter folder at `dir` (PEFT's, or upstream's LoKr file), checked against
+/// `dit` (shapes and targets).
+pub fn load_adapter_folder(dir: &Path, dit: &DitModel) -> Result<LoraAdapter> {
+    if !LoraAdapter::is_adapter_dir(dir) {
+        return Err(Error::Adapter {
+            path: dir.to_path_buf(),
+            reason: "not an adapter folder: neither adapter_config.json nor lokr_weights.safetensors is there".into(),
+        });
+    }
+    LoraAdapter::load(dir, dit)
 }
 
 /// What a front end shows of a generation (`{"type": "...", ...}`).
@@ -143,14 +221,7 @@ impl Generator {
     /// The adapter folder at `dir` (PEFT's, or upstream's LoKr file), checked against
     /// this model (shapes and targets).
     pub fn load_adapter(&self, dir: &Path) -> Result<LoraAdapter> {
-        if !LoraAdapter::is_adapter_dir(dir) {
-            return Err(Error::Adapter {
-                path: dir.to_path_buf(),
-                reason: "not an adapter folder: neither adapter_config.json nor lokr_weights.safetensors is there"
-                    .into(),
-            });
-        }
-        LoraAdapter::load(dir, &self.dit)
+        load_adapter_folder(dir, &self.dit)
     }
 
     /// Makes the clean latents `[T, C]` for `spec` (with its adapter folder, if any),
@@ -215,8 +286,9 @@ impl SongModel<'_> {
     }
 
     /// Makes the clean latents `[T, C]` (f32) for `spec` with `adapter` at
-    /// `spec.adapter_scale` (`spec.adapter`, a folder, is the `Generator`'s to load).
-    /// A cancel between sampling steps ends it with `Error::Cancelled`.
+    /// `spec.adapter_scale` (`spec.adapter`, a folder, is the `Generator`'s to load) and
+    /// `spec.more_adapters` (loaded here). A cancel between sampling steps ends it with
+    /// `Error::Cancelled`.
     pub fn latents(
         &self,
         spec: &GenerateSpec,
@@ -253,13 +325,23 @@ impl SongModel<'_> {
             seed: spec.seed,
         });
         let noise = sampler::noise(spec.seed, frames, self.dit.config().audio_acoustic_hidden_dim, self.dit.device())?;
-        // Strength 0 leaves the adapter out: the base model exactly.
-        let ctx = adapter
-            .filter(|_| spec.adapter_scale != 0.0)
-            .map(|a| a.ctx(LoraMode::Eval, false).with_strength(spec.adapter_scale));
+        // Strength 0 leaves an adapter out: with none left, the base model exactly.
+        let more: Vec<(LoraAdapter, f64)> = spec
+            .more_adapters
+            .iter()
+            .filter(|m| m.scale != 0.0)
+            .map(|m| Ok((load_adapter_folder(&m.path, self.dit)?, m.scale)))
+            .collect::<Result<_>>()?;
+        let scaled = adapter.map(|a| (a, spec.adapter_scale)).into_iter().chain(more.iter().map(|(a, s)| (a, *s)));
+        let mix = AdapterMix::new(
+            scaled
+                .filter(|(_, scale)| *scale != 0.0)
+                .map(|(a, scale)| a.ctx(LoraMode::Eval, false).with_strength(scale).with_parts(spec.parts))
+                .collect(),
+        );
         let x0 = sampler::sample(
             self.dit,
-            ctx.as_ref().map(|c| c as &dyn LinearAdapter),
+            mix.as_ref().map(|m| m as &dyn LinearAdapter),
             &noise,
             &cond,
             &schedule,
@@ -271,8 +353,8 @@ impl SongModel<'_> {
             },
         )
         .map_err(|e| match e {
-            Error::NonFinite { what, problem } if ctx.is_some() => {
-                Error::NonFinite { what: format!("{what} (the adapter at scale {})", spec.adapter_scale), problem }
+            Error::NonFinite { what, problem } if mix.is_some() => {
+                Error::NonFinite { what: format!("{what} ({})", spec.scales()), problem }
             }
             e => e,
         })?;

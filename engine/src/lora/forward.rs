@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Tensor, Var};
 
-use super::{on_graph, row_norms, Kernel, LoraAdapter};
+use super::{on_graph, row_norms, Kernel, LoraAdapter, PartStrengths};
 use crate::model::lora_linear::lora_linear;
 use crate::model::{ops, LinearAdapter};
 use crate::Result;
@@ -29,11 +29,13 @@ pub struct LoraCtx<'a> {
     tracked: bool,
     /// How much of the adapter applies (generation's adapter strength); 1 in training.
     strength: f64,
+    /// Generation's strength per part of a layer, on top of `strength`.
+    parts: PartStrengths,
 }
 
 impl<'a> LoraCtx<'a> {
     pub(super) fn new(adapter: &'a LoraAdapter, mode: LoraMode, tracked: bool) -> Self {
-        Self { adapter, mode, tracked, strength: 1.0 }
+        Self { adapter, mode, tracked, strength: 1.0, parts: PartStrengths::default() }
     }
 
     /// The same adapter applied at `strength` (0 adds nothing, 1 is the adapter as
@@ -41,6 +43,17 @@ impl<'a> LoraCtx<'a> {
     /// applies a strength).
     pub fn with_strength(self, strength: f64) -> Self {
         Self { strength, ..self }
+    }
+
+    /// The same adapter with each part of a layer at its own strength (times the
+    /// adapter's): a part at 0 is left as the base model has it.
+    pub fn with_parts(self, parts: PartStrengths) -> Self {
+        Self { parts, ..self }
+    }
+
+    /// The strength module `name`'s change applies at.
+    fn strength_of(&self, name: &str) -> f64 {
+        self.strength * self.parts.of(name)
     }
 
     fn weight(&self, v: &Var, dtype: DType) -> Result<Tensor> {
@@ -76,16 +89,17 @@ impl<'a> LoraCtx<'a> {
 }
 
 impl LinearAdapter for LoraCtx<'_> {
-    /// Whether module `name` carries an adapter.
+    /// Whether module `name` carries an adapter that changes it (not at strength 0).
     fn adapts(&self, name: &str) -> bool {
-        self.adapter.adapts(name)
+        self.adapter.adapts(name) && self.strength_of(name) != 0.0
     }
 
     /// Module `name` with weight `w` applied to `x`, its adapter included, or `None`
     /// when the module is not adapted. Adapter tensors are f32 and cast to the compute
     /// dtype here.
     fn linear(&self, name: &str, x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
-        let Some(m) = self.adapter.modules.get(name) else {
+        let strength = self.strength_of(name);
+        let Some(m) = self.adapter.modules.get(name).filter(|_| strength != 0.0) else {
             return Ok(None);
         };
         let config = &self.adapter.config;
@@ -98,7 +112,7 @@ impl LinearAdapter for LoraCtx<'_> {
         let y = match (&m.kernel, &m.magnitude) {
             (Kernel::Lora { a, b }, None) => {
                 let (a, b) = (self.weight(a, x.dtype())?, self.weight(b, x.dtype())?);
-                return Ok(Some(lora_linear(x, w, &a, &b, config.scaling() * self.strength, mask.as_ref())?));
+                return Ok(Some(lora_linear(x, w, &a, &b, config.scaling() * strength, mask.as_ref())?));
             }
             (Kernel::Lora { a, b }, Some(magnitude)) => self.dora_linear(x, w, a, b, magnitude, mask.as_ref())?,
             // LoKr: the adapted weight built whole and applied, in f32 as one GEMM. In a
@@ -106,7 +120,7 @@ impl LinearAdapter for LoraCtx<'_> {
             // change added to the base weight would round away.
             (Kernel::Lokr(_), _) => {
                 let w32 = w.to_dtype(DType::F32)?;
-                return Ok(Some(match (x.dtype(), self.strength) {
+                return Ok(Some(match (x.dtype(), strength) {
                     (DType::F32, 1.0) => ops::linear(x, &self.adapter.adapted_weight(m, &w32, self.tracked)?, None)?,
                     (dtype, s) => {
                         let change = (self.adapter.weight_change(m, &w32, self.tracked)? * s)?.to_dtype(dtype)?;
@@ -115,7 +129,7 @@ impl LinearAdapter for LoraCtx<'_> {
                 }));
             }
         };
-        Ok(Some(match self.strength {
+        Ok(Some(match strength {
             1.0 => y,
             s => {
                 let base = ops::linear(x, w, None)?;
@@ -156,22 +170,13 @@ mod tests {
     use candle_core::Device;
     use std::collections::HashMap;
 
-    /// DoRA with dropout in training is PEFT's `W x + (m / |W + s B A| - 1) W xd +
-    /// (m / |W + s B A|) s B A xd` (xd the dropped input): the fixture has no dropout
-    /// (PEFT's masks are torch's), so the same masks are put through that formula here.
     /// An adapter of `config` on the demo DiT with every tensor moved off its start, its
     /// tensors, layer 0's q_proj weight and an input for it.
     fn moved_adapter(config: &LoraConfig) -> Result<(LoraAdapter, HashMap<String, Tensor>, Tensor, Tensor)> {
         let dev = Device::Cpu;
         let (cfg, weights) = crate::load::source::ModelSource::Demo.load_decoder(DType::F32, &dev)?;
         let model = DitModel::new(&cfg, &weights)?;
-        let fresh = LoraAdapter::new(config.clone(), &model, 1)?;
-        let moved: HashMap<String, Tensor> = fresh
-            .named_tensors()
-            .into_iter()
-            .map(|(k, t)| Ok((k, (&t + t.randn_like(0.0, 0.2)?)?)))
-            .collect::<Result<_>>()?;
-        let adapter = LoraAdapter::from_tensors(config.clone(), &model, &moved, std::path::Path::new("test"))?;
+        let (adapter, moved) = crate::lora::tests::moved(config, &model, 1)?;
         let w = weights.get("layers.0.self_attn.q_proj.weight")?;
         let x = Tensor::randn(0f32, 1.0, (1, 7, w.dim(1)?), &dev)?;
         Ok((adapter, moved, w, x))
@@ -213,6 +218,9 @@ mod tests {
         Ok(())
     }
 
+    /// DoRA with dropout in training is PEFT's `W x + (m / |W + s B A| - 1) W xd +
+    /// (m / |W + s B A|) s B A xd` (xd the dropped input): the fixture has no dropout
+    /// (PEFT's masks are torch's), so the same masks are put through that formula here.
     #[test]
     fn dora_with_dropout_is_pefts_formula() -> Result<()> {
         let config = LoraConfig { r: 4, alpha: 8.0, dropout: 0.3, use_dora: true, ..Default::default() };

@@ -21,6 +21,8 @@ mod config;
 mod forward;
 pub mod lokr;
 pub mod lycoris;
+mod mix;
+mod parts;
 pub mod peft;
 
 pub use config::{
@@ -28,6 +30,8 @@ pub use config::{
 };
 pub use forward::{LoraCtx, LoraMode};
 use lokr::{Half, Layout, Lokr};
+pub use mix::AdapterMix;
+pub use parts::{PartStrengths, MAX_PART_STRENGTH};
 pub use peft::LORA_METADATA_KEY;
 
 /// The trainable part of one adapted module.

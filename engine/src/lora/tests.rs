@@ -1,5 +1,22 @@
 use super::*;
 
+/// `config`'s adapter on `model` with every tensor moved off its start (so that each
+/// changes the model), and those tensors.
+pub(super) fn moved(
+    config: &LoraConfig,
+    model: &DitModel,
+    seed: u64,
+) -> Result<(LoraAdapter, HashMap<String, Tensor>)> {
+    let fresh = LoraAdapter::new(config.clone(), model, seed)?;
+    let moved: HashMap<String, Tensor> = fresh
+        .named_tensors()
+        .into_iter()
+        .map(|(k, t)| Ok((k, (&t + t.randn_like(0.0, 0.2)?)?)))
+        .collect::<Result<_>>()?;
+    let adapter = LoraAdapter::from_tensors(config.clone(), model, &moved, Path::new("test"))?;
+    Ok((adapter, moved))
+}
+
 #[test]
 fn targets_by_group_or_module_name() {
     let parsed = parse_targets("self, mlp,q_proj,self").unwrap();
