@@ -11,4 +11,4 @@ pub mod song;
 pub mod wav;
 
 pub use latents::{read_latents, write_latents};
-pub use song::{decode_latents, load_adapter_folder, GenerateEvent, GenerateSpec, Generator, MixedAdapter, SongModel};
+pub use song::{decode_latents, GenerateEvent, GenerateSpec, Generator, MixedAdapter, SongModel};

@@ -122,10 +122,11 @@ impl GenerateSpec {
                 ),
             )),
         };
-        let mut mixed = Vec::new();
-        for (i, path) in paths.into_iter().enumerate() {
-            mixed.push(MixedAdapter { path, scale: scale_of(i)? });
-        }
+        let mixed: Vec<MixedAdapter> = paths
+            .into_iter()
+            .enumerate()
+            .map(|(i, path)| Ok(MixedAdapter { path, scale: scale_of(i)? }))
+            .collect::<Result<_>>()?;
         let mut mixed = mixed.into_iter();
         Ok(match mixed.next() {
             Some(first) => {
@@ -157,7 +158,7 @@ fn check_scale(field: &str, scale: f64) -> Result<()> {
 
 /// The adapter folder at `dir` (PEFT's, or upstream's LoKr file), checked against
 /// `dit` (shapes and targets).
-pub fn load_adapter_folder(dir: &Path, dit: &DitModel) -> Result<LoraAdapter> {
+fn load_adapter_folder(dir: &Path, dit: &DitModel) -> Result<LoraAdapter> {
     if !LoraAdapter::is_adapter_dir(dir) {
         return Err(Error::Adapter {
             path: dir.to_path_buf(),
@@ -218,16 +219,10 @@ impl Generator {
         self.parts().frames_for(seconds)
     }
 
-    /// The adapter folder at `dir` (PEFT's, or upstream's LoKr file), checked against
-    /// this model (shapes and targets).
-    pub fn load_adapter(&self, dir: &Path) -> Result<LoraAdapter> {
-        load_adapter_folder(dir, &self.dit)
-    }
-
     /// Makes the clean latents `[T, C]` for `spec` (with its adapter folder, if any),
     /// reporting progress through `on_event`.
     pub fn latents(&self, spec: &GenerateSpec, on_event: &mut dyn FnMut(GenerateEvent)) -> Result<Tensor> {
-        let adapter = spec.adapter.as_deref().map(|dir| self.load_adapter(dir)).transpose()?;
+        let adapter = spec.adapter.as_deref().map(|dir| load_adapter_folder(dir, &self.dit)).transpose()?;
         self.parts().latents(spec, adapter.as_ref(), &Cancel::never(), on_event)
     }
 

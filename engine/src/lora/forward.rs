@@ -51,9 +51,13 @@ impl<'a> LoraCtx<'a> {
         Self { parts, ..self }
     }
 
-    /// The strength module `name`'s change applies at.
+    /// The strength module `name`'s change applies at (no name lookup in training,
+    /// where every part is whole).
     fn strength_of(&self, name: &str) -> f64 {
-        self.strength * self.parts.of(name)
+        match self.parts.is_whole() {
+            true => self.strength,
+            false => self.strength * self.parts.of(name),
+        }
     }
 
     fn weight(&self, v: &Var, dtype: DType) -> Result<Tensor> {

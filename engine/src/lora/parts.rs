@@ -54,9 +54,8 @@ impl PartStrengths {
     /// The strength for DiT module `name` (`layers.3.cross_attn.k_proj`): its part's,
     /// by the target group whose suffix it ends with; 1 for a module in none.
     pub fn of(&self, name: &str) -> f64 {
-        let group = TARGET_GROUPS.iter().find(|(_, suffixes)| suffixes.iter().any(|s| name.ends_with(s)));
-        match group {
-            Some((group, _)) => self.named().into_iter().find(|(g, _)| g == group).map_or(1.0, |(_, s)| s),
+        match TARGET_GROUPS.iter().position(|(_, suffixes)| suffixes.iter().any(|s| name.ends_with(s))) {
+            Some(group) => self.named()[group].1,
             None => 1.0,
         }
     }
