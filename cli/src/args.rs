@@ -100,6 +100,15 @@ pub struct GenerateArgs {
     /// The lyrics' vocal language, e.g. en, zh, ja (default: unknown, as ACE-Step).
     #[arg(long)]
     pub language: Option<String>,
+    /// Tempo in beats per minute, 30 to 300 (default: N/A in the prompt, as ACE-Step).
+    #[arg(long)]
+    pub bpm: Option<u32>,
+    /// Key, e.g. "F# minor" (default: N/A).
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Time signature: 2/4, 3/4, 4/4 or 6/8 (default: N/A).
+    #[arg(long)]
+    pub time_signature: Option<String>,
     /// Length in seconds (at most 600).
     #[arg(long, default_value_t = 30.0)]
     pub duration: f64,

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::sampler::{self, Conditions, Guidance};
 use crate::cancel::Cancel;
 use crate::codec::{Conditioner, LatentDecoder, SongMeta, StereoAudio, INSTRUMENTAL};
+use crate::data::labels::Field;
 use crate::device::Precision;
 use crate::load::source::ModelSource;
 use crate::lora::{AdapterMix, LoraAdapter, LoraMode, PartStrengths};
@@ -42,6 +43,15 @@ pub struct GenerateSpec {
     /// The vocal language of the lyrics (e.g. `en`); None: ACE-Step's `unknown`.
     #[serde(default)]
     pub language: Option<String>,
+    /// Tempo, key ("F# minor") and time signature ("3" is 3/4, "6" is 6/8) for the DiT's
+    /// prompt, as ACE-Step's metadata takes them; None: N/A there, as ACE-Step leaves
+    /// a field the user did not give.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bpm: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyscale: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timesignature: Option<String>,
     pub duration_seconds: f64,
     pub seed: u64,
     /// Default: 8 (turbo) or 32 (base/SFT).
@@ -77,6 +87,9 @@ impl Default for GenerateSpec {
             caption: String::new(),
             lyrics: String::new(),
             language: None,
+            bpm: None,
+            keyscale: None,
+            timesignature: None,
             duration_seconds: 30.0,
             seed: 0,
             steps: None,
@@ -97,6 +110,7 @@ impl GenerateSpec {
         if let Some(steps) = self.steps.filter(|s| !(1..=MAX_STEPS).contains(s)) {
             return Err(Error::setting("steps", format!("{steps} is out of range: it must be 1 to {MAX_STEPS}")));
         }
+        self.song_meta()?;
         check_scale("adapter_scale", self.adapter_scale)?;
         for (i, mixed) in self.more_adapters.iter().enumerate() {
             check_scale(&format!("more_adapters[{i}].scale"), mixed.scale)?;
@@ -133,6 +147,26 @@ impl GenerateSpec {
                 Self { adapter: Some(first.path), adapter_scale: first.scale, more_adapters: mixed.collect(), ..self }
             }
             None => self,
+        })
+    }
+
+    /// ACE-Step's text2music request: the caption, the lyrics ("[Instrumental]" when
+    /// there are none, as its UI fills in), the duration, and the metadata given, in
+    /// the form ACE-Step writes it (each checked, an error named by its field).
+    pub fn song_meta(&self) -> Result<SongMeta> {
+        let label = |field: Field, value: Option<String>| {
+            value.map_or(Ok(None), |v| field.parse(&v).map_err(|why| Error::setting(field.name(), why)))
+        };
+        label(Field::Bpm, self.bpm.map(|b| b.to_string()))?;
+        Ok(SongMeta {
+            caption: self.caption.clone(),
+            lyrics: if self.lyrics.trim().is_empty() { INSTRUMENTAL.into() } else { self.lyrics.clone() },
+            language: self.language.clone(),
+            bpm: self.bpm,
+            keyscale: label(Field::Keyscale, self.keyscale.clone())?,
+            timesignature: label(Field::Timesignature, self.timesignature.clone())?,
+            genre: None,
+            duration_seconds: self.duration_seconds,
         })
     }
 
@@ -298,16 +332,7 @@ impl SongModel<'_> {
         let schedule = sampler::timesteps(steps, shift)?;
         let guidance = self.guidance(spec)?;
 
-        // ACE-Step's text2music request: the caption, the lyrics ("[Instrumental]" when
-        // there are none, as its UI fills in), the duration; bpm, key and time signature N/A.
-        let meta = SongMeta {
-            caption: spec.caption.clone(),
-            lyrics: if spec.lyrics.trim().is_empty() { INSTRUMENTAL.into() } else { spec.lyrics.clone() },
-            language: spec.language.clone(),
-            duration_seconds: spec.duration_seconds,
-            ..SongMeta::default()
-        };
-        let c = self.conditioner.generation_condition(&meta, frames)?;
+        let c = self.conditioner.generation_condition(&spec.song_meta()?, frames)?;
         let cond = Conditions {
             context_latents: c.context_latents.unsqueeze(0)?,
             encoder_hidden_states: c.encoder_hidden_states.unsqueeze(0)?,
@@ -399,5 +424,28 @@ mod tests {
         }
         let err = spec(Some(100_000), 1.0).validate().unwrap_err().to_string();
         assert_eq!(err, "setting `steps`: 100000 is out of range: it must be 1 to 200");
+    }
+
+    #[test]
+    fn metadata_reaches_the_prompt_as_acestep_writes_it_and_bad_values_name_their_field() {
+        let spec = GenerateSpec {
+            bpm: Some(120),
+            keyscale: Some("f# Minor".into()),
+            timesignature: Some("6/8".into()),
+            ..Default::default()
+        };
+        let meta = spec.song_meta().unwrap();
+        assert_eq!(
+            (meta.bpm, meta.keyscale.as_deref(), meta.timesignature.as_deref()),
+            (Some(120), Some("F# minor"), Some("6"))
+        );
+        assert_eq!(meta.lyrics, INSTRUMENTAL);
+        for (bad, field) in [
+            (GenerateSpec { bpm: Some(301), ..Default::default() }, "bpm"),
+            (GenerateSpec { keyscale: Some("H major".into()), ..Default::default() }, "keyscale"),
+            (GenerateSpec { timesignature: Some("5/4".into()), ..Default::default() }, "timesignature"),
+        ] {
+            assert_eq!(field_of(&bad).as_deref(), Some(field), "{bad:?}");
+        }
     }
 }
