@@ -178,7 +178,7 @@ enum Command {
     },
     /// Make a song from a caption (and lyrics), optionally with a trained adapter:
     /// a 48 kHz stereo 32-bit float WAV.
-    Generate(GenerateArgs),
+    Generate(Box<GenerateArgs>),
     /// Turn latents [frames, 64] (`latents` or `target_latents` in a .safetensors file,
     /// as `generate --latents-out` and `preprocess` write them) into a WAV.
     Decode {
