@@ -158,7 +158,8 @@ enum Command {
         #[command(flatten)]
         captions: CaptionFlags,
     },
-    /// Print a model folder's config, parameter counts and a training-memory estimate.
+    /// Print a model folder's config, parameter counts and a training-memory estimate,
+    /// or an adapter folder's settings and trigger word.
     Inspect { model_dir: PathBuf },
     /// Find, add, download and verify ACE-Step 1.5 models.
     #[command(subcommand)]

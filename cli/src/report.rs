@@ -14,7 +14,7 @@ use ostinato_engine::load::folder::ModelFolder;
 use ostinato_engine::load::folder::{LYRIC_TOKENS, TEXT_TOKENS};
 use ostinato_engine::load::footprint::{self, Workload};
 use ostinato_engine::load::source::ModelSource;
-use ostinato_engine::lora::{AdapterKind, LoraConfig};
+use ostinato_engine::lora::{AdapterKind, AdapterSummary, LoraAdapter, LoraConfig};
 use ostinato_engine::model::KernelPolicy;
 use ostinato_engine::train::config::default_runs_dir;
 use ostinato_engine::train::fit::lora_parameters;
@@ -75,9 +75,26 @@ pub fn export(run_dir: &Path, which: WhichAdapter, format: ExportFormat, to: &Pa
     Ok(())
 }
 
-/// Opens a model folder, checks every weight file's tensors against its config.json
-/// (headers only), and prints what it holds and what training it would need.
+/// An adapter folder's settings, targets and trigger word, from its config or header.
+fn inspect_adapter(dir: &Path) -> anyhow::Result<()> {
+    let AdapterSummary { config, trigger } = LoraAdapter::describe(dir)?;
+    println!("{}", LoraAdapter::weights_file(dir).display());
+    println!("adapter: {}{}", config.describe(), if config.use_rslora { " (rsLoRA)" } else { "" });
+    println!("targets: {}", config.target_modules.join(", "));
+    match trigger {
+        Some(t) => println!("trigger: {} ({})", t.tag, t.mode.name()),
+        None => println!("trigger: none (trained without a trigger word)"),
+    }
+    Ok(())
+}
+
+/// An adapter folder: its settings and trigger word. A model folder: checks every
+/// weight file's tensors against its config.json (headers only), and prints what it
+/// holds and what training it would need.
 pub fn inspect(model_dir: &Path) -> anyhow::Result<()> {
+    if LoraAdapter::is_adapter_dir(model_dir) {
+        return inspect_adapter(model_dir);
+    }
     let folder = ModelFolder::open(model_dir, None)?;
     let tensors = folder.check_weights()?;
     let cfg = &folder.dit;

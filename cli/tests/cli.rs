@@ -2044,3 +2044,22 @@ fn label_captions_keeps_the_lm_s_labels_and_its_metas_only_when_asked() {
     assert!(!out.status.success() && stderr.contains("nowhere"), "{stderr}");
     fails_with(ostinato().args(["label", songs.to_str().unwrap(), "--lm-metas"]), "--captions");
 }
+
+/// A run's trigger word goes into its adapter's files, and `inspect` shows it there.
+#[test]
+fn inspect_shows_the_trigger_word_a_run_kept_in_its_adapter() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let extra = ["--max-steps", "1", "--trigger", "ostn style", "--trigger-position", "append"];
+    ok(train(tmp.path(), &songs, "tagged", &extra).output().unwrap());
+    let adapter = tmp.path().join("runs/tagged/final/adapter");
+    let out = ok(ostinato().args(["inspect", adapter.to_str().unwrap()]).output().unwrap());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(stdout.contains("trigger: ostn style (append)"), "{stdout}");
+    assert!(stdout.contains("adapter: LoRA r 4 alpha 8"), "{stdout}");
+    ok(train(tmp.path(), &songs, "plain", &["--max-steps", "1"]).output().unwrap());
+    let plain = tmp.path().join("runs/plain/final/adapter");
+    let out = ok(ostinato().args(["inspect", plain.to_str().unwrap()]).output().unwrap());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("trigger: none"));
+}

@@ -10,10 +10,10 @@ use serde::{Deserialize, Serialize};
 use crate::load::folder::{ModelFolder, DIT_WEIGHTS};
 use crate::load::source::ModelSource;
 use crate::lora::lokr::Layout;
-use crate::lora::{row_norms, AdapterKind, LoraAdapter};
+use crate::lora::{row_norms, trigger, AdapterKind, LoraAdapter};
 use crate::model::{DecoderWeights, DitModel};
 use crate::tensor_io::shards::{weight_files, weights_in};
-use crate::tensor_io::{save_tensors, write_safetensors};
+use crate::tensor_io::{save_tensors_with_metadata, write_safetensors};
 use crate::train::{state, RunConfig};
 use crate::{Error, Result};
 
@@ -153,7 +153,8 @@ pub fn write_comfyui(adapter: &LoraAdapter, weights: &DecoderWeights, path: &Pat
             out.insert(format!("{prefix}.{name}"), t);
         }
     }
-    save(&out, path)
+    let header = trigger::fields(adapter.trigger.as_ref()).into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    save(&out, Some(header), path)
 }
 
 /// DoRA's magnitude as ComfyUI needs it: the trainer's factor `m / |W + delta|` times
@@ -174,7 +175,7 @@ pub fn write_merged(weights: &DecoderWeights, adapter: &LoraAdapter, path: &Path
         };
         out.insert(format!("decoder.{name}"), merged.unwrap_or_else(|| t.clone()));
     }
-    save(&out, path)
+    save(&out, None, path)
 }
 
 /// The DiT folder `dit_dir` (`acestep-v15-*`) with the adapter merged, written to the
@@ -324,9 +325,9 @@ fn adapter_dir(run_dir: &Path, which: WhichAdapter) -> Result<PathBuf> {
     }
 }
 
-fn save(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
+fn save(tensors: &HashMap<String, Tensor>, header: Option<HashMap<String, String>>, path: &Path) -> Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
     }
-    save_tensors(tensors, path)
+    save_tensors_with_metadata(tensors, header, path)
 }

@@ -234,3 +234,46 @@ fn merged_model_never_writes_into_the_source_or_over_a_folder() {
 fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
     (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
 }
+
+/// The trigger word goes with the adapter: in adapter_config.json and the header of the
+/// PEFT file, in the LoKr file's header and in the ComfyUI file's, and it reads back.
+#[test]
+fn the_trigger_word_is_kept_in_every_adapter_file_and_reads_back() {
+    use ostinato_engine::data::{TagMode, TriggerTag};
+    use ostinato_engine::export::write_comfyui;
+    use ostinato_engine::lora::AdapterKind;
+    let (folder, model) = open_model();
+    let weights = folder.load_decoder(DType::F32, &Device::Cpu).unwrap();
+    let trigger = TriggerTag { tag: "ostn style".into(), mode: TagMode::Append };
+    for kind in [AdapterKind::Lora, AdapterKind::Lokr] {
+        let config = LoraConfig { kind, r: 4, alpha: 8.0, dropout: 0.0, ..Default::default() };
+        let a = adapter(&model, config).with_trigger(Some(trigger.clone()));
+        let dir = tempfile::tempdir().unwrap();
+        a.save(dir.path()).unwrap();
+        let weights_file = LoraAdapter::weights_file(dir.path());
+        let saved = header(&weights_file);
+        assert_eq!(saved.get("trigger_word").map(String::as_str), Some("ostn style"), "{kind:?}: {saved:?}");
+        assert_eq!(saved.get("tag_position").map(String::as_str), Some("append"), "{kind:?}");
+        if kind == AdapterKind::Lora {
+            let config: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.path().join("adapter_config.json")).unwrap()).unwrap();
+            assert_eq!(
+                (config["trigger_word"].as_str(), config["tag_position"].as_str()),
+                (Some("ostn style"), Some("append"))
+            );
+        }
+        assert_eq!(LoraAdapter::load(dir.path(), &model).unwrap().trigger.as_ref(), Some(&trigger), "{kind:?}");
+        let summary = LoraAdapter::describe(dir.path()).unwrap();
+        assert_eq!((summary.config.kind, summary.trigger.as_ref()), (kind, Some(&trigger)));
+        let comfy = dir.path().join("comfy.safetensors");
+        write_comfyui(&a, &weights, &comfy).unwrap();
+        assert_eq!(header(&comfy).get("trigger_word").map(String::as_str), Some("ostn style"), "{kind:?}");
+        println!("{kind:?}: trigger `{}` ({}) in its files and in ComfyUI's", trigger.tag, trigger.mode.name());
+    }
+    // An adapter without one writes no trigger keys.
+    let plain = adapter(&model, LoraConfig { r: 4, alpha: 8.0, ..Default::default() });
+    let dir = tempfile::tempdir().unwrap();
+    plain.save(dir.path()).unwrap();
+    assert!(!header(&dir.path().join("adapter_model.safetensors")).contains_key("trigger_word"));
+    assert_eq!(LoraAdapter::describe(dir.path()).unwrap().trigger, None);
+}

@@ -76,6 +76,17 @@ pub enum TagMode {
     Replace,
 }
 
+impl TagMode {
+    /// As run.toml and the adapter's files write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Prepend => "prepend",
+            Self::Append => "append",
+            Self::Replace => "replace",
+        }
+    }
+}
+
 impl std::str::FromStr for TagMode {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {

@@ -9,7 +9,7 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 
 use super::lokr::{lycoris_name, Layout};
-use super::{AdapterKind, LoraAdapter, LoraConfig};
+use super::{trigger, AdapterKind, AdapterSummary, LoraAdapter, LoraConfig};
 use crate::model::DitModel;
 use crate::tensor_io::{header_metadata, save_tensors_with_metadata};
 use crate::{Error, Result};
@@ -43,11 +43,12 @@ pub fn save(adapter: &LoraAdapter, dir: &Path) -> Result<()> {
         "rs_lora": false,
         "unbalanced_factorization": false,
     });
-    let metadata = HashMap::from([
+    let mut metadata = HashMap::from([
         ("algo".to_string(), "lokr".to_string()),
         ("format".to_string(), "lycoris".to_string()),
         ("lokr_config".to_string(), lokr_config.to_string()),
     ]);
+    metadata.extend(trigger::fields(adapter.trigger.as_ref()).into_iter().map(|(k, v)| (k.to_string(), v)));
     save_tensors_with_metadata(&tensors, Some(metadata), &dir.join(WEIGHTS_FILE))
 }
 
@@ -55,12 +56,7 @@ pub fn save(adapter: &LoraAdapter, dir: &Path) -> Result<()> {
 pub fn load(dir: &Path, model: &DitModel) -> Result<LoraAdapter> {
     let path = dir.join(WEIGHTS_FILE);
     let bad = |reason: String| Error::Adapter { path: path.clone(), reason };
-    let header = header_metadata(&path)?;
-    if let Some(algo) = header.get("algo").filter(|a| *a != "lokr") {
-        return Err(bad(format!("algo is `{algo}`; only LoKr (`lokr`) is read")));
-    }
-    let text = header.get("lokr_config").ok_or_else(|| bad("no `lokr_config` in the header".into()))?;
-    let config = config_from_json(text).map_err(|why| bad(format!("lokr_config: {why}")))?;
+    let AdapterSummary { config, trigger } = describe(dir)?;
     let raw = candle_core::safetensors::load(&path, &Device::Cpu)
         .map_err(|e| bad(format!("cannot read safetensors: {e}")))?;
     let modules: HashMap<String, (String, (usize, usize))> = model
@@ -101,7 +97,22 @@ pub fn load(dir: &Path, model: &DitModel) -> Result<LoraAdapter> {
             }
         }
     }
-    LoraAdapter::from_tensors(config, model, &tensors, &path)
+    Ok(LoraAdapter::from_tensors(config, model, &tensors, &path)?.with_trigger(trigger))
+}
+
+/// The settings and trigger word of `dir/lokr_weights.safetensors`, from its header.
+pub fn describe(dir: &Path) -> Result<AdapterSummary> {
+    let path = dir.join(WEIGHTS_FILE);
+    let bad = |reason: String| Error::Adapter { path: path.clone(), reason };
+    let header = header_metadata(&path)?;
+    if let Some(algo) = header.get("algo").filter(|a| *a != "lokr") {
+        return Err(bad(format!("algo is `{algo}`; only LoKr (`lokr`) is read")));
+    }
+    let text = header.get("lokr_config").ok_or_else(|| bad("no `lokr_config` in the header".into()))?;
+    let config = config_from_json(text).map_err(|why| bad(format!("lokr_config: {why}")))?;
+    let field = |key: &str| header.get(key).map(String::as_str);
+    let trigger = trigger::read(field(trigger::WORD_KEY), field(trigger::POSITION_KEY), &path)?;
+    Ok(AdapterSummary { config, trigger })
 }
 
 /// Whether a module's LoKr tensors make no change: its `w2` (or `w2`'s up factor) or

@@ -14,6 +14,7 @@ use candle_core::{DType, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::data::TriggerTag;
 use crate::model::DitModel;
 use crate::{Error, Result};
 
@@ -24,6 +25,7 @@ pub mod lycoris;
 mod mix;
 mod parts;
 pub mod peft;
+pub mod trigger;
 
 pub use config::{
     check_config, check_rank, parse_targets, validate_config, AdapterKind, LoraConfig, ADAPTERS, TARGET_GROUPS,
@@ -33,6 +35,13 @@ use lokr::{Half, Layout, Lokr};
 pub use mix::AdapterMix;
 pub use parts::{PartStrengths, MAX_PART_STRENGTH};
 pub use peft::LORA_METADATA_KEY;
+
+/// An adapter folder's settings and trigger word, read without its tensors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdapterSummary {
+    pub config: LoraConfig,
+    pub trigger: Option<TriggerTag>,
+}
 
 /// The trainable part of one adapted module.
 enum Kernel {
@@ -56,6 +65,8 @@ struct Adapted {
 pub struct LoraAdapter {
     pub config: LoraConfig,
     modules: BTreeMap<String, Adapted>,
+    /// The trigger word it was trained with, kept in its files.
+    pub trigger: Option<TriggerTag>,
 }
 
 /// Kaiming-uniform (a = sqrt(5)) as PEFT and LyCORIS initialise their down factors:
@@ -146,7 +157,7 @@ impl LoraAdapter {
             })?;
             modules.insert(name, module);
         }
-        Ok(Self { config, modules })
+        Ok(Self { config, modules, trigger: None })
     }
 
     /// Adapters from tensors named `<module>.<param>` as [`Self::named_tensors`] gives
@@ -184,7 +195,7 @@ impl LoraAdapter {
             extra.sort();
             return Err(bad(format!("tensors for modules this model does not adapt: {extra:?}")));
         }
-        Ok(Self { config, modules })
+        Ok(Self { config, modules, trigger: None })
     }
 
     /// One module from its tensors, each taken by name.
@@ -220,6 +231,20 @@ impl LoraAdapter {
         match dir.join(lycoris::WEIGHTS_FILE).is_file() {
             true => lycoris::load(dir, model),
             false => peft::load(dir, model),
+        }
+    }
+
+    /// The adapter trained with `trigger` (kept in its files when saved).
+    pub fn with_trigger(self, trigger: Option<TriggerTag>) -> Self {
+        Self { trigger, ..self }
+    }
+
+    /// What adapter folder `dir` holds, read from its config or header without a model:
+    /// its settings and trigger word.
+    pub fn describe(dir: &Path) -> Result<AdapterSummary> {
+        match dir.join(lycoris::WEIGHTS_FILE).is_file() {
+            true => lycoris::describe(dir),
+            false => peft::describe(dir),
         }
     }
 

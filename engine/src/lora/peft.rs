@@ -7,7 +7,7 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
-use super::{AdapterKind, LoraAdapter, LoraConfig};
+use super::{trigger, AdapterKind, AdapterSummary, LoraAdapter, LoraConfig};
 use crate::model::weights::diffusers_name;
 use crate::model::DitModel;
 use crate::tensor_io::save_tensors_with_metadata;
@@ -24,7 +24,7 @@ pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
 
 /// Reads a PEFT adapter directory.
 pub fn load(dir: &Path, model: &DitModel) -> Result<LoraAdapter> {
-    let config = config_from_file(&dir.join(CONFIG_FILE))?;
+    let AdapterSummary { config, trigger } = describe(dir)?;
     let weights_path = dir.join(WEIGHTS_FILE);
     if !weights_path.is_file() {
         return Err(Error::Adapter { path: weights_path, reason: "file not found".into() });
@@ -32,18 +32,27 @@ pub fn load(dir: &Path, model: &DitModel) -> Result<LoraAdapter> {
     let raw = candle_core::safetensors::load(&weights_path, &Device::Cpu)
         .map_err(|e| Error::Adapter { path: weights_path.clone(), reason: format!("cannot read safetensors: {e}") })?;
     let tensors = raw.into_iter().map(|(k, t)| (k.strip_prefix(PEFT_PREFIX).unwrap_or(&k).to_string(), t)).collect();
-    LoraAdapter::from_tensors(config, model, &tensors, &weights_path)
+    Ok(LoraAdapter::from_tensors(config, model, &tensors, &weights_path)?.with_trigger(trigger))
+}
+
+/// The settings and trigger word of the PEFT directory `dir`, from its config.
+pub fn describe(dir: &Path) -> Result<AdapterSummary> {
+    let path = dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Adapter { path: path.clone(), reason: format!("invalid JSON: {e}") })?;
+    Ok(AdapterSummary { config: config_from_json(&v, &path)?, trigger: trigger::from_json(&v, &path)? })
 }
 
 /// Writes a PEFT adapter directory that ACE-Step, diffusers and PEFT load.
 pub fn save(adapter: &LoraAdapter, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let config_path = dir.join(CONFIG_FILE);
-    let json = serde_json::to_string_pretty(&config_json(&adapter.config)).expect("config serialises");
+    let json = serde_json::to_string_pretty(&config_json(adapter)).expect("config serialises");
     std::fs::write(&config_path, json).map_err(|e| Error::io(&config_path, e))?;
     let tensors: HashMap<String, Tensor> =
         adapter.named_tensors().into_iter().map(|(k, t)| (format!("{PEFT_PREFIX}{k}"), t)).collect();
-    save_tensors_with_metadata(&tensors, Some(header_metadata(&adapter.config)), &dir.join(WEIGHTS_FILE))
+    save_tensors_with_metadata(&tensors, Some(header_metadata(adapter)), &dir.join(WEIGHTS_FILE))
 }
 
 /// The safetensors header PEFT and diffusers write: `format: pt`, and diffusers'
@@ -54,7 +63,9 @@ pub fn save(adapter: &LoraAdapter, dir: &Path) -> Result<()> {
 /// Its dropout is 0: diffusers injects the LoRA layers in training mode into a
 /// model the user already put in eval mode, so a dropout there would run at
 /// inference (two identical forwards differ, and neither matches the merged weights).
-fn header_metadata(c: &LoraConfig) -> HashMap<String, String> {
+/// The trigger word goes beside them, under its own keys.
+fn header_metadata(adapter: &LoraAdapter) -> HashMap<String, String> {
+    let c = &adapter.config;
     let mut targets: Vec<String> = c.target_modules.iter().map(|t| diffusers_target(t)).collect();
     targets.sort();
     let fields = [
@@ -74,11 +85,14 @@ fn header_metadata(c: &LoraConfig) -> HashMap<String, String> {
     let packed: BTreeMap<String, serde_json::Value> =
         fields.into_iter().map(|(k, v)| (format!("{DIFFUSERS_PREFIX}.{k}"), v)).collect();
     let json = serde_json::to_string_pretty(&packed).expect("metadata serialises");
-    HashMap::from([("format".to_string(), "pt".to_string()), (LORA_METADATA_KEY.to_string(), json)])
+    let mut header = HashMap::from([("format".to_string(), "pt".to_string()), (LORA_METADATA_KEY.to_string(), json)]);
+    header.extend(trigger::fields(adapter.trigger.as_ref()).into_iter().map(|(k, v)| (k.to_string(), v)));
+    header
 }
 
-fn config_json(c: &LoraConfig) -> serde_json::Value {
-    serde_json::json!({
+fn config_json(adapter: &LoraAdapter) -> serde_json::Value {
+    let c = &adapter.config;
+    let mut json = serde_json::json!({
         "peft_type": "LORA",
         "task_type": "FEATURE_EXTRACTION",
         "r": c.r,
@@ -98,7 +112,11 @@ fn config_json(c: &LoraConfig) -> serde_json::Value {
         "base_model_name_or_path": null,
         "rank_pattern": {},
         "alpha_pattern": {},
-    })
+    });
+    for (key, value) in trigger::fields(adapter.trigger.as_ref()) {
+        json[key] = value.into();
+    }
+    json
 }
 
 /// A target-module suffix under diffusers' names (`q_proj` -> `to_q`, `self_attn.o_proj`
@@ -107,10 +125,8 @@ fn diffusers_target(target: &str) -> String {
     diffusers_name(&format!(".{target}.")).trim_matches('.').to_string()
 }
 
-fn config_from_file(path: &Path) -> Result<LoraConfig> {
+fn config_from_json(v: &serde_json::Value, path: &Path) -> Result<LoraConfig> {
     let bad = |reason: String| Error::Adapter { path: path.to_path_buf(), reason };
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("invalid JSON: {e}")))?;
     if v["peft_type"].as_str() != Some("LORA") {
         return Err(bad(format!("peft_type is {}, expected \"LORA\"", v["peft_type"])));
     }

@@ -100,7 +100,8 @@ impl StartPoint {
                 Self { adapter: ckpt.adapter, optimizer_state: Some(ckpt.optimizer_state), state: ckpt.state }
             }
             None => Self {
-                adapter: LoraAdapter::new(config.lora.clone(), dit, config.seed)?,
+                adapter: LoraAdapter::new(config.lora.clone(), dit, config.seed)?
+                    .with_trigger(config.data.trigger.clone()),
                 optimizer_state: None,
                 state: fresh_state(config, dtype, samples),
             },
