@@ -128,10 +128,14 @@ def inputs(dit=DIT):
     )
 
 
+TRIGGER = "ostn style"
+
+
 def train(ostinato, work, name, args, model=MODEL):
     """Trains run `name` for 4 steps at a high rate, so the adapter moves; `args`: its
-    adapter's flags, or `--config` with them."""
-    run = [ostinato, "train", os.path.join(ROOT, "assets", "demo"), "--model", model, *args,
+    adapter's flags, or `--config` with them. With a trigger word, so every loader below
+    reads files that carry it (`trigger_word`, `tag_position`)."""
+    run = [ostinato, "train", os.path.join(ROOT, "assets", "demo"), "--model", model, *args, "--trigger", TRIGGER,
            "--runs-dir", os.path.join(work, "runs"), "--name", name, "--max-steps", "4", "--lr", "0.05",
            "--crop-seconds", "2", "--no-cache", "--save-every-steps", "2", "--quiet"]
     subprocess.run(run, check=True, stdout=subprocess.DEVNULL)
@@ -248,7 +252,11 @@ def check_case(ostinato, work, name, lora, flags=None, model=MODEL, dit=DIT):
     AceStepLoraLoaderMixin.load_lora_into_transformer(stripped, transformer=bare, metadata=None)
     print(f"     (without the metadata diffusers applies alpha = r: forward off by {max_diff(forward(bare, x), reference):.3e})")
 
-    # 3. PEFT, as ACE-Step loads it.
+    # 3. PEFT, as ACE-Step loads it (the trigger word in its config passed over).
+    with open(os.path.join(paths["peft"], "adapter_config.json")) as f:
+        saved = json.load(f)
+    check(saved.get("trigger_word") == TRIGGER and saved.get("tag_position") == "prepend",
+          f"adapter_config.json carries the trigger word: {saved.get('trigger_word')!r}, {saved.get('tag_position')!r}")
     peft_model = PeftModel.from_pretrained(ace_step_decoder(base), paths["peft"]).merge_and_unload()
     err = max(max_diff(w, ours[k]) for k, w in peft_model.state_dict().items())
     check(err <= TOL, f"PeftModel.from_pretrained(decoder).merge_and_unload() vs --format merged: max abs {err:.3e}")
