@@ -1132,3 +1132,42 @@ fn captioning_is_one_batch_at_a_time_and_cancels() {
         "no complete 5 Hz LM found: download lm-1.7b (about 3.7 GB) in the Model panel to caption songs"
     );
 }
+
+/// The window's settings carry the run's own preview prompts and the step-0 switch to
+/// the engine; the previews come back with their prompt, and the run's adapter names the
+/// trigger word kept in its files. A wrong prompt field is named for its own input.
+#[test]
+fn preview_prompts_and_the_adapters_trigger_word_reach_the_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let _cache = own_cache(dir.path());
+    let app = TestApp::new(dir.path());
+    let songs = songs(dir.path());
+    app.invoke("scan_dataset", json!({"path": songs})).unwrap();
+    let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+    s["run"]["lora"]["r"] = json!(4);
+    s["run"]["max_steps"] = json!(2);
+    s["run"]["preview_every_steps"] = json!(2);
+    s["run"]["data"]["trigger"] = json!({"tag": "ostn", "mode": "append"});
+    s["run"]["preview_prompts"] = json!([{"caption": "bad", "bpm": 999}]);
+    let err = app.invoke("save_settings", json!({ "settings": s })).unwrap_err();
+    assert!(err["fields"]["preview_prompts[0].bpm"].is_string(), "{err}");
+    s["run"]["preview_prompts"] =
+        json!([{"caption": "keys, [trigger]", "seconds": 0.5}, {"caption": "drums", "seconds": 0.5, "seed": 9}]);
+    s["run"]["preview_at_step_0"] = json!(false);
+    app.invoke("save_settings", json!({ "settings": s })).unwrap();
+    let view = app.invoke("start_run", json!({})).unwrap();
+    let run_dir = view["run_dir"].as_str().unwrap().to_string();
+    wait_started(&app);
+    wait_status(&app, "finished");
+    let previews = app.invoke("run_previews", json!({"dir": run_dir})).unwrap();
+    let seen: Vec<(u64, u64, String)> = previews
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["step"].as_u64().unwrap(), p["prompt"].as_u64().unwrap(), p["caption"].as_str().unwrap().into()))
+        .collect();
+    assert_eq!(seen, [(2, 0, "keys, ostn".to_string()), (2, 1, "drums".to_string())], "{previews}");
+    let adapter = app.invoke("run_adapter", json!({"dir": run_dir})).unwrap();
+    assert_eq!((&adapter["trigger"], &adapter["trigger_position"]), (&json!("ostn"), &json!("append")), "{adapter}");
+    assert!(adapter["settings"].as_str().unwrap().starts_with("LoRA r 4"), "{adapter}");
+}
