@@ -467,7 +467,7 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     }
     let on_disk: Value = serde_json::from_slice(&std::fs::read(config.join("settings.json")).unwrap()).unwrap();
     assert_eq!(on_disk["run"]["preview_prompts"], json!([{"caption": "warm e2e keys", "seconds": 0.5}]), "{on_disk}");
-    screenshot(&c, "02b-preview-prompt.png").await;
+    screenshot(&c, "02d-preview-prompt.png").await;
 
     // While the songs are prepared the dataset line shows a progress bar (issue 20):
     // an observer notes the bar's value each time it changes while shown, however
@@ -703,6 +703,13 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
         json!(song.to_str().unwrap())
     );
     wait_js(&c, &saved, "the first session's song, listed again").await;
+    let trigger = "return document.getElementById('listen-run').dataset.trigger";
+    assert_eq!(js(&c, trigger).await, json!("ostn"), "the trigger word read from the run's adapter");
+    js(
+        &c,
+        "document.querySelector('#song-list [data-testid=song] .play').scrollIntoView({block: 'center'}); return true",
+    )
+    .await;
     c.find(Locator::Css("#song-list [data-testid=song] .play")).await.unwrap().click().await.unwrap();
     let loaded = format!(
         "const p = document.getElementById('player'); return p.dataset.key === {} && p.readyState >= 1",

@@ -149,12 +149,13 @@ export async function showRun(dir, name) {
   for (const s of saved.reverse()) $('song-list').append(savedSongRow(s));
 }
 
-/** The run's name with its adapter's settings and the trigger word kept in its files. */
+/** The run's name with the trigger word kept in its adapter's files (its settings on hover). */
 function showAdapter(dir, name, adapter) {
   if (state.dir !== dir || !adapter) return;
-  const trigger = adapter.trigger ? ` · trigger "${adapter.trigger}" (${adapter.trigger_position})` : ' · no trigger word';
+  const trigger = adapter.trigger ? `trigger "${adapter.trigger}" (${adapter.trigger_position})` : 'no trigger word';
   const el = $('listen-run');
-  el.textContent = `Run ${name || dir} · ${adapter.settings}${trigger}`;
+  el.textContent = `Run ${name || dir} · ${trigger}`;
+  el.title = `${adapter.settings} · ${trigger}`;
   el.dataset.trigger = adapter.trigger ?? '';
 }
 
