@@ -649,6 +649,19 @@ fn song_stages(sent: &Mutex<Vec<(&'static str, Value)>>, id: &Value) -> Vec<Valu
     }
 }
 
+/// An app with the demo songs scanned, its own latent cache (held until the app is
+/// gone: bind the guard first), and its settings with rank 4 (quick runs) to change
+/// before they are saved.
+fn demo_songs_at_rank_4(dir: &Path) -> (std::sync::MutexGuard<'static, ()>, TestApp, Value) {
+    let cache = own_cache(dir);
+    let app = TestApp::new(dir);
+    let songs = songs(dir);
+    app.invoke("scan_dataset", json!({"path": songs})).unwrap();
+    let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+    s["run"]["lora"]["r"] = json!(4);
+    (cache, app, s)
+}
+
 /// A demo run with previews: its previews are listed from its log, their bytes and
 /// pictures come back; Generate makes a song under the run (from the live run, and from
 /// the run once it has ended) with its progress; the dataset plays as it is and as the
@@ -656,12 +669,7 @@ fn song_stages(sent: &Mutex<Vec<(&'static str, Value)>>, id: &Value) -> Vec<Valu
 #[test]
 fn previews_songs_and_dataset_audio_stay_inside_the_runs_folder() {
     let dir = tempfile::tempdir().unwrap();
-    let _cache = own_cache(dir.path());
-    let app = TestApp::new(dir.path());
-    let songs = songs(dir.path());
-    app.invoke("scan_dataset", json!({"path": songs})).unwrap();
-    let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
-    s["run"]["lora"]["r"] = json!(4);
+    let (_cache, app, mut s) = demo_songs_at_rank_4(dir.path());
     s["run"]["lora"]["alpha"] = json!(8.0);
     for (field, value) in [
         ("epochs", json!(2)),
@@ -1139,12 +1147,7 @@ fn captioning_is_one_batch_at_a_time_and_cancels() {
 #[test]
 fn preview_prompts_and_the_adapters_trigger_word_reach_the_window() {
     let dir = tempfile::tempdir().unwrap();
-    let _cache = own_cache(dir.path());
-    let app = TestApp::new(dir.path());
-    let songs = songs(dir.path());
-    app.invoke("scan_dataset", json!({"path": songs})).unwrap();
-    let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
-    s["run"]["lora"]["r"] = json!(4);
+    let (_cache, app, mut s) = demo_songs_at_rank_4(dir.path());
     s["run"]["max_steps"] = json!(2);
     s["run"]["preview_every_steps"] = json!(2);
     s["run"]["data"]["trigger"] = json!({"tag": "ostn", "mode": "append"});
