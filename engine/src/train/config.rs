@@ -70,6 +70,10 @@ pub struct RunConfig {
     pub preview_seconds: Option<f64>,
     /// The previews' caption; `None`: the first usable song's caption.
     pub preview_caption: Option<String>,
+    /// Plan each preview with ACE-Step's 5 Hz LM first (metadata and audio codes, as
+    /// text2music's "thinking"), the LM found as labelling finds it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preview_lm: bool,
     /// Files of the audio folder (paths relative to it) held out for validation.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub val_files: Vec<String>,
@@ -119,6 +123,7 @@ impl Default for RunConfig {
             preview_every_steps: None,
             preview_seconds: None,
             preview_caption: None,
+            preview_lm: false,
             val_files: Vec::new(),
             val_fraction: None,
             val_every_steps: None,
@@ -319,6 +324,7 @@ impl RunConfig {
         let mut c = self.clone();
         c.stop_at_step = None;
         (c.preview_every_steps, c.preview_seconds, c.preview_caption) = (None, None, None);
+        c.preview_lm = false;
         c.runs_dir = PathBuf::new();
         blake3::hash(c.to_toml().as_bytes()).to_hex()[..16].to_string()
     }

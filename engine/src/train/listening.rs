@@ -35,7 +35,7 @@ impl Listening {
         mut voice: Voice,
         cancel: &Cancel,
     ) -> Result<Self> {
-        let previews = Previews::new(config, data);
+        let previews = Previews::new(config, data)?;
         if previews.is_some() {
             voice.load_decoder()?;
         }

@@ -11,6 +11,8 @@ use super::songs::{make_song, write_song, Trained, Voice};
 use crate::cancel::Cancel;
 use crate::data::PreparedDataset;
 use crate::events::Event;
+use crate::generate::plan::{PlanSettings, Planner};
+use crate::generate::planned::load_planner;
 use crate::generate::GenerateSpec;
 use crate::Result;
 
@@ -19,20 +21,25 @@ use crate::Result;
 pub(super) struct Previews {
     every: u64,
     spec: GenerateSpec,
+    /// The 5 Hz LM that plans each preview (`preview_lm`), loaded at the run's start.
+    planner: Option<Planner>,
 }
 
 impl Previews {
-    /// None when the config asks for no previews.
-    pub fn new(config: &RunConfig, data: &PreparedDataset) -> Option<Self> {
-        let every = config.preview_every_steps?;
+    /// None when the config asks for no previews; an error when it asks for them
+    /// planned and no 5 Hz LM loads.
+    pub fn new(config: &RunConfig, data: &PreparedDataset) -> Result<Option<Self>> {
+        let Some(every) = config.preview_every_steps else { return Ok(None) };
         let caption = config.preview_caption.clone().unwrap_or_else(|| first_caption(data));
         let spec = GenerateSpec {
             caption,
             duration_seconds: config.preview_seconds(),
             seed: config.preview_seed(),
+            lm: config.preview_lm.then(PlanSettings::default),
             ..GenerateSpec::default()
         };
-        Some(Self { every, spec })
+        let planner = load_planner(&spec)?;
+        Ok(Some(Self { every, spec, planner }))
     }
 
     /// The preview file of `step`, relative to the run directory; None when none is due.
@@ -60,7 +67,7 @@ impl Previews {
         let song = voice.song(parts)?;
         // Strength 0 is the base model exactly: the preview before any update.
         let spec = GenerateSpec { adapter_scale: if step == 0 { 0.0 } else { 1.0 }, ..self.spec.clone() };
-        let audio = make_song(&song, parts.adapter, &spec, cancel, &mut |_| {})?;
+        let audio = make_song(&song, parts.adapter, &spec, self.planner.as_ref(), cancel, &mut |_| {})?;
         write_song(&run_dir.join(rel), &audio)?;
         Ok(Event::Preview {
             step,
