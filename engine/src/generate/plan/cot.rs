@@ -116,7 +116,7 @@ fn analyze(text: &str) -> Styles {
         if is_break(ch) {
             line_breaks = true;
         }
-        if !(ch == '\n' || (' '..='~').contains(&ch)) && !printable_unicode(ch) {
+        if !(ch == '\n' || (' '..='~').contains(&ch) || printable_unicode(ch)) {
             special = true;
         }
         if ch == ' ' {
