@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use ostinato_engine::data::TagMode;
 use ostinato_engine::device::Precision;
+use ostinato_engine::generate::plan::PlanSettings;
 use ostinato_engine::label::understand::labeller::UnderstandSettings;
 use ostinato_engine::label::understand::sample::Sampling;
 use ostinato_engine::load::source::ModelSource;
@@ -144,6 +145,46 @@ pub struct GenerateArgs {
     /// Print progress events as JSON lines instead of a progress bar.
     #[arg(long)]
     pub json: bool,
+    /// Plan the song with ACE-Step's 5 Hz LM first, as its text2music "thinking" does:
+    /// the LM writes the metadata (caption, tempo, key, time signature where not given)
+    /// and the song's 5 Hz audio codes. DIR is the LM folder (default: the one
+    /// `ostinato models list` finds).
+    #[arg(long, value_name = "DIR", num_args = 0..=1)]
+    pub lm: Option<Option<PathBuf>>,
+    #[command(flatten)]
+    pub lm_sampling: LmSamplingArgs,
+}
+
+/// How the 5 Hz LM samples its plan (upstream's text2music defaults).
+#[derive(Args)]
+pub struct LmSamplingArgs {
+    /// The LM's sampling temperature; 0 picks the likeliest token (default 0.85).
+    #[arg(long, requires = "lm")]
+    pub lm_temperature: Option<f32>,
+    /// The LM's classifier-free guidance scale; 1 turns it off (default 2).
+    #[arg(long, requires = "lm")]
+    pub lm_cfg_scale: Option<f32>,
+    /// The LM's nucleus sampling: keep the likeliest tokens up to this probability;
+    /// 1 keeps all (default 0.9).
+    #[arg(long, requires = "lm")]
+    pub lm_top_p: Option<f32>,
+    /// Keep only the LM's k likeliest tokens (default: all).
+    #[arg(long, requires = "lm")]
+    pub lm_top_k: Option<usize>,
+}
+
+impl LmSamplingArgs {
+    /// The plan's settings for the LM at `lm` (None: the one found), these over the defaults.
+    pub fn settings(&self, lm: Option<PathBuf>) -> PlanSettings {
+        let d = PlanSettings::default();
+        PlanSettings {
+            lm,
+            temperature: self.lm_temperature.unwrap_or(d.temperature),
+            cfg_scale: self.lm_cfg_scale.unwrap_or(d.cfg_scale),
+            top_p: self.lm_top_p.or(d.top_p).filter(|&p| p < 1.0),
+            top_k: self.lm_top_k.or(d.top_k),
+        }
+    }
 }
 
 #[derive(Args)]
@@ -318,6 +359,10 @@ pub struct TrainArgs {
     /// Preview the base model before step 1, to compare with (on or off; default on).
     #[arg(long, value_name = "ON|OFF", value_parser = on_off)]
     pub preview_at_step_0: Option<bool>,
+    /// Plan each preview with ACE-Step's 5 Hz LM first (its metadata and audio codes),
+    /// the LM `ostinato models list` finds; the run refuses to start without one.
+    #[arg(long)]
+    pub preview_lm: bool,
 }
 
 pub fn on_off(s: &str) -> Result<bool, String> {

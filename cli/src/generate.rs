@@ -6,6 +6,8 @@ use std::time::Duration;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use ostinato_engine::atomic::check_writable;
+use ostinato_engine::cancel::Cancel;
+use ostinato_engine::generate::planned::{load_planner, plan_song};
 use ostinato_engine::generate::wav::write_wav;
 use ostinato_engine::generate::{decode_latents, read_latents, write_latents};
 use ostinato_engine::generate::{GenerateEvent, GenerateSpec, Generator};
@@ -30,6 +32,23 @@ impl Progress {
             return;
         }
         match event {
+            GenerateEvent::Unplanned { reason } => println!("no 5 Hz LM plan: {reason}"),
+            GenerateEvent::Planning { phase, tokens } => {
+                self.bar.set_style(ProgressStyle::with_template("{spinner} {msg}").expect("valid template"));
+                self.bar.set_message(format!("5 Hz LM planning the {phase}: {tokens} tokens"));
+                self.bar.tick();
+            }
+            GenerateEvent::Planned { caption, bpm, keyscale, timesignature, language, codes } => {
+                let or_na = |v: Option<String>| v.unwrap_or_else(|| "N/A".into());
+                let line = format!(
+                    "5 Hz LM plan: {codes} audio codes; bpm {}, key {}, time signature {}, language {}\n  caption: {caption}",
+                    or_na(bpm.map(|b| b.to_string())),
+                    or_na(keyscale),
+                    or_na(timesignature),
+                    or_na(language),
+                );
+                self.bar.suspend(|| println!("{line}"));
+            }
             GenerateEvent::Started { frames, steps, .. } => {
                 self.bar.set_length(steps as u64);
                 self.bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"));
@@ -61,10 +80,13 @@ pub fn generate(
     if let Some(p) = latents_out {
         check_writable(p)?;
     }
+    let planner = load_planner(spec).context("cannot load the 5 Hz LM")?;
     let generator = Generator::load(source).context("cannot load the model")?;
     let progress = Progress::new(json);
     let mut show = |e| progress.show(e);
-    let latents = generator.latents(spec, &mut show)?;
+    let spec = plan_song(spec, planner.as_ref(), &Cancel::never(), &mut show)?;
+    drop(planner);
+    let latents = generator.latents(&spec, &mut show)?;
     let audio = generator.decode(&latents, &mut show)?;
     write_wav(out, &audio)?;
     if let Some(p) = latents_out {

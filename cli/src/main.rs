@@ -289,6 +289,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 shift: a.shift,
                 guidance: a.guidance,
                 parts: a.parts.unwrap_or_default(),
+                lm: a.lm.map(|dir| a.lm_sampling.settings(dir)),
                 ..GenerateSpec::default()
             }
             .with_adapters(a.adapters, &a.adapter_scales)?;

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use ostinato_engine::bench::vae::run_vae;
-use ostinato_engine::bench::{generation, label, lm, run_spec, text, AnyPreset, Preset};
+use ostinato_engine::bench::{generation, label, lm, plan, run_spec, text, AnyPreset, Preset};
 use ostinato_engine::charts::write_run_charts;
 use ostinato_engine::data::preprocessed::preprocess as preprocess_folder;
 use ostinato_engine::data::{DataEvent, DataSpec};
@@ -243,6 +243,20 @@ pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
             );
             ensure_default_kernels(req, p.name())?;
             let report = lm::run_lm(p, req.precision, req.warmup, req.steps, &selected.device)?;
+            match json {
+                true => println!("{}", serde_json::to_string(&report)?),
+                false => print!("{}", report.table()),
+            }
+            return Ok(());
+        }
+        AnyPreset::Plan => {
+            anyhow::ensure!(
+                (req.layers, req.adapter, req.dora) == (None, AdapterKind::Lora, false),
+                "--layers, --adapter and --dora apply to the DiT presets, not {}",
+                plan::PLAN_PRESET
+            );
+            ensure_default_kernels(req, plan::PLAN_PRESET)?;
+            let report = plan::run_plan(req.precision, req.warmup, req.steps, &selected.device)?;
             match json {
                 true => println!("{}", serde_json::to_string(&report)?),
                 false => print!("{}", report.table()),

@@ -141,6 +141,7 @@ fn build_config(a: &TrainArgs) -> anyhow::Result<RunConfig> {
         c.preview_prompts = a.preview_prompts.clone();
     }
     c.preview_at_step_0 = a.preview_at_step_0.or(c.preview_at_step_0);
+    c.preview_lm |= a.preview_lm;
     if !a.val_files.is_empty() {
         c.val_files = a.val_files.clone();
     }

@@ -13,6 +13,7 @@
 pub mod generation;
 pub mod label;
 pub mod lm;
+pub mod plan;
 mod presets;
 pub mod text;
 pub mod vae;

@@ -28,7 +28,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("load", 4),
     ("label", 5),
     ("events", 5),
-    ("generate", 5),
+    ("generate", 6),
     ("run_state", 6),
     ("noise_levels", 7),
     ("train", 7),

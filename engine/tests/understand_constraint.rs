@@ -57,6 +57,7 @@ fn upstream_name(state: State) -> &'static str {
         TimesigValue => "TIMESIG_VALUE",
         ThinkEndTag => "THINK_END_TAG",
         Completed => "COMPLETED",
+        Codes => "CODES_GENERATION",
     }
 }
 
@@ -242,6 +243,13 @@ fn leave_out(scores: &mut [f32], rows: &Rows) {
             let kept: Vec<(u32, f32)> = ids.iter().map(|&id| (id, scores[id as usize])).collect();
             scores.fill(f32::NEG_INFINITY);
             kept.into_iter().for_each(|(id, s)| scores[id as usize] = s);
+        }
+        Rows::Runs(kept) => {
+            let mut out = vec![f32::NEG_INFINITY; scores.len()];
+            kept.iter().for_each(|r| {
+                out[r.start as usize..r.end as usize].copy_from_slice(&scores[r.start as usize..r.end as usize])
+            });
+            scores.copy_from_slice(&out);
         }
     }
 }

@@ -179,6 +179,7 @@ function choices() {
     duration_seconds: Number($('gen-duration').value),
     seed: Number($('gen-seed').value),
     adapter_scale: Number($('gen-strength').value),
+    plan_with_lm: $('gen-plan-lm').checked,
   };
 }
 
@@ -231,6 +232,15 @@ function onSong(p) {
   switch (p.stage) {
     case 'waiting':
       status.textContent = p.live ? 'Waiting for the run’s next step boundary…' : 'Loading the model and adapter…';
+      break;
+    case 'planning':
+      status.textContent = `The 5 Hz LM is writing the ${p.phase}: ${p.tokens} tokens`;
+      break;
+    case 'planned':
+      status.textContent = `Planned: ${p.codes} audio codes`;
+      break;
+    case 'unplanned':
+      status.textContent = `No 5 Hz LM plan: ${p.reason}`;
       break;
     case 'sampling':
       status.textContent = `Sampling step ${p.step} of ${p.steps}`;

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+use super::plan::PlanSettings;
 use super::sampler::{self, Conditions, Guidance};
 use crate::cancel::Cancel;
 use crate::codec::{Conditioner, LatentDecoder, SongMeta, StereoAudio, INSTRUMENTAL};
@@ -71,6 +72,10 @@ pub struct GenerateSpec {
     /// A strength per part of each layer, on top of every adapter's own.
     #[serde(default, skip_serializing_if = "PartStrengths::is_whole")]
     pub parts: PartStrengths,
+    /// Plan the song with ACE-Step's 5 Hz LM first (its metadata and audio codes, as
+    /// text2music's "thinking"); None: the DiT hears the caption alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lm: Option<PlanSettings>,
 }
 
 /// An adapter folder mixed into a song at its own strength.
@@ -99,6 +104,7 @@ impl Default for GenerateSpec {
             adapter_scale: 1.0,
             more_adapters: Vec::new(),
             parts: PartStrengths::default(),
+            lm: None,
         }
     }
 }
@@ -115,7 +121,8 @@ impl GenerateSpec {
         for (i, mixed) in self.more_adapters.iter().enumerate() {
             check_scale(&format!("more_adapters[{i}].scale"), mixed.scale)?;
         }
-        self.parts.check().map_err(|why| Error::setting("parts", why))
+        self.parts.check().map_err(|why| Error::setting("parts", why))?;
+        self.lm.as_ref().map_or(Ok(()), PlanSettings::validate)
     }
 
     /// The spec with adapter folders `paths` at `scales`: one scale for each, in the
@@ -206,10 +213,43 @@ fn load_adapter_folder(dir: &Path, dit: &DitModel) -> Result<LoraAdapter> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum GenerateEvent {
-    Started { frames: usize, steps: usize, shift: f64, guidance: Option<f64>, seed: u64 },
-    Step { step: usize, steps: usize },
-    Decoding { frames: usize },
-    Written { path: PathBuf, seconds: f64, sample_rate: u32 },
+    /// The song is not planned by the 5 Hz LM, and why.
+    Unplanned {
+        reason: String,
+    },
+    /// The 5 Hz LM is writing its plan: the phase (`metadata`, `codes`) and its tokens so far.
+    Planning {
+        phase: String,
+        tokens: usize,
+    },
+    /// The plan: the metadata the DiT will hear and the audio codes written.
+    Planned {
+        caption: String,
+        bpm: Option<u32>,
+        keyscale: Option<String>,
+        timesignature: Option<String>,
+        language: Option<String>,
+        codes: usize,
+    },
+    Started {
+        frames: usize,
+        steps: usize,
+        shift: f64,
+        guidance: Option<f64>,
+        seed: u64,
+    },
+    Step {
+        step: usize,
+        steps: usize,
+    },
+    Decoding {
+        frames: usize,
+    },
+    Written {
+        path: PathBuf,
+        seconds: f64,
+        sample_rate: u32,
+    },
 }
 
 /// A loaded model ready to make songs: the DiT (one copy of its weights), the
@@ -326,6 +366,11 @@ impl SongModel<'_> {
         on_event: &mut dyn FnMut(GenerateEvent),
     ) -> Result<Tensor> {
         spec.validate()?;
+        if spec.lm.is_some() {
+            return Err(Error::BadRequest(
+                "the song asks for a 5 Hz LM plan: plan it first (generate::planned::plan_song)".into(),
+            ));
+        }
         let frames = self.frames_for(spec.duration_seconds)?;
         let steps = spec.steps.unwrap_or(if self.turbo { TURBO_STEPS } else { BASE_STEPS });
         let shift = spec.shift.unwrap_or(DEFAULT_SHIFT);

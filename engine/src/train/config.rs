@@ -78,6 +78,10 @@ pub struct RunConfig {
     /// A preview of the base model before step 1, to compare with; `None`: yes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preview_at_step_0: Option<bool>,
+    /// Plan each preview with ACE-Step's 5 Hz LM first (metadata and audio codes, as
+    /// text2music's "thinking"), the LM found as labelling finds it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preview_lm: bool,
     /// Files of the audio folder (paths relative to it) held out for validation.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub val_files: Vec<String>,
@@ -129,6 +133,7 @@ impl Default for RunConfig {
             preview_caption: None,
             preview_prompts: Vec::new(),
             preview_at_step_0: None,
+            preview_lm: false,
             val_files: Vec::new(),
             val_fraction: None,
             val_every_steps: None,
@@ -342,6 +347,7 @@ impl RunConfig {
         c.stop_at_step = None;
         (c.preview_every_steps, c.preview_seconds, c.preview_caption) = (None, None, None);
         (c.preview_prompts, c.preview_at_step_0) = (Vec::new(), None);
+        c.preview_lm = false;
         c.runs_dir = PathBuf::new();
         blake3::hash(c.to_toml().as_bytes()).to_hex()[..16].to_string()
     }

@@ -13,6 +13,8 @@ use super::songs::{make_song, write_song, Trained, Voice};
 use crate::cancel::Cancel;
 use crate::data::PreparedDataset;
 use crate::events::Event;
+use crate::generate::plan::{PlanSettings, Planner};
+use crate::generate::planned::load_planner;
 use crate::generate::GenerateSpec;
 use crate::{Error, Result};
 
@@ -24,6 +26,8 @@ pub(super) struct Previews {
     at_step_0: bool,
     /// One song per prompt, in the prompts' order.
     specs: Vec<GenerateSpec>,
+    /// The 5 Hz LM that plans each preview (`preview_lm`), loaded at the run's start.
+    planner: Option<Planner>,
 }
 
 /// One preview to make: the prompt's index and the file, relative to the run directory.
@@ -32,21 +36,26 @@ pub(super) type Due = (usize, PathBuf);
 impl Previews {
     /// None when the config asks for no previews; an error naming the prompt's field
     /// when one cannot be made (the config's check catches all but the first song's
-    /// caption, known only now).
+    /// caption, known only now), or when they are asked planned and no 5 Hz LM loads.
     pub fn new(config: &RunConfig, data: &PreparedDataset) -> Result<Option<Self>> {
         let Some(every) = config.preview_every_steps else { return Ok(None) };
         let first = first_caption(data);
         let defaults = config.prompt_defaults(&first);
         let one = [PreviewPrompt::default()];
         let prompts = if config.preview_prompts.is_empty() { &one[..] } else { &config.preview_prompts };
-        let specs = prompts
+        let lm = config.preview_lm.then(PlanSettings::default);
+        let specs: Vec<GenerateSpec> = prompts
             .iter()
             .enumerate()
             .map(|(i, p)| {
-                p.spec(&defaults).map_err(|(field, why)| Error::setting(&format!("preview_prompts[{i}].{field}"), why))
+                let spec = p
+                    .spec(&defaults)
+                    .map_err(|(field, why)| Error::setting(&format!("preview_prompts[{i}].{field}"), why))?;
+                Ok(GenerateSpec { lm: lm.clone(), ..spec })
             })
             .collect::<Result<_>>()?;
-        Ok(Some(Self { every, at_step_0: config.preview_at_step_0.unwrap_or(true), specs }))
+        let planner = load_planner(&specs[0])?;
+        Ok(Some(Self { every, at_step_0: config.preview_at_step_0.unwrap_or(true), specs, planner }))
     }
 
     /// How many prompts are previewed.
@@ -85,7 +94,7 @@ impl Previews {
         let song = voice.song(parts)?;
         // Strength 0 is the base model exactly: the preview before any update.
         let spec = GenerateSpec { adapter_scale: if step == 0 { 0.0 } else { 1.0 }, ..self.specs[*prompt].clone() };
-        let audio = make_song(&song, parts.adapter, &spec, cancel, &mut |_| {})?;
+        let audio = make_song(&song, parts.adapter, &spec, self.planner.as_ref(), cancel, &mut |_| {})?;
         write_song(&run_dir.join(rel), &audio)?;
         Ok(Event::Preview {
             step,

@@ -16,6 +16,8 @@ use crate::atomic::write_atomically;
 use crate::cancel::Cancel;
 use crate::codec::{Conditioner, LatentDecoder, StereoAudio};
 use crate::data::{cached_latents, inspect_folder};
+use crate::generate::plan::Planner;
+use crate::generate::planned::{load_planner, plan_song};
 use crate::generate::wav::write_wav;
 use crate::generate::{GenerateEvent, GenerateSpec, Generator, SongModel};
 use crate::load::source::ModelSource;
@@ -130,15 +132,18 @@ impl Voice {
     }
 }
 
-/// Makes `spec` with `adapter` at its strength, reporting each step to `on_event`.
+/// Makes `spec` with `adapter` at its strength, planned by `planner` where it asks for
+/// a plan, reporting each step to `on_event`.
 pub(super) fn make_song(
     song: &SongModel,
     adapter: &LoraAdapter,
     spec: &GenerateSpec,
+    planner: Option<&Planner>,
     cancel: &Cancel,
     on_event: &mut dyn FnMut(GenerateEvent),
 ) -> Result<StereoAudio> {
-    let latents = song.latents(spec, Some(adapter), cancel, on_event)?;
+    let spec = plan_song(spec, planner, cancel, on_event)?;
+    let latents = song.latents(&spec, Some(adapter), cancel, on_event)?;
     song.decode(&latents, on_event)
 }
 
@@ -171,7 +176,7 @@ pub(super) fn serve(request: SongRequest, voice: &mut Voice, parts: &Trained, ca
     let result = match spec.adapter {
         Some(_) => Err(Error::BadRequest("a live run generates with the adapter it trains, not a folder".into())),
         None => voice.song(parts).and_then(|song| {
-            make_song(&song, parts.adapter, &spec, cancel, &mut |e| {
+            make_song(&song, parts.adapter, &spec, load_planner(&spec)?.as_ref(), cancel, &mut |e| {
                 let _ = updates.send(Ok(e));
             })
         }),
@@ -217,9 +222,12 @@ pub fn generate_for_run(
             ))
         }
     };
+    let planner = load_planner(spec)?;
     let generator = Generator::load(&config.model)?;
     let spec = GenerateSpec { adapter, ..spec.clone() };
-    let latents = generator.latents(&spec, on_event)?;
+    let planned = plan_song(&spec, planner.as_ref(), &Cancel::never(), on_event)?;
+    drop(planner);
+    let latents = generator.latents(&planned, on_event)?;
     let audio = generator.decode(&latents, on_event)?;
     save_song(out, &audio, &spec)?;
     Ok(written(out.to_path_buf(), &audio))

@@ -14,6 +14,7 @@ use ostinato_engine::charts::{waveform_svg, Theme};
 use ostinato_engine::data::audio::{decode, decode_file};
 use ostinato_engine::data::DataSpec;
 use ostinato_engine::events::{read_events, Event};
+use ostinato_engine::generate::plan::PlanSettings;
 use ostinato_engine::generate::wav::float_wav_bytes;
 use ostinato_engine::generate::{GenerateEvent, GenerateSpec};
 use ostinato_engine::lora::{AdapterSummary, LoraAdapter};
@@ -162,6 +163,7 @@ impl SongChoices {
             duration_seconds: self.duration_seconds,
             seed: self.seed,
             adapter_scale: self.adapter_scale,
+            lm: self.plan_with_lm.then(PlanSettings::default),
             ..GenerateSpec::default()
         }
     }
@@ -200,6 +202,9 @@ impl SavedSongView {
 impl SongStage {
     fn of(event: GenerateEvent) -> Self {
         match event {
+            GenerateEvent::Unplanned { reason } => SongStage::Unplanned { reason },
+            GenerateEvent::Planning { phase, tokens } => SongStage::Planning { phase, tokens },
+            GenerateEvent::Planned { codes, .. } => SongStage::Planned { codes },
             GenerateEvent::Started { steps, .. } => SongStage::Sampling { step: 0, steps },
             GenerateEvent::Step { step, steps } => SongStage::Sampling { step, steps },
             GenerateEvent::Decoding { .. } => SongStage::Decoding,

@@ -244,6 +244,9 @@ pub struct SongChoices {
     pub seed: u64,
     /// 0: the base model; 1: the adapter as trained.
     pub adapter_scale: f64,
+    /// Plan the song with ACE-Step's 5 Hz LM first.
+    #[serde(default)]
+    pub plan_with_lm: bool,
 }
 
 /// A song's progress, sent as a `song` event.
@@ -260,11 +263,34 @@ pub struct SongProgress {
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "stage", rename_all = "snake_case")]
 pub enum SongStage {
-    Waiting { live: bool },
-    Sampling { step: usize, steps: usize },
+    Waiting {
+        live: bool,
+    },
+    /// Not planned by the 5 Hz LM, and why.
+    Unplanned {
+        reason: String,
+    },
+    /// The 5 Hz LM writing its plan: the phase and its tokens so far.
+    Planning {
+        phase: String,
+        tokens: usize,
+    },
+    /// The plan written: its audio codes.
+    Planned {
+        codes: usize,
+    },
+    Sampling {
+        step: usize,
+        steps: usize,
+    },
     Decoding,
-    Written { path: PathBuf, seconds: f64 },
-    Failed { message: String },
+    Written {
+        path: PathBuf,
+        seconds: f64,
+    },
+    Failed {
+        message: String,
+    },
 }
 
 /// Where captioning with ACE-Step's LM is, sent as a `caption-progress` event: the song

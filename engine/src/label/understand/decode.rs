@@ -30,6 +30,8 @@ pub enum Rows<'a> {
     AllBut(&'a [Range<u32>]),
     /// Only these tokens.
     Only(Cow<'a, [u32]>),
+    /// Only these ascending, disjoint ranges of tokens.
+    Runs(&'a [Range<u32>]),
 }
 
 /// Ascending, distinct ids as runs of consecutive ids.

@@ -3,7 +3,6 @@
 //! the understand prompt, decoding under the metadata constraint, and the fields read
 //! from what the LM wrote, each checked as a label value.
 
-use std::ops::Range;
 use std::path::Path;
 
 use candle_core::Device;
@@ -11,12 +10,13 @@ use serde::Serialize;
 
 use super::codes::song_codes;
 use super::constrained::{read_genres_vocab, MetadataConstraint, MetadataTables};
-use super::decode::{id_runs, Decoded, LogitsProcessor, NextLogits, Rows, MAX_NEW_TOKENS};
+use super::decode::{Decoded, MAX_NEW_TOKENS};
 use super::parse::{parse_understanding, IntOrText};
 use super::prompt::UnderstandPrompt;
 use super::sample::{Sampler, Sampling};
+use super::steps::LmSteps;
 use crate::cancel::Cancel;
-use crate::codec::causal_lm::{CausalLm, KvCache};
+use crate::codec::causal_lm::CausalLm;
 use crate::data::{Field, Labels};
 use crate::device::Precision;
 use crate::load::source::{ModelSource, SongTokenizer};
@@ -133,7 +133,7 @@ impl LmLabeller {
     pub fn write(&self, codes: &[u32], cancel: &Cancel, progress: &mut dyn FnMut(usize)) -> Result<Decoded> {
         let prompt = self.prompt.tokens(codes)?;
         let budget = self.settings.max_new_tokens;
-        let mut model = LmSteps { lm: &self.lm, cache: None, budget };
+        let mut model = LmSteps::new(&self.lm, budget);
         let mut sampler = Sampler::new(self.settings.sampling, self.settings.seed)?;
         let mut constraint = MetadataConstraint::new(&self.tables);
         self.prompt.decoder(budget).run(&mut model, &mut constraint, &mut sampler, &prompt, cancel, progress)
@@ -174,99 +174,5 @@ fn int_or_text(value: IntOrText) -> String {
     match value {
         IntOrText::Int(n) => n.to_string(),
         IntOrText::Text(t) => t,
-    }
-}
-
-/// The LM for one song: its cache made at the prefill, room for the whole output.
-struct LmSteps<'a> {
-    lm: &'a CausalLm,
-    cache: Option<KvCache>,
-    budget: usize,
-}
-
-impl LmSteps<'_> {
-    fn logits(&self, hidden: &candle_core::Tensor, rows: &Rows) -> Result<Vec<f32>> {
-        let vocab = self.lm.config().vocab_size as u32;
-        let keep = match rows {
-            Rows::All => return self.lm.logits(hidden, None),
-            Rows::AllBut(masked) => complement(masked, vocab),
-            Rows::Only(ids) => runs(ids, vocab),
-        };
-        self.lm.logits(hidden, Some(&keep))
-    }
-}
-
-impl NextLogits for LmSteps<'_> {
-    fn prefill(&mut self, prompt: &[u32], rows: &Rows) -> Result<Vec<f32>> {
-        let mut cache = self.lm.new_cache()?;
-        cache.reserve(prompt.len() + self.budget)?;
-        let hidden = self.lm.prefill(prompt, &mut cache)?;
-        self.cache = Some(cache);
-        self.logits(&hidden, rows)
-    }
-
-    fn step(&mut self, token: u32, rows: &Rows) -> Result<Vec<f32>> {
-        let cache = self.cache.as_mut().ok_or_else(|| Error::BadRequest("an LM step before its prefill".into()))?;
-        let hidden = self.lm.step(token, cache)?;
-        self.logits(&hidden, rows)
-    }
-}
-
-/// `0..vocab` less the ascending, disjoint `masked` ranges.
-fn complement(masked: &[Range<u32>], vocab: u32) -> Vec<Range<u32>> {
-    let mut kept = Vec::with_capacity(masked.len() + 1);
-    let mut start = 0;
-    for r in masked {
-        let end = r.start.min(vocab);
-        if start < end {
-            kept.push(start..end);
-        }
-        start = start.max(r.end);
-    }
-    if start < vocab {
-        kept.push(start..vocab);
-    }
-    kept
-}
-
-/// The ids below `vocab` as ascending runs of consecutive ids.
-fn runs(ids: &[u32], vocab: u32) -> Vec<Range<u32>> {
-    let mut ids: Vec<u32> = ids.iter().copied().filter(|&id| id < vocab).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    id_runs(&ids)
-}
-
-/// The metadata constraint as the decoding loop's processor (its own methods).
-impl LogitsProcessor for MetadataConstraint<'_> {
-    fn process(&mut self, scores: &mut [f32]) {
-        MetadataConstraint::process(self, scores);
-    }
-
-    fn update(&mut self, token: u32) {
-        MetadataConstraint::update(self, token);
-    }
-
-    fn rows(&self) -> Rows<'_> {
-        MetadataConstraint::rows(self)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{complement, runs};
-
-    #[test]
-    fn complement_keeps_what_is_not_masked() {
-        let whole = 0..10;
-        assert_eq!(complement(&[], 10), vec![whole.clone()]);
-        assert_eq!(complement(&[2..4, 6..7], 10), [0..2, 4..6, 7..10]);
-        assert_eq!(complement(&[0..3, 8..12], 10), vec![3..8]);
-        assert_eq!(complement(&[whole], 10), Vec::<std::ops::Range<u32>>::new());
-    }
-
-    #[test]
-    fn runs_of_ids_are_sorted_deduplicated_and_within_the_vocabulary() {
-        assert_eq!(runs(&[7, 3, 4, 4, 9, 12], 10), [3..5, 7..8, 9..10]);
     }
 }

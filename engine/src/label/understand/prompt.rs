@@ -1,4 +1,5 @@
-//! The understand prompt, rendered with the LM folder's chat template, and its tokens.
+//! The LM's prompts rendered with the LM folder's chat template (the understand
+//! prompt here; any chat through `chat`), and their tokens.
 //!
 //! Upstream asks the LM with one system message (the instruction) and one user
 //! message (the song's codes as `<|audio_code_N|>` tokens), rendered by
@@ -91,18 +92,26 @@ impl UnderstandPrompt {
     pub fn render(&self, codes: &[u32]) -> Result<String> {
         let system = format!("# Instruction\n{UNDERSTAND_INSTRUCTION}\n\n");
         let user = codes_string(codes)?;
-        render_chat(&self.template, &[("system", &system), ("user", &user)], &self.special_tokens).map_err(|e| {
-            Error::BadFile {
-                path: self.template_file.clone(),
-                reason: format!("the chat template fails to render: {}", describe(&e)),
-            }
+        self.chat(&[("system", &system), ("user", &user)], true)
+    }
+
+    /// `messages` (role, content) rendered as `apply_chat_template(tokenize=False,
+    /// add_generation_prompt=...)` renders them.
+    pub fn chat(&self, messages: &[(&str, &str)], add_generation_prompt: bool) -> Result<String> {
+        render_chat(&self.template, messages, add_generation_prompt, &self.special_tokens).map_err(|e| Error::BadFile {
+            path: self.template_file.clone(),
+            reason: format!("the chat template fails to render: {}", describe(&e)),
         })
     }
 
     /// The prompt's token ids: the rendered text encoded as upstream's tokenizer call
     /// does (special tokens added, which for Qwen's tokenizer is none).
     pub fn tokens(&self, codes: &[u32]) -> Result<Vec<u32>> {
-        let text = self.render(codes)?;
+        self.encode(&self.render(codes)?)
+    }
+
+    /// A rendered prompt's token ids, as upstream's `tokenizer(prompt)` gives them.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let encoding = self.tokenizer.encode(text, true).map_err(|e| Error::BadFile {
             path: self.tokenizer_file.clone(),
             reason: format!("the rendered prompt cannot be tokenized: {e}"),
@@ -229,11 +238,12 @@ fn template_environment() -> Environment<'static> {
     env
 }
 
-/// `template` rendered for `messages` (role, content) with a generation prompt, and the
-/// variables transformers passes beside them.
+/// `template` rendered for `messages` (role, content), with or without a generation
+/// prompt, and the variables transformers passes beside them.
 fn render_chat(
     template: &str,
     messages: &[(&str, &str)],
+    add_generation_prompt: bool,
     special_tokens: &[(&'static str, String)],
 ) -> std::result::Result<String, minijinja::Error> {
     let messages: Vec<JinjaValue> =
@@ -242,7 +252,7 @@ fn render_chat(
         special_tokens.iter().map(|(key, token)| (key.to_string(), token.clone())).collect();
     let ctx = context! {
         messages => messages,
-        add_generation_prompt => true,
+        add_generation_prompt => add_generation_prompt,
         tools => JinjaValue::from(()),
         documents => JinjaValue::from(()),
         ..JinjaValue::from(special)
@@ -317,7 +327,7 @@ mod tests {
 
     fn render(template: &str) -> std::result::Result<String, minijinja::Error> {
         let messages = [("system", "sys <b>&'\"\n"), ("user", "  hi  ")];
-        render_chat(template, &messages, &[("eos_token", "<|im_end|>".to_string())])
+        render_chat(template, &messages, true, &[("eos_token", "<|im_end|>".to_string())])
     }
 
     #[test]
@@ -394,7 +404,7 @@ mod tests {
         // add_generation_prompt=True) on a folder with this template.
         let system = format!("# Instruction\n{UNDERSTAND_INSTRUCTION}\n\n");
         let user = codes_string(&[5, 63_999]).unwrap();
-        let text = render_chat(QWEN_STYLE, &[("system", &system), ("user", &user)], &[]).unwrap();
+        let text = render_chat(QWEN_STYLE, &[("system", &system), ("user", &user)], true, &[]).unwrap();
         let expected = format!(
             "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n    [q1:63999|]\n\
              <|im_start|>assistant\n"

@@ -55,12 +55,14 @@ fn preview_settings_are_checked_and_leave_the_hash_alone() {
         preview_caption: Some("x".into()),
         preview_prompts: vec!["caption=y; bpm=90".parse().unwrap()],
         preview_at_step_0: Some(false),
+        preview_lm: true,
         ..a.clone()
     };
     b.validate().unwrap();
     assert_eq!(a.trajectory_hash(), b.trajectory_hash());
     let back: RunConfig = toml::from_str(&b.to_toml()).unwrap();
     assert_eq!(back, b);
+    assert!(b.to_toml().contains("preview_lm = true") && !a.to_toml().contains("preview_lm"), "off is left out");
 }
 
 #[test]

@@ -1,14 +1,16 @@
-//! The state machine of upstream's MetadataConstrainedLogitsProcessor as
-//! `understand_audio_from_codes` sets it up: "<think>", "\n", then bpm, caption,
-//! duration, genres, keyscale, language and timesignature (each "name:" forced, its
-//! value constrained), "</think>", then free text with the audio codes blocked.
+//! The state machine of upstream's MetadataConstrainedLogitsProcessor: "<think>",
+//! "\n", then bpm, caption, duration, genres, keyscale, language and timesignature
+//! (each "name:" forced, its value constrained), "</think>", then what the [`Phase`]
+//! says follows: free text with the audio codes blocked (understand), the end token
+//! where "</think>" would begin (text2music's metadata, genres skipped, the values the
+//! user gave forced), or audio codes only up to a target count (text2music's codes).
 //!
-//! Left out, as understand mode never reaches them: user-provided field values,
-//! a target duration, the codes phase, stop_at_reasoning, skipped fields, per-phase
+//! Left out, as neither mode reaches them: skipping caption or language, per-phase
 //! temperatures, the caption-matched genres trie and the vocabulary file's hot reload.
 
 use std::borrow::Cow;
 
+use super::phase::Phase;
 use super::pystr;
 use super::tables::{MetadataTables, TreeField, FIXED_STRINGS};
 use crate::label::understand::decode::Rows;
@@ -33,14 +35,21 @@ pub enum State {
     TimesigName,
     TimesigValue,
     ThinkEndTag,
-    /// Past "</think>": the lyrics, free but for the audio codes.
+    /// Past "</think>": the lyrics, free but for the audio codes (understand), or the
+    /// end (text2music's metadata).
     Completed,
+    /// Audio codes (text2music's codes phase).
+    Codes,
 }
 
 impl State {
-    fn next(self) -> Self {
+    /// The state after this one; None where upstream's table has none (the genres
+    /// states when genres are skipped: the state machine stays).
+    fn next(self, skip_genres: bool) -> Option<Self> {
         use State::*;
-        match self {
+        Some(match self {
+            DurationValue if skip_genres => KeyscaleName,
+            GenresName | GenresValue if skip_genres => return None,
             ThinkTag => NewlineAfterThink,
             NewlineAfterThink => BpmName,
             BpmName => BpmValue,
@@ -58,7 +67,8 @@ impl State {
             TimesigName => TimesigValue,
             TimesigValue => ThinkEndTag,
             ThinkEndTag | Completed => Completed,
-        }
+            Codes => Codes,
+        })
     }
 
     /// The index in FIXED_STRINGS of the string this state writes.
@@ -80,6 +90,17 @@ impl State {
         Some(index)
     }
 
+    /// The field whose value this state writes, among those a user may give.
+    fn given_field(self) -> Option<TreeField> {
+        Some(match self {
+            State::BpmValue => TreeField::Bpm,
+            State::DurationValue => TreeField::Duration,
+            State::KeyscaleValue => TreeField::Keyscale,
+            State::TimesigValue => TreeField::Timesignature,
+            _ => return None,
+        })
+    }
+
     /// The value state a field name written at the end of a caption leads to.
     fn after_field_name(name: &str) -> Option<Self> {
         Some(match name {
@@ -96,11 +117,15 @@ impl State {
 /// Upstream's cap on a caption's tokens: past it only the newline is allowed.
 const CAPTION_TOKEN_CAP: usize = 512;
 
+/// Understand mode's phase, for [`MetadataConstraint::new`].
+static UNDERSTAND: Phase = Phase::Understand;
+
 /// One song's constrained decoding: `process` masks a step's logits, `update` takes
 /// the token chosen.
 #[derive(Clone)]
 pub struct MetadataConstraint<'t> {
     tables: &'t MetadataTables,
+    phase: &'t Phase,
     state: State,
     /// Code points of the current fixed string written so far.
     position: usize,
@@ -115,13 +140,33 @@ pub struct MetadataConstraint<'t> {
     /// LM writes a field name, freely, up to its colon.
     caption_ending: bool,
     pending_field_name: String,
+    /// The rest of a given value's tokens, forced one a step.
+    given: Vec<u32>,
+    /// Audio codes written (the codes phase).
+    codes: usize,
 }
 
 impl<'t> MetadataConstraint<'t> {
+    /// Understand mode's constraint.
     pub fn new(tables: &'t MetadataTables) -> Self {
+        Self::for_phase(tables, &UNDERSTAND)
+    }
+
+    /// The constraint of `phase`: the codes phase starts at the codes (its prompt holds
+    /// the think block), the others at "<think>".
+    pub fn for_phase(tables: &'t MetadataTables, phase: &'t Phase) -> Self {
+        let state = match phase {
+            Phase::Codes { .. } => State::Codes,
+            _ => State::ThinkTag,
+        };
+        Self::at(tables, phase, state)
+    }
+
+    fn at(tables: &'t MetadataTables, phase: &'t Phase, state: State) -> Self {
         Self {
             tables,
-            state: State::ThinkTag,
+            phase,
+            state,
             position: 0,
             value_ids: Vec::new(),
             value_text: String::new(),
@@ -129,7 +174,14 @@ impl<'t> MetadataConstraint<'t> {
             caption_after_newline: false,
             caption_ending: false,
             pending_field_name: String::new(),
+            given: state.given_field().and_then(|f| phase.given(f)).map(<[u32]>::to_vec).unwrap_or_default(),
+            codes: 0,
         }
+    }
+
+    /// Audio codes written so far (the codes phase).
+    pub fn codes_written(&self) -> usize {
+        self.codes
     }
 
     pub fn tables(&self) -> &'t MetadataTables {
@@ -148,11 +200,18 @@ impl<'t> MetadataConstraint<'t> {
     /// The LM-head rows the next `process` reads; the others it masks whatever they
     /// are, so the LM may leave them uncomputed.
     pub fn rows(&self) -> Rows<'t> {
+        if let Phase::Codes { rows, eos, .. } = self.phase {
+            return match self.codes_target_reached() {
+                true => Rows::Only(vec![*eos].into()),
+                false => Rows::Runs(rows),
+            };
+        }
         if let Some(allowed) = self.plain_choice() {
             return Rows::Only(allowed);
         }
         let caption_line = self.state == State::CaptionValue && !self.caption_after_newline && !self.caption_ending;
-        if self.state == State::Completed || caption_line {
+        let understood = self.state == State::Completed && matches!(self.phase, Phase::Understand);
+        if understood || caption_line {
             return Rows::AllBut(&self.tables.audio_code_rows);
         }
         if self.state == State::LanguageValue {
@@ -169,15 +228,54 @@ impl<'t> MetadataConstraint<'t> {
     /// vocabulary. Some states decide on the logits themselves (the language's first
     /// token, the end of a caption, the end of free genres) and change state here.
     pub fn process(&mut self, scores: &mut [f32]) {
-        if self.state == State::Completed {
-            block(scores, &self.tables.audio_codes);
-        } else {
-            self.constrain(scores);
+        match self.state {
+            State::Completed if matches!(self.phase, Phase::Understand) => block(scores, &self.tables.audio_codes),
+            State::Completed => {}
+            State::Codes => self.constrain_codes(scores),
+            _ => self.constrain(scores),
         }
+    }
+
+    /// Audio codes and the end token only; the end token ruled out before the target
+    /// and the only choice from it on.
+    fn constrain_codes(&self, scores: &mut [f32]) {
+        let Phase::Codes { eos, .. } = self.phase else { return };
+        if self.codes_target_reached() {
+            return keep_only(scores, &[*eos]);
+        }
+        let mut allowed = self.tables.audio_codes.clone();
+        if self.codes_target().is_none() {
+            allowed.push(*eos);
+        }
+        keep_only(scores, &allowed);
+    }
+
+    fn codes_target(&self) -> Option<usize> {
+        match self.phase {
+            Phase::Codes { target, .. } => *target,
+            _ => None,
+        }
+    }
+
+    fn codes_target_reached(&self) -> bool {
+        self.codes_target().is_some_and(|target| self.codes >= target)
     }
 
     /// Takes the token chosen at this step.
     pub fn update(&mut self, token: u32) {
+        if self.state == State::Codes {
+            self.codes += 1;
+            return;
+        }
+        if !self.given.is_empty() {
+            // Upstream takes the forced token whatever was drawn, and moves on after
+            // the value's last one.
+            self.given.remove(0);
+            if self.given.is_empty() {
+                self.advance();
+            }
+            return;
+        }
         let text = self.tables.text(token);
         let newline = token == self.tables.newline;
         if let Some(string) = self.state.fixed_string() {
@@ -237,6 +335,13 @@ impl<'t> MetadataConstraint<'t> {
     fn plain_choice(&self) -> Option<Cow<'t, [u32]>> {
         let newline = || Cow::Owned(vec![self.tables.newline]);
         let tree = |field| Cow::Borrowed(self.tree_next(field));
+        if let Some(&forced) = self.given.first() {
+            return Some(Cow::Owned(vec![forced]));
+        }
+        if let (State::ThinkEndTag, Phase::Metadata { eos, .. }) = (self.state, self.phase) {
+            // stop_at_reasoning: the end token in place of the tag.
+            return Some(Cow::Owned(vec![*eos]));
+        }
         Some(match self.state {
             s if s.fixed_string().is_some() => {
                 let allowed = self.tables.fixed_allowed(s.fixed_string()?, self.position);
@@ -371,11 +476,13 @@ impl<'t> MetadataConstraint<'t> {
 
     /// Upstream's `_transition_to_next_state`.
     fn advance(&mut self) {
-        self.enter(self.state.next());
+        if let Some(next) = self.state.next(self.phase.skips_genres()) {
+            self.enter(next);
+        }
     }
 
     fn enter(&mut self, state: State) {
-        *self = Self { state, ..Self::new(self.tables) };
+        *self = Self::at(self.tables, self.phase, state);
     }
 }
 
