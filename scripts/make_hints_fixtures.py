@@ -163,17 +163,19 @@ def song_fixture(tokenizer, detokenizer):
 
     hook_dit = pipe.transformer.register_forward_pre_hook(first_context, with_kwargs=True)
     noise = torch.randn(1, frames, LATENT, generator=torch.Generator().manual_seed(60))
-    case = dict(prompt=META["caption"], lyrics=META["lyrics"], vocal_language="en")
+    # The duration given, as upstream's handler gives the plan's: diffusers' default
+    # (60 s) would reach the prompt's metas while the song keeps the codes' length.
+    seconds = frames / pipe.latents_per_second
+    case = dict(prompt=META["caption"], lyrics=META["lyrics"], vocal_language="en", audio_duration=seconds)
     (latents,) = pipe(**case, audio_codes=codes, num_inference_steps=8, shift=3.0, guidance_scale=1.0,
                       latents=noise.clone(), output_type="latent", return_dict=False)
     hook_enc.remove()
     hook_dit.remove()
-    seconds = frames / pipe.latents_per_second
     tensors = {"codes": torch.tensor(CODES, dtype=torch.int64), "noise": noise[0],
                "encoder_hidden_states": rec["states"], "encoder_attention_mask": rec["mask"].to(torch.float32),
                "context_latents": rec["context"], "latents": latents[0]}
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(FIXTURES, "real", "hints_song.safetensors"))
-    doc = dict(case, duration_seconds=seconds, frames=frames, steps=8, shift=3.0,
+    doc = dict(case, frames=frames, steps=8, shift=3.0,
                source="diffusers 0.42.1 AceStepPipeline.__call__ with audio_codes (text2music turned cover, turbo, "
                       "8 steps, shift 3, output_type latent, latents = the given noise) on the committed tiny 2B "
                       "model; hooks captured the condition encoder's output and the DiT's first context_latents",
