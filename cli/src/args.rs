@@ -11,6 +11,7 @@ use ostinato_engine::label::understand::sample::Sampling;
 use ostinato_engine::load::source::ModelSource;
 use ostinato_engine::lora::PartStrengths;
 use ostinato_engine::train::fit::Fit;
+use ostinato_engine::train::prompts::PreviewPrompt;
 
 use crate::captions::CaptionArgs;
 
@@ -297,8 +298,8 @@ pub struct TrainArgs {
     /// this machine's memory. Either way a run predicted not to fit does not start.
     #[arg(long, default_value = "off", value_parser = parse_with::<Fit>)]
     pub fit: Fit,
-    /// Write a preview song every N steps (and one of the base model before step 1)
-    /// into the run's previews/ folder.
+    /// Write preview songs every N steps into the run's previews/ folder (and of the
+    /// base model before step 1, unless --preview-at-step-0 off).
     #[arg(long, value_name = "N")]
     pub preview_every_steps: Option<u64>,
     /// Length of each preview, in seconds (default 10).
@@ -307,6 +308,16 @@ pub struct TrainArgs {
     /// The previews' caption (default: the first training song's caption).
     #[arg(long, value_name = "TEXT")]
     pub preview_caption: Option<String>,
+    /// A preview prompt of your own; give it several times for several, each previewed
+    /// at every preview step: fields `caption`, `lyrics`, `bpm`, `keyscale`,
+    /// `timesignature`, `seconds`, `seed`, `steps`, `guidance`, `;` between them, e.g.
+    /// "caption=[trigger], lofi piano; bpm=90; keyscale=A minor; seed=3". `[trigger]` is
+    /// the run's trigger word; fields left out are the run's preview defaults.
+    #[arg(long = "preview-prompt", value_name = "FIELDS", value_parser = parse_with::<PreviewPrompt>)]
+    pub preview_prompts: Vec<PreviewPrompt>,
+    /// Preview the base model before step 1, to compare with (on or off; default on).
+    #[arg(long, value_name = "ON|OFF", value_parser = on_off)]
+    pub preview_at_step_0: Option<bool>,
 }
 
 pub fn on_off(s: &str) -> Result<bool, String> {

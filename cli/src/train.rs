@@ -137,6 +137,10 @@ fn build_config(a: &TrainArgs) -> anyhow::Result<RunConfig> {
     c.preview_every_steps = a.preview_every_steps.or(c.preview_every_steps);
     c.preview_seconds = a.preview_seconds.or(c.preview_seconds);
     c.preview_caption = a.preview_caption.clone().or(c.preview_caption.take());
+    if !a.preview_prompts.is_empty() {
+        c.preview_prompts = a.preview_prompts.clone();
+    }
+    c.preview_at_step_0 = a.preview_at_step_0.or(c.preview_at_step_0);
     if !a.val_files.is_empty() {
         c.val_files = a.val_files.clone();
     }

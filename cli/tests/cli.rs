@@ -2063,3 +2063,44 @@ fn inspect_shows_the_trigger_word_a_run_kept_in_its_adapter() {
     let out = ok(ostinato().args(["inspect", plain.to_str().unwrap()]).output().unwrap());
     assert!(String::from_utf8_lossy(&out.stdout).contains("trigger: none"));
 }
+
+/// `--preview-prompt` twice: both previewed at each preview step, into run.toml as the
+/// run's prompts; `--preview-at-step-0 off` makes no base-model preview; a wrong field
+/// is named before anything runs.
+#[test]
+fn preview_prompts_from_the_command_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let songs = audio(tmp.path());
+    let extra = [
+        "--max-steps",
+        "2",
+        "--preview-every-steps",
+        "2",
+        "--trigger",
+        "ostn",
+        "--preview-prompt",
+        "caption=[trigger] warm keys; seconds=1; seed=4",
+        "--preview-prompt",
+        "caption=drums; keyscale=A minor; seconds=0.5",
+        "--preview-at-step-0",
+        "off",
+    ];
+    ok(train(tmp.path(), &songs, "prompted", &extra).output().unwrap());
+    let run = tmp.path().join("runs/prompted");
+    let mut made: Vec<String> = std::fs::read_dir(run.join("previews"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    made.sort();
+    assert_eq!(made, ["step-000002-prompt2.wav", "step-000002.wav"]);
+    let toml = std::fs::read_to_string(run.join("run.toml")).unwrap();
+    assert!(toml.contains("[[preview_prompts]]") && toml.contains("caption = \"[trigger] warm keys\""), "{toml}");
+    assert!(toml.contains("preview_at_step_0 = false"), "{toml}");
+
+    let bad = ["--preview-every-steps", "2", "--preview-prompt", "caption=x; bpm=500"];
+    fails_with(&mut train(tmp.path(), &songs, "bad", &bad), "preview_prompts[0].bpm");
+    fails_with(
+        &mut train(tmp.path(), &songs, "bad", &["--preview-prompt", "tempo=3"]),
+        "`tempo` is not a prompt field",
+    );
+}

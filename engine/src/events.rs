@@ -14,8 +14,8 @@ use crate::{Error, Result};
 
 /// The schema version written on every line (`"v"`). Bump it when a field changes
 /// meaning or a required field is added. (`dataset_file`, `DatasetIssue::kind`,
-/// `DatasetSummary::seconds_in_files`, `RunStarted::timestep_levels` and `Step::samples` came
-/// later, optional: older logs still read.)
+/// `DatasetSummary::seconds_in_files`, `RunStarted::timestep_levels`, `Step::samples` and
+/// `Preview::prompt` came later, optional: older logs still read.)
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// Which memory-saving mechanisms a run uses.
@@ -208,6 +208,9 @@ pub enum Event {
     Preview {
         /// Updates applied when it was made (0: the base model).
         step: u64,
+        /// Which of the run's preview prompts it is (0: the first, or the only one).
+        #[serde(default)]
+        prompt: usize,
         /// The WAV file, relative to the run directory (`previews/step-000100.wav`).
         path: PathBuf,
         /// The caption it was made from.

@@ -393,8 +393,8 @@ fn previews_are_written_and_leave_training_bit_exact() {
     let made = previews(&straight);
     assert_eq!(made.len(), files.len());
     for (event, (step, name)) in made.iter().zip([0, 2, 4, 6, 8].into_iter().zip(files)) {
-        let Event::Preview { step: s, path, caption, seed, seconds, took_s } = event else { unreachable!() };
-        assert_eq!((*s, path.as_path()), (step, Path::new("previews").join(name).as_path()));
+        let Event::Preview { step: s, prompt, path, caption, seed, seconds, took_s } = event else { unreachable!() };
+        assert_eq!((*s, *prompt, path.as_path()), (step, 0, Path::new("previews").join(name).as_path()));
         assert!(caption.contains("instrumental"), "a training clip's caption: {caption}");
         assert_eq!((*seconds, *seed), (1.0, previewing("x").preview_seed()));
         assert!(*took_s > 0.0);
@@ -409,6 +409,67 @@ fn previews_are_written_and_leave_training_bit_exact() {
             .collect::<Vec<_>>()
     };
     assert_eq!(steps_of(previews(&run_dir)), steps_of(made), "each preview once across the resume");
+}
+
+/// The user's own prompts: each previewed at every preview step, into its own file, with
+/// its seed and length and `[trigger]` as the run's trigger word; without the step-0
+/// switch, no base-model preview.
+#[test]
+fn each_preview_prompt_is_made_at_every_preview_step() {
+    use ostinato_engine::data::{TagMode, TriggerTag};
+    use ostinato_engine::train::prompts::PreviewPrompt;
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts: Vec<PreviewPrompt> =
+        ["caption=[trigger] calm piano; seconds=1; seed=11", "caption=drums; bpm=120; seconds=0.5"]
+            .iter()
+            .map(|p| p.parse().unwrap())
+            .collect();
+    let mut c = RunConfig {
+        preview_every_steps: Some(4),
+        preview_prompts: prompts,
+        max_steps: Some(4),
+        ..config(tmp.path(), "prompts")
+    };
+    c.data.trigger = Some(TriggerTag { tag: "ostn".into(), mode: TagMode::Prepend });
+    let with_base = Run::start(c.clone()).unwrap();
+    let with_base_dir = with_base.run_dir().to_path_buf();
+    with_base.join().unwrap();
+    let handle = Run::start(RunConfig { name: "no-base".into(), preview_at_step_0: Some(false), ..c }).unwrap();
+    let run_dir = handle.run_dir().to_path_buf();
+    handle.join().unwrap();
+
+    let made: Vec<(u64, usize, PathBuf, String, u64, f64)> = read_events(&run_dir.join("events.jsonl"))
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Preview { step, prompt, path, caption, seed, seconds, .. } => {
+                Some((step, prompt, path, caption, seed, seconds))
+            }
+            _ => None,
+        })
+        .collect();
+    let default_seed = RunConfig { name: "x".into(), ..config(tmp.path(), "x") }.preview_seed();
+    assert_eq!(
+        made,
+        [
+            (4, 0, "previews/step-000004.wav".into(), "ostn calm piano".to_string(), 11, 1.0),
+            (4, 1, "previews/step-000004-prompt2.wav".into(), "drums".to_string(), default_seed, 0.5),
+        ]
+    );
+    for (_, _, path, ..) in &made {
+        let reader = hound::WavReader::open(run_dir.join(path)).unwrap();
+        println!("{}: {} samples", path.display(), reader.duration());
+    }
+    assert!(!run_dir.join("previews/base.wav").exists(), "no step-0 preview when switched off");
+    for base in ["base.wav", "base-prompt2.wav"] {
+        assert!(with_base_dir.join("previews").join(base).is_file(), "{base}: the base model by default");
+    }
+    let read = |dir: &Path, name: &str| std::fs::read(dir.join("previews").join(name)).unwrap();
+    assert!(read(&run_dir, "step-000004.wav") != read(&run_dir, "step-000004-prompt2.wav"));
+    assert!(
+        read(&run_dir, "step-000004.wav") == read(&with_base_dir, "step-000004.wav"),
+        "a preview is its prompt's alone"
+    );
 }
 
 /// A stop while the base preview samples (a long one) ends the preview between two

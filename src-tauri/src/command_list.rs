@@ -31,6 +31,7 @@ pub const COMMANDS: &[&str] = &[
     "cancel_download",
     "shortcuts",
     "run_previews",
+    "run_adapter",
     "run_songs",
     "audio_bytes",
     "audio_picture",

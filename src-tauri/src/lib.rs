@@ -61,6 +61,7 @@ pub fn app_builder<R: tauri::Runtime>(builder: tauri::Builder<R>, state: AppStat
         commands::cancel_download,
         commands::shortcuts,
         commands::listen::run_previews,
+        commands::listen::run_adapter,
         commands::listen::run_songs,
         commands::listen::audio_bytes,
         commands::listen::audio_picture,

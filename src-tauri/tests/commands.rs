@@ -649,6 +649,19 @@ fn song_stages(sent: &Mutex<Vec<(&'static str, Value)>>, id: &Value) -> Vec<Valu
     }
 }
 
+/// An app with the demo songs scanned, its own latent cache (held until the app is
+/// gone: bind the guard first), and its settings with rank 4 (quick runs) to change
+/// before they are saved.
+fn demo_songs_at_rank_4(dir: &Path) -> (std::sync::MutexGuard<'static, ()>, TestApp, Value) {
+    let cache = own_cache(dir);
+    let app = TestApp::new(dir);
+    let songs = songs(dir);
+    app.invoke("scan_dataset", json!({"path": songs})).unwrap();
+    let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
+    s["run"]["lora"]["r"] = json!(4);
+    (cache, app, s)
+}
+
 /// A demo run with previews: its previews are listed from its log, their bytes and
 /// pictures come back; Generate makes a song under the run (from the live run, and from
 /// the run once it has ended) with its progress; the dataset plays as it is and as the
@@ -656,12 +669,7 @@ fn song_stages(sent: &Mutex<Vec<(&'static str, Value)>>, id: &Value) -> Vec<Valu
 #[test]
 fn previews_songs_and_dataset_audio_stay_inside_the_runs_folder() {
     let dir = tempfile::tempdir().unwrap();
-    let _cache = own_cache(dir.path());
-    let app = TestApp::new(dir.path());
-    let songs = songs(dir.path());
-    app.invoke("scan_dataset", json!({"path": songs})).unwrap();
-    let mut s = app.invoke("get_state", json!({})).unwrap()["settings"].clone();
-    s["run"]["lora"]["r"] = json!(4);
+    let (_cache, app, mut s) = demo_songs_at_rank_4(dir.path());
     s["run"]["lora"]["alpha"] = json!(8.0);
     for (field, value) in [
         ("epochs", json!(2)),
@@ -1131,4 +1139,38 @@ fn captioning_is_one_batch_at_a_time_and_cancels() {
         err.to_string(),
         "no complete 5 Hz LM found: download lm-1.7b (about 3.7 GB) in the Model panel to caption songs"
     );
+}
+
+/// The window's settings carry the run's own preview prompts and the step-0 switch to
+/// the engine; the previews come back with their prompt, and the run's adapter names the
+/// trigger word kept in its files. A wrong prompt field is named for its own input.
+#[test]
+fn preview_prompts_and_the_adapters_trigger_word_reach_the_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cache, app, mut s) = demo_songs_at_rank_4(dir.path());
+    s["run"]["max_steps"] = json!(2);
+    s["run"]["preview_every_steps"] = json!(2);
+    s["run"]["data"]["trigger"] = json!({"tag": "ostn", "mode": "append"});
+    s["run"]["preview_prompts"] = json!([{"caption": "bad", "bpm": 999}]);
+    let err = app.invoke("save_settings", json!({ "settings": s })).unwrap_err();
+    assert!(err["fields"]["preview_prompts[0].bpm"].is_string(), "{err}");
+    s["run"]["preview_prompts"] =
+        json!([{"caption": "keys, [trigger]", "seconds": 0.5}, {"caption": "drums", "seconds": 0.5, "seed": 9}]);
+    s["run"]["preview_at_step_0"] = json!(false);
+    app.invoke("save_settings", json!({ "settings": s })).unwrap();
+    let view = app.invoke("start_run", json!({})).unwrap();
+    let run_dir = view["run_dir"].as_str().unwrap().to_string();
+    wait_started(&app);
+    wait_status(&app, "finished");
+    let previews = app.invoke("run_previews", json!({"dir": run_dir})).unwrap();
+    let seen: Vec<(u64, u64, String)> = previews
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["step"].as_u64().unwrap(), p["prompt"].as_u64().unwrap(), p["caption"].as_str().unwrap().into()))
+        .collect();
+    assert_eq!(seen, [(2, 0, "keys, ostn".to_string()), (2, 1, "drums".to_string())], "{previews}");
+    let adapter = app.invoke("run_adapter", json!({"dir": run_dir})).unwrap();
+    assert_eq!((&adapter["trigger"], &adapter["trigger_position"]), (&json!("ostn"), &json!("append")), "{adapter}");
+    assert!(adapter["settings"].as_str().unwrap().starts_with("LoRA r 4"), "{adapter}");
 }

@@ -450,6 +450,25 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
             .await;
     }
 
+    // A preview prompt of the user's own, in its row of the prompt list: the previews
+    // are made from it (its caption is in each preview's row below).
+    js(&c, "document.getElementById('btn-add-prompt').scrollIntoView({block: 'center'}); return true").await;
+    c.find(Locator::Id("btn-add-prompt")).await.unwrap().click().await.unwrap();
+    for (field, value) in [("caption", "warm e2e keys"), ("seconds", "0.5")] {
+        let input = format!("#preview-prompts [data-testid=prompt-{field}]");
+        c.find(Locator::Css(&input)).await.unwrap().send_keys(value).await.unwrap();
+        c.find(Locator::Id("h-settings")).await.unwrap().click().await.unwrap();
+        wait_js(
+            &c,
+            "return document.getElementById('settings-status').dataset.state === 'saved'",
+            "the prompt to save",
+        )
+        .await;
+    }
+    let on_disk: Value = serde_json::from_slice(&std::fs::read(config.join("settings.json")).unwrap()).unwrap();
+    assert_eq!(on_disk["run"]["preview_prompts"], json!([{"caption": "warm e2e keys", "seconds": 0.5}]), "{on_disk}");
+    screenshot(&c, "02d-preview-prompt.png").await;
+
     // While the songs are prepared the dataset line shows a progress bar (issue 20):
     // an observer notes the bar's value each time it changes while shown, however
     // quickly the demo's six songs go by.
@@ -524,6 +543,8 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     wait_js_for(&c, previews, "a step's preview", ENGINE_WAIT).await;
     let first = "return document.querySelector('#preview-list > li').dataset.testid";
     assert_eq!(js(&c, first).await, "preview-base", "the base model's preview comes first");
+    let captions = "return [...document.querySelectorAll('#preview-list > li small')].every(d => d.textContent.startsWith('warm e2e keys'))";
+    assert_eq!(js(&c, captions).await, json!(true), "each preview made from the prompt set in the window");
     let pictures = "const rows = document.querySelectorAll('#preview-list > li'); return [...rows].every(r => r.querySelector('.audio-picture svg polyline') !== null)";
     wait_js(&c, pictures, "every preview's picture").await;
     // Play a step's preview: the player loads that file, all of it. A preview arriving
@@ -682,6 +703,13 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
         json!(song.to_str().unwrap())
     );
     wait_js(&c, &saved, "the first session's song, listed again").await;
+    let trigger = "return document.getElementById('listen-run').dataset.trigger";
+    assert_eq!(js(&c, trigger).await, json!("ostn"), "the trigger word read from the run's adapter");
+    js(
+        &c,
+        "document.querySelector('#song-list [data-testid=song] .play').scrollIntoView({block: 'center'}); return true",
+    )
+    .await;
     c.find(Locator::Css("#song-list [data-testid=song] .play")).await.unwrap().click().await.unwrap();
     let loaded = format!(
         "const p = document.getElementById('player'); return p.dataset.key === {} && p.readyState >= 1",

@@ -14,6 +14,7 @@ import { showShortcuts, followMenu } from './native.js';
 import { setupListen, showRun, onPreview } from './listen.js';
 import { setupEditor, showDataset as showEditor, markFileProblem, updateRow, offerEstimates } from './editor.js';
 import { setupCaptions } from './captions.js';
+import { setupPrompts, showPrompts, readPrompts } from './prompts.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -122,13 +123,15 @@ function readTargets(s) {
 function showSettings(s) {
   for (const el of settingInputs()) {
     const v = settingValue(s, el);
-    if (el.dataset.kind === 'bool') el.checked = Boolean(v);
+    // An optional switch (unset) shows its engine default.
+    if (el.dataset.kind === 'bool') el.checked = Boolean(v ?? el.dataset.default === 'true');
     else if (el.dataset.kind === 'targets') el.checked = coversGroup(v, el.dataset.group);
     // A table without `kind` is the first choice (AdamW's table has none).
     else if (el.dataset.kind === 'choice') el.value = v?.kind ?? el.options[0]?.value;
     else if (el.dataset.kind === 'enum') el.value = v ?? el.options[0].value;
     else if (document.activeElement !== el) el.value = v ?? '';
   }
+  showPrompts(s.run.preview_prompts);
   // Settings of one adapter kind only (LoKr's factor) show while it is chosen.
   for (const el of document.querySelectorAll('[data-only-adapter]')) el.hidden = (s.run.lora.kind ?? 'lora') !== el.dataset.onlyAdapter;
   const folder = s.run.model && s.run.model.kind === 'folder';
@@ -168,6 +171,7 @@ function readSettings() {
     }
   }
   readTargets(s);
+  s.run.preview_prompts = readPrompts(errors);
   // No tag, no trigger (its position alone means nothing).
   if (!s.run.data.trigger?.tag) s.run.data.trigger = null;
   if ($('model-folder').checked) s.run.model = { kind: 'folder', path: $('model-path').value };
@@ -605,6 +609,7 @@ function bindUi() {
       el.addEventListener('change', () => { clearTimeout(saveTimer); saveSettings(); });
     }
   }
+  setupPrompts(saveSettings);
   $('btn-reset-settings').addEventListener('click', async () => {
     try {
       ui.settings = await invoke('reset_settings');

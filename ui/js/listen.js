@@ -80,21 +80,38 @@ function audioRow(path, title, detail, testid) {
 
 // ---- previews -------------------------------------------------------------------
 
+/** A preview's title; with several prompts, its prompt's number first. */
+function previewTitle(step, prompt) {
+  const when = step === 0 ? 'Base model (before training)' : `Step ${step}`;
+  return state.previews.some((q) => q.prompt > 0) ? `Prompt ${prompt + 1} · ${when}` : when;
+}
+
 function previewRow(p) {
-  const title = p.step === 0 ? 'Base model (before training)' : `Step ${p.step}`;
+  const title = previewTitle(p.step, p.prompt ?? 0);
   const detail = `${p.caption || 'no caption'} · ${fmt.duration(p.seconds)} · made in ${fmt.duration(p.took_s)}`;
   const li = audioRow(p.path, title, detail, p.step === 0 ? 'preview-base' : 'preview');
   li.dataset.step = String(p.step);
+  li.dataset.prompt = String(p.prompt ?? 0);
   return li;
 }
 
-/** Puts a preview's row in its place: the base model first, then the newest. Rows
+/** Puts a preview's row in its place: by prompt, the base model first, then the newest. Rows
  * already shown stay as they are (their pictures drawn once, a pressed Play kept). */
 function insertPreview(p) {
   const list = $('preview-list');
   list.querySelector('.empty')?.remove();
-  const next = [...list.children].find((r) => r.dataset.step !== '0' && (p.step === 0 || Number(r.dataset.step) < p.step));
+  // By prompt; within one, the base model first, then the newest.
+  const prompt = p.prompt ?? 0;
+  const next = [...list.children].find((r) => {
+    const other = Number(r.dataset.prompt);
+    if (other !== prompt) return other > prompt;
+    return r.dataset.step !== '0' && (p.step === 0 || Number(r.dataset.step) < p.step);
+  });
   list.insertBefore(previewRow(p), next ?? null);
+  // A second prompt's first preview: the first prompt's rows say theirs too.
+  for (const row of list.querySelectorAll('[data-prompt="0"]')) {
+    row.querySelector('.audio-text b').textContent = previewTitle(Number(row.dataset.step), 0);
+  }
   $('listen-count').textContent = String(state.previews.length);
 }
 
@@ -122,6 +139,7 @@ export async function showRun(dir, name) {
   try {
     state.previews = await invoke('run_previews', { dir });
     if (changed) saved = await invoke('run_songs', { dir });
+    showAdapter(dir, name, await invoke('run_adapter', { dir }));
   } catch (e) {
     state.say(errorText(e), { error: true });
   }
@@ -131,12 +149,23 @@ export async function showRun(dir, name) {
   for (const s of saved.reverse()) $('song-list').append(savedSongRow(s));
 }
 
+/** The run's name with the trigger word kept in its adapter's files (its settings on hover). */
+function showAdapter(dir, name, adapter) {
+  if (state.dir !== dir || !adapter) return;
+  const trigger = adapter.trigger ? `trigger "${adapter.trigger}" (${adapter.trigger_position})` : 'no trigger word';
+  const el = $('listen-run');
+  el.textContent = `Run ${name || dir} · ${trigger}`;
+  el.title = `${adapter.settings} · ${trigger}`;
+  el.dataset.trigger = adapter.trigger ?? '';
+}
+
 /** A `preview` engine event of the run in `dir`: shown at once when it is the one shown. */
 export function onPreview(ev, dir) {
   if (!dir || dir !== state.dir) return;
   const path = `${dir}/${ev.path}`;
-  if (state.previews.some((p) => p.step === ev.step)) return;
-  const p = { step: ev.step, path, caption: ev.caption, seconds: ev.seconds, took_s: ev.took_s };
+  const prompt = ev.prompt ?? 0;
+  if (state.previews.some((p) => p.step === ev.step && p.prompt === prompt)) return;
+  const p = { step: ev.step, prompt, path, caption: ev.caption, seconds: ev.seconds, took_s: ev.took_s };
   state.previews.push(p);
   insertPreview(p);
 }

@@ -72,6 +72,7 @@ fn every_kind() -> Vec<Event> {
         Event::CheckpointSaved { step: 1, path: "checkpoints/step-000001".into() },
         Event::Preview {
             step: 2,
+            prompt: 1,
             path: "previews/step-000002.wav".into(),
             caption: "calm piano".into(),
             seed: 7,

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::loss_scale::LossScaleConfig;
 use super::optim::OptimizerConfig;
+use super::prompts::{check_prompts, PreviewPrompt, PromptDefaults};
 use super::schedule::LrSchedule;
 use crate::data::{DataSpec, LatentCache};
 use crate::device::Precision;
@@ -70,6 +71,13 @@ pub struct RunConfig {
     pub preview_seconds: Option<f64>,
     /// The previews' caption; `None`: the first usable song's caption.
     pub preview_caption: Option<String>,
+    /// The user's own preview prompts, each previewed at every preview step; empty:
+    /// one, of the preview caption, seconds and seed above.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub preview_prompts: Vec<PreviewPrompt>,
+    /// A preview of the base model before step 1, to compare with; `None`: yes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preview_at_step_0: Option<bool>,
     /// Files of the audio folder (paths relative to it) held out for validation.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub val_files: Vec<String>,
@@ -119,6 +127,8 @@ impl Default for RunConfig {
             preview_every_steps: None,
             preview_seconds: None,
             preview_caption: None,
+            preview_prompts: Vec::new(),
+            preview_at_step_0: None,
             val_files: Vec::new(),
             val_fraction: None,
             val_every_steps: None,
@@ -249,6 +259,7 @@ impl RunConfig {
         e.check(seconds > 0.0 && seconds <= MAX_SECONDS, "preview_seconds", || {
             format!("{seconds} must be more than 0 and at most {MAX_SECONDS}")
         });
+        check_prompts(&self.preview_prompts, &self.prompt_defaults(""), &mut e);
         if let Err((field, why)) = self.lr_schedule.check() {
             e.check(false, &format!("lr_schedule.{field}"), || why);
         }
@@ -271,6 +282,17 @@ impl RunConfig {
 
     pub fn preview_seconds(&self) -> f64 {
         self.preview_seconds.unwrap_or(DEFAULT_PREVIEW_SECONDS)
+    }
+
+    /// What the run's preview prompts fall back on, `caption` the run's preview caption
+    /// (or its first song's).
+    pub fn prompt_defaults<'a>(&'a self, caption: &'a str) -> PromptDefaults<'a> {
+        PromptDefaults {
+            caption: self.preview_caption.as_deref().unwrap_or(caption),
+            seconds: self.preview_seconds(),
+            seed: self.preview_seed(),
+            trigger: self.data.trigger.as_ref(),
+        }
     }
 
     /// The seed of every preview of this run: fixed, so that previews differ only by
@@ -319,6 +341,7 @@ impl RunConfig {
         let mut c = self.clone();
         c.stop_at_step = None;
         (c.preview_every_steps, c.preview_seconds, c.preview_caption) = (None, None, None);
+        (c.preview_prompts, c.preview_at_step_0) = (Vec::new(), None);
         c.runs_dir = PathBuf::new();
         blake3::hash(c.to_toml().as_bytes()).to_hex()[..16].to_string()
     }

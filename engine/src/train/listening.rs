@@ -35,27 +35,32 @@ impl Listening {
         mut voice: Voice,
         cancel: &Cancel,
     ) -> Result<Self> {
-        let previews = Previews::new(config, data);
+        let previews = Previews::new(config, data)?;
         if previews.is_some() {
             voice.load_decoder()?;
         }
         Ok(Self { run_dir: run_dir.to_path_buf(), previews, voice, previewed_step: None, cancel: cancel.clone() })
     }
 
-    /// Makes the preview due at `step` unless it was tried already or is there (made
-    /// before a stop and resume). A stop ends it unwritten; a failure is a warning: a
-    /// preview is never worth the run.
+    /// Makes the previews due at `step` (one per prompt) unless they were tried already
+    /// or are there (made before a stop and resume). A stop ends them unwritten; a
+    /// failure is a warning: a preview is never worth the run.
     pub fn preview_if_due(&mut self, step: u64, trainer: &Trainer, conditioner: &dyn Conditioner, sink: &mut Sink) {
         let Some(previews) = &self.previews else { return };
         if self.previewed_step.replace(step) == Some(step) {
             return;
         }
-        let Some(rel) = previews.due(step).filter(|rel| !self.run_dir.join(rel).exists()) else { return };
         let parts = trained(trainer, conditioner);
-        match previews.make(&self.run_dir, &rel, step, &mut self.voice, &parts, &self.cancel) {
-            Ok(event) => sink.emit(event),
-            Err(Error::Cancelled) => {}
-            Err(e) => sink.emit(Event::Warning { message: format!("the preview at step {step} failed: {e}") }),
+        for due in previews.due(step).into_iter().filter(|(_, rel)| !self.run_dir.join(rel).exists()) {
+            match previews.make(&self.run_dir, &due, step, &mut self.voice, &parts, &self.cancel) {
+                Ok(event) => sink.emit(event),
+                Err(Error::Cancelled) => return,
+                Err(e) => {
+                    let which =
+                        if previews.prompts() > 1 { format!(" of prompt {}", due.0 + 1) } else { String::new() };
+                    sink.emit(Event::Warning { message: format!("the preview{which} at step {step} failed: {e}") })
+                }
+            }
         }
     }
 

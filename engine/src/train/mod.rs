@@ -13,6 +13,7 @@ mod listening;
 pub mod loss_scale;
 pub mod optim;
 mod preview;
+pub mod prompts;
 mod run;
 mod run_dir;
 pub mod schedule;

@@ -1,56 +1,81 @@
-//! Previews during training: a short song from the run's own loaded DiT and the
-//! adapter in training (strength 0 before step 1: the base model), written to
-//! `<run>/previews/`. They run at step boundaries, outside the step timing, and draw
-//! only on their own fixed seed, so training is the same with or without them.
+//! Previews during training: short songs from the run's own loaded DiT and the adapter
+//! in training (strength 0 before step 1: the base model), one for each of the run's
+//! preview prompts, written to `<run>/previews/`. They run at step boundaries, outside
+//! the step timing, and draw only on their own fixed seeds, so training is the same
+//! with or without them.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::config::RunConfig;
+use super::prompts::PreviewPrompt;
 use super::songs::{make_song, write_song, Trained, Voice};
 use crate::cancel::Cancel;
 use crate::data::PreparedDataset;
 use crate::events::Event;
 use crate::generate::GenerateSpec;
-use crate::Result;
+use crate::{Error, Result};
 
 /// What a run keeps to make its previews: when, and what (the decoder is the run's
 /// `Voice`, which serves requested songs too).
 pub(super) struct Previews {
     every: u64,
-    spec: GenerateSpec,
+    /// Whether the base model is previewed before step 1.
+    at_step_0: bool,
+    /// One song per prompt, in the prompts' order.
+    specs: Vec<GenerateSpec>,
 }
 
+/// One preview to make: the prompt's index and the file, relative to the run directory.
+pub(super) type Due = (usize, PathBuf);
+
 impl Previews {
-    /// None when the config asks for no previews.
-    pub fn new(config: &RunConfig, data: &PreparedDataset) -> Option<Self> {
-        let every = config.preview_every_steps?;
-        let caption = config.preview_caption.clone().unwrap_or_else(|| first_caption(data));
-        let spec = GenerateSpec {
-            caption,
-            duration_seconds: config.preview_seconds(),
-            seed: config.preview_seed(),
-            ..GenerateSpec::default()
-        };
-        Some(Self { every, spec })
+    /// None when the config asks for no previews; an error naming the prompt's field
+    /// when one cannot be made (the config's check catches all but the first song's
+    /// caption, known only now).
+    pub fn new(config: &RunConfig, data: &PreparedDataset) -> Result<Option<Self>> {
+        let Some(every) = config.preview_every_steps else { return Ok(None) };
+        let first = first_caption(data);
+        let defaults = config.prompt_defaults(&first);
+        let one = [PreviewPrompt::default()];
+        let prompts = if config.preview_prompts.is_empty() { &one[..] } else { &config.preview_prompts };
+        let specs = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                p.spec(&defaults).map_err(|(field, why)| Error::setting(&format!("preview_prompts[{i}].{field}"), why))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Some(Self { every, at_step_0: config.preview_at_step_0.unwrap_or(true), specs }))
     }
 
-    /// The preview file of `step`, relative to the run directory; None when none is due.
-    pub fn due(&self, step: u64) -> Option<PathBuf> {
+    /// How many prompts are previewed.
+    pub fn prompts(&self) -> usize {
+        self.specs.len()
+    }
+
+    /// The previews due at `step`, each with its file relative to the run directory:
+    /// `previews/step-000100.wav` for the first prompt, `step-000100-prompt2.wav` for
+    /// the second, `base.wav` before step 1.
+    pub fn due(&self, step: u64) -> Vec<Due> {
         let name = match step {
-            0 => "base.wav".to_string(),
-            s if s.is_multiple_of(self.every) => format!("step-{s:06}.wav"),
-            _ => return None,
+            0 if self.at_step_0 => "base".to_string(),
+            s if s > 0 && s.is_multiple_of(self.every) => format!("step-{s:06}"),
+            _ => return Vec::new(),
         };
-        Some(Path::new("previews").join(name))
+        let file = |i: usize| match i {
+            0 => format!("{name}.wav"),
+            i => format!("{name}-prompt{}.wav", i + 1),
+        };
+        (0..self.specs.len()).map(|i| (i, Path::new("previews").join(file(i)))).collect()
     }
 
-    /// Makes the preview of `step` into `run_dir/rel`; `Error::Cancelled` when a stop
-    /// lands between two sampling steps.
+    /// Makes prompt `prompt`'s preview of `step` into `run_dir/rel`; `Error::Cancelled`
+    /// when a stop lands between two sampling steps.
     pub fn make(
         &self,
         run_dir: &Path,
-        rel: &Path,
+        (prompt, rel): &Due,
         step: u64,
         voice: &mut Voice,
         parts: &Trained,
@@ -59,11 +84,12 @@ impl Previews {
         let started = Instant::now();
         let song = voice.song(parts)?;
         // Strength 0 is the base model exactly: the preview before any update.
-        let spec = GenerateSpec { adapter_scale: if step == 0 { 0.0 } else { 1.0 }, ..self.spec.clone() };
+        let spec = GenerateSpec { adapter_scale: if step == 0 { 0.0 } else { 1.0 }, ..self.specs[*prompt].clone() };
         let audio = make_song(&song, parts.adapter, &spec, cancel, &mut |_| {})?;
         write_song(&run_dir.join(rel), &audio)?;
         Ok(Event::Preview {
             step,
+            prompt: *prompt,
             path: rel.to_path_buf(),
             caption: spec.caption,
             seed: spec.seed,

@@ -16,13 +16,14 @@ use ostinato_engine::data::DataSpec;
 use ostinato_engine::events::{read_events, Event};
 use ostinato_engine::generate::wav::float_wav_bytes;
 use ostinato_engine::generate::{GenerateEvent, GenerateSpec};
-use ostinato_engine::train::songs::{generate_for_run, new_song_path, run_songs, RunSong, SongUpdate};
+use ostinato_engine::lora::{AdapterSummary, LoraAdapter};
+use ostinato_engine::train::songs::{generate_for_run, latest_adapter, new_song_path, run_songs, RunSong, SongUpdate};
 
 use super::engine;
 use super::error::{engine_err, BridgeError};
 use super::outgoing::{EventSink, Outgoing};
 use super::state::AppState;
-use super::views::{PreviewView, SavedSongView, SongChoices, SongProgress, SongStage};
+use super::views::{AdapterView, PreviewView, SavedSongView, SongChoices, SongProgress, SongStage};
 
 /// The size audio pictures are drawn at: about the width the previews panel gives them.
 const PICTURE_SIZE: (u32, u32) = (360, 64);
@@ -59,6 +60,20 @@ impl AppState {
         let dir = self.checked_run_dir(dir)?;
         let events = read_events(&dir.join("events.jsonl")).map_err(engine_err)?;
         Ok(events.into_iter().filter_map(|e| PreviewView::of(&dir, &e)).collect())
+    }
+
+    /// The run's newest adapter (final, else its newest checkpoint's) with the trigger
+    /// word in its files; None before its first checkpoint.
+    pub fn adapter(&self, dir: &Path) -> Result<Option<AdapterView>, BridgeError> {
+        let dir = self.checked_run_dir(dir)?;
+        let Some(path) = latest_adapter(&dir).map_err(engine_err)? else { return Ok(None) };
+        let AdapterSummary { config, trigger } = LoraAdapter::describe(&path).map_err(engine_err)?;
+        Ok(Some(AdapterView {
+            path,
+            settings: config.describe(),
+            trigger_position: trigger.as_ref().map(|t| t.mode.name()),
+            trigger: trigger.map(|t| t.tag),
+        }))
     }
 
     /// Every song made from a run (in this session or an earlier one), oldest first.
@@ -155,8 +170,9 @@ impl SongChoices {
 impl PreviewView {
     fn of(run_dir: &Path, event: &Event) -> Option<Self> {
         match event {
-            Event::Preview { step, path, caption, seconds, took_s, .. } => Some(PreviewView {
+            Event::Preview { step, prompt, path, caption, seconds, took_s, .. } => Some(PreviewView {
                 step: *step,
+                prompt: *prompt,
                 path: run_dir.join(path),
                 caption: caption.clone(),
                 seconds: *seconds,

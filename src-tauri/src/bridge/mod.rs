@@ -43,7 +43,7 @@ pub use run::CHART_INTERVAL;
 pub use run_settings::StartRequest;
 pub use state::AppState;
 pub use views::{
-    CaptionEvent, CaptionProgress, CaptionStart, CaptionedSong, CaptionsDone, Charts, DatasetView, EstimateView,
-    ExportFormat, FileRow, HistoryEntry, MemoryView, PreviewView, Request, RunSnapshot, RunSummary, RunView,
-    SavedSongView, SidecarReport, SongChoices, SongProgress, SongStage, StateView,
+    AdapterView, CaptionEvent, CaptionProgress, CaptionStart, CaptionedSong, CaptionsDone, Charts, DatasetView,
+    EstimateView, ExportFormat, FileRow, HistoryEntry, MemoryView, PreviewView, Request, RunSnapshot, RunSummary,
+    RunView, SavedSongView, SidecarReport, SongChoices, SongProgress, SongStage, StateView,
 };

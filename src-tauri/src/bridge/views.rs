@@ -198,12 +198,26 @@ pub struct StateView {
 pub struct PreviewView {
     /// Updates applied when it was made (0: the base model).
     pub step: u64,
+    /// Which of the run's preview prompts it is (0: the first).
+    pub prompt: usize,
     /// The WAV file (absolute).
     pub path: PathBuf,
     pub caption: String,
     pub seconds: f64,
     /// Seconds it took to make.
     pub took_s: f64,
+}
+
+/// A run's newest adapter as the Listen tab names it: its settings and the trigger
+/// word kept in its files.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AdapterView {
+    pub path: PathBuf,
+    /// "LoRA r 64 alpha 128".
+    pub settings: String,
+    pub trigger: Option<String>,
+    /// prepend, append or replace.
+    pub trigger_position: Option<&'static str>,
 }
 
 /// A song made from a run, as the Generate list shows it again: its WAV and what it was

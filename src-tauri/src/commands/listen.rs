@@ -8,13 +8,20 @@ use tauri::ipc::Response;
 use tauri::{AppHandle, Runtime, State};
 
 use super::{blocking, Res};
-use crate::bridge::{AppState, PreviewView, SavedSongView, SongChoices};
+use crate::bridge::{AdapterView, AppState, PreviewView, SavedSongView, SongChoices};
 
 /// Every preview of a run (the current one or one from History), oldest first.
 #[tauri::command]
 pub async fn run_previews(state: State<'_, AppState>, dir: String) -> Res<Vec<PreviewView>> {
     let state = state.inner().clone();
     blocking(move || state.previews(&PathBuf::from(dir))).await
+}
+
+/// The run's newest adapter and its trigger word; null before its first checkpoint.
+#[tauri::command]
+pub async fn run_adapter(state: State<'_, AppState>, dir: String) -> Res<Option<AdapterView>> {
+    let state = state.inner().clone();
+    blocking(move || state.adapter(&PathBuf::from(dir))).await
 }
 
 /// Every song made from a run (in any session), oldest first.

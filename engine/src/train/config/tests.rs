@@ -41,6 +41,10 @@ fn preview_settings_are_checked_and_leave_the_hash_alone() {
         (RunConfig { preview_seconds: Some(0.0), ..a.clone() }, "preview_seconds"),
         (RunConfig { preview_seconds: Some(MAX_SECONDS + 1.0), ..a.clone() }, "preview_seconds"),
         (RunConfig { preview_seconds: Some(f64::NAN), ..a.clone() }, "preview_seconds"),
+        (
+            RunConfig { preview_prompts: vec!["caption=[trigger]".parse().unwrap()], ..a.clone() },
+            "preview_prompts[0].caption",
+        ),
     ] {
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains(field), "{err}");
@@ -49,6 +53,8 @@ fn preview_settings_are_checked_and_leave_the_hash_alone() {
         preview_every_steps: Some(2),
         preview_seconds: Some(1.0),
         preview_caption: Some("x".into()),
+        preview_prompts: vec!["caption=y; bpm=90".parse().unwrap()],
+        preview_at_step_0: Some(false),
         ..a.clone()
     };
     b.validate().unwrap();
