@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use ostinato_engine::codec::condition::{lyrics_prompt, text_prompt};
+use ostinato_engine::codec::condition::{lyrics_prompt, text_prompt, Task};
 use ostinato_engine::codec::tokenizer::{Padding, TextTokenizer};
 use ostinato_engine::codec::SongMeta;
 use ostinato_engine::device::Precision;
@@ -71,7 +71,7 @@ fn text2music_condition_and_latents_match_diffusers_pipeline() {
             0.0,
             "case {i}: the timbre reference is the silence latent"
         );
-        let c = loaded.conditioner.generation_condition(&meta, frames).unwrap();
+        let c = loaded.conditioner.generation_condition(&meta, Task::Text2Music, frames).unwrap();
         let errs = [
             ("encoder_hidden_states", max_diff(&c.encoder_hidden_states, t("encoder_hidden_states"))),
             ("encoder_attention_mask", max_diff(&c.encoder_attention_mask, t("encoder_attention_mask"))),

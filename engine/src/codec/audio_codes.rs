@@ -10,10 +10,10 @@
 //! The tokenizer is built at the condition encoder's sizes (XL's `encoder_*`), and the
 //! quantizer runs in f32 whatever the model computes in, as upstream casts it.
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
 
-use super::condition_encoder::{ConditionEncoderConfig, Stack};
+use super::condition_encoder::{ConditionEncoderConfig, SpecialKind, Stack};
 use super::transformer::linear;
 use crate::model::{DitConfig, KernelPolicy};
 use crate::tensor_io::TensorSource;
@@ -116,19 +116,11 @@ impl AudioTokenizer {
     ) -> Result<Self> {
         let h = encoder.dims.hidden;
         let p = |k: &str| format!("{prefix}.{k}");
-        let width = cfg.levels.len();
         Ok(Self {
             proj_w: f.get(&p("audio_acoustic_proj.weight"), &[h, cfg.acoustic_dim])?,
             proj_b: f.get(&p("audio_acoustic_proj.bias"), &[h])?,
-            pooler: Stack::load(f, &p("attention_pooler"), h, cfg.pooler_layers, true, encoder)?,
-            fsq: ResidualFsq {
-                in_w: f.get(&p("quantizer.project_in.weight"), &[width, cfg.fsq_dim])?,
-                in_b: f.get(&p("quantizer.project_in.bias"), &[width])?,
-                out_w: f.get(&p("quantizer.project_out.weight"), &[cfg.fsq_dim, width])?,
-                out_b: f.get(&p("quantizer.project_out.bias"), &[cfg.fsq_dim])?,
-                levels: cfg.levels.clone(),
-                quantizers: cfg.quantizers,
-            },
+            pooler: Stack::load(f, &p("attention_pooler"), h, cfg.pooler_layers, SpecialKind::Prepended, encoder)?,
+            fsq: ResidualFsq::load(cfg, f, &p("quantizer"))?,
             cfg: cfg.clone(),
             encoder: encoder.clone(),
             kernels: KernelPolicy::for_device(f.device()),
@@ -181,7 +173,7 @@ impl AudioTokenizer {
 }
 
 /// `vector_quantize_pytorch.ResidualFSQ` as ACE-Step's checkpoints hold it, in f32.
-struct ResidualFsq {
+pub(super) struct ResidualFsq {
     in_w: Tensor,
     in_b: Tensor,
     out_w: Tensor,
@@ -190,14 +182,60 @@ struct ResidualFsq {
     quantizers: usize,
 }
 
+/// Level `level` of an FSQ dimension with `levels` levels, as a value in [-1, 1].
+fn level_value(level: f32, levels: f32) -> f32 {
+    2.0 / (levels - 1.0) * level - 1.0
+}
+
+/// Each dimension's place in a code (mixed radix, the first dimension lowest).
+fn code_basis(levels: &[usize]) -> Vec<usize> {
+    levels.iter().scan(1, |b, &l| Some(std::mem::replace(b, *b * l))).collect()
+}
+
 impl ResidualFsq {
+    /// `prefix`: `tokenizer.quantizer` in ACE-Step's `model.safetensors`.
+    pub(super) fn load(cfg: &AudioCodesConfig, f: &dyn TensorSource, prefix: &str) -> Result<Self> {
+        let p = |k: &str| format!("{prefix}.{k}");
+        let width = cfg.levels.len();
+        Ok(Self {
+            in_w: f.get(&p("project_in.weight"), &[width, cfg.fsq_dim])?,
+            in_b: f.get(&p("project_in.bias"), &[width])?,
+            out_w: f.get(&p("project_out.weight"), &[cfg.fsq_dim, width])?,
+            out_b: f.get(&p("project_out.bias"), &[cfg.fsq_dim])?,
+            levels: cfg.levels.clone(),
+            quantizers: cfg.quantizers,
+        })
+    }
+
+    /// The first quantizer's `codes` -> the quantized `[N, dim]`, as
+    /// `ResidualFSQ.get_output_from_indices` makes it from indices `[1, N, 1]`: each
+    /// code's levels as values, projected out (the finer quantizers, given no codes,
+    /// add nothing). A code outside the codebook is an error naming its position.
+    pub(super) fn output_from_indices(&self, codes: &[u32], device: &Device) -> Result<Tensor> {
+        let size: usize = self.levels.iter().product();
+        let basis = code_basis(&self.levels);
+        let mut values = Vec::with_capacity(codes.len() * self.levels.len());
+        for (i, &code) in codes.iter().enumerate() {
+            if code as usize >= size {
+                return Err(Error::BadRequest(format!(
+                    "audio code {code} at position {i} is out of the codebook's range 0 to {}",
+                    size - 1
+                )));
+            }
+            for (&l, &b) in self.levels.iter().zip(&basis) {
+                values.push(level_value(((code as usize / b) % l) as f32, l as f32));
+            }
+        }
+        let values = Tensor::from_vec(values, (codes.len(), self.levels.len()), device)?;
+        Ok(linear(&values, &self.out_w, Some(&self.out_b))?)
+    }
+
     /// `x [N, dim]` -> codes per quantizer and the quantized `[N, dim]`.
     fn quantize(&self, x: &Tensor) -> Result<AudioCodes> {
         let z = linear(&x.to_dtype(DType::F32)?, &self.in_w, Some(&self.in_b))?; // (N, D)
         let (n, d) = z.dims2()?;
         let levels: Vec<f32> = self.levels.iter().map(|&l| l as f32).collect();
-        // Mixed-radix place of each dimension in a code.
-        let basis: Vec<f32> = levels.iter().scan(1f32, |b, &l| Some(std::mem::replace(b, *b * l))).collect();
+        let basis: Vec<f32> = code_basis(&self.levels).into_iter().map(|b| b as f32).collect();
         let mut residual = z.to_vec2::<f32>()?;
         for row in residual.iter_mut() {
             for (v, &l) in row.iter_mut().zip(&levels) {
@@ -214,9 +252,8 @@ impl ResidualFsq {
                 let mut code = 0f32;
                 for j in 0..d {
                     let (l, scale) = (levels[j], levels[j].powi(-(q as i32)));
-                    let step = 2.0 / (l - 1.0);
                     let level = ((l - 1.0) * ((row[j] / scale).clamp(-1.0, 1.0) + 1.0) / 2.0 + 0.5).floor();
-                    let value = (step * level - 1.0) * scale;
+                    let value = level_value(level, l) * scale;
                     row[j] -= value;
                     sum[j] += value;
                     code += level * basis[j];

@@ -74,16 +74,40 @@ pub trait Conditioner: Send + Sync {
     fn id(&self) -> String;
     /// A training sample's condition (ACE-Step's preprocessing).
     fn condition(&self, meta: &SongMeta, num_frames: usize) -> Result<Conditioning>;
-    /// The condition of a song to generate (ACE-Step's text2music inference).
-    fn generation_condition(&self, meta: &SongMeta, num_frames: usize) -> Result<Conditioning>;
+    /// The condition of a song to generate (ACE-Step's text2music inference, its
+    /// instruction `task`'s).
+    fn generation_condition(&self, meta: &SongMeta, task: Task, num_frames: usize) -> Result<Conditioning>;
 }
 
-const INSTRUCTION: &str = "Fill the audio semantic mask based on the given conditions:";
+/// What ACE-Step's DiT is asked to do, as its prompt's instruction says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Task {
+    /// A song from its caption, metadata and lyrics over the silence latent.
+    Text2Music,
+    /// A song over 25 Hz hints (a 5 Hz plan's or a source song's): upstream's handler
+    /// turns text2music given audio codes into this.
+    Cover,
+}
+
+impl Task {
+    /// ACE-Step's `TASK_INSTRUCTIONS`.
+    pub fn instruction(self) -> &'static str {
+        match self {
+            Task::Text2Music => "Fill the audio semantic mask based on the given conditions:",
+            Task::Cover => "Generate audio semantic tokens based on the given conditions:",
+        }
+    }
+}
 /// ACE-Step's vocal language when none is given (its `GenerationParams` and UI default).
 pub const UNKNOWN_LANGUAGE: &str = "unknown";
 
-/// ACE-Step's text prompt for a song.
+/// ACE-Step's text prompt for a song (text2music, as its training prompts are).
 pub fn text_prompt(meta: &SongMeta) -> String {
+    task_prompt(meta, Task::Text2Music)
+}
+
+/// ACE-Step's text prompt for a song with `task`'s instruction.
+pub fn task_prompt(meta: &SongMeta, task: Task) -> String {
     let na = |v: Option<String>| v.unwrap_or_else(|| "N/A".into());
     let metas = format!(
         "- bpm: {}\n- timesignature: {}\n- keyscale: {}\n- duration: {} seconds\n",
@@ -92,7 +116,8 @@ pub fn text_prompt(meta: &SongMeta) -> String {
         na(meta.keyscale.clone()),
         meta.duration_seconds.floor() as u64,
     );
-    format!("# Instruction\n{INSTRUCTION}\n\n# Caption\n{}\n\n# Metas\n{metas}<|endoftext|>\n", meta.caption)
+    let instruction = task.instruction();
+    format!("# Instruction\n{instruction}\n\n# Caption\n{}\n\n# Metas\n{metas}<|endoftext|>\n", meta.caption)
 }
 
 /// The lyrics as ACE-Step's generation gives them to the text encoder (its handler's
@@ -110,6 +135,26 @@ pub fn context_latents(silence: &Tensor, num_frames: usize) -> Result<Tensor> {
     let rows = Tensor::from_vec(rows, num_frames, silence.device())?;
     let s = silence.index_select(&rows, 0)?;
     Ok(Tensor::cat(&[&s, &s.ones_like()?], 1)?)
+}
+
+/// The context latents of a song over `hints [H, C]`, from its text2music ones
+/// `silence_context [T, 2C]` ([`context_latents`]): as upstream's handler given audio
+/// codes, the hints are the source latents, cropped to T frames or completed with the
+/// silence latent's first rows, next to the same ones chunk mask. (T, 2C)
+pub fn hinted_context_latents(hints: &Tensor, silence_context: &Tensor) -> Result<Tensor> {
+    let (frames, width) = silence_context.dims2()?;
+    let (have, c) = hints.dims2()?;
+    if width != 2 * c {
+        return Err(crate::Error::BadRequest(format!(
+            "hints of {c} channels do not fit context latents of {width} (2 x the latent channels)"
+        )));
+    }
+    let hints = hints.to_dtype(silence_context.dtype())?.to_device(silence_context.device())?;
+    let src = match have.checked_sub(frames) {
+        Some(_) => hints.narrow(0, 0, frames)?,
+        None => Tensor::cat(&[&hints, &silence_context.narrow(0, 0, frames - have)?.narrow(1, 0, c)?], 0)?,
+    };
+    Ok(Tensor::cat(&[&src, &silence_context.narrow(1, c, c)?], 1)?)
 }
 
 /// Lower-cased words and single punctuation marks.
@@ -226,7 +271,7 @@ impl Conditioner for HashConditioner {
 
     /// The demo model generates from the embeddings it was trained on: it has no
     /// ACE-Step inference path to follow.
-    fn generation_condition(&self, meta: &SongMeta, num_frames: usize) -> Result<Conditioning> {
+    fn generation_condition(&self, meta: &SongMeta, _task: Task, num_frames: usize) -> Result<Conditioning> {
         self.condition(meta, num_frames)
     }
 }

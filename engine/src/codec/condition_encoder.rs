@@ -102,14 +102,31 @@ fn uses_xl_code(value: &Value, dit: &DitConfig) -> bool {
 }
 
 /// A stack of encoder layers over projected inputs, then RMSNorm (the lyric and timbre
-/// encoders, and the audio tokenizer's attention pooler).
+/// encoders, the audio tokenizer's attention pooler and its detokenizer).
 pub(super) struct Stack {
     embed_w: Tensor,
     embed_b: Tensor,
-    /// `[1, H]`, put before the inputs (XL's timbre encoder).
-    special_token: Option<Tensor>,
+    special: Special,
     layers: Vec<Layer>,
     norm: Tensor,
+}
+
+/// Learned rows a stack puts into each group after projecting it.
+pub(super) enum Special {
+    None,
+    /// `special_token [1, 1, H]`, put before each group (XL's timbre encoder, the pooler).
+    Prepended(Tensor),
+    /// `special_tokens [1, W, H]`, added to each group's W rows (the detokenizer).
+    Added(Tensor),
+}
+
+/// Which [`Special`] a stack's checkpoint holds.
+#[derive(Clone, Copy)]
+pub(super) enum SpecialKind {
+    None,
+    Prepended,
+    /// Over groups of this many rows.
+    Added(usize),
 }
 
 impl Stack {
@@ -118,7 +135,7 @@ impl Stack {
         prefix: &str,
         input_dim: usize,
         n: usize,
-        special_token: bool,
+        special: SpecialKind,
         cfg: &ConditionEncoderConfig,
     ) -> Result<Self> {
         let diffusers = uses_diffusers_names(&f.keys());
@@ -133,9 +150,14 @@ impl Stack {
         Ok(Self {
             embed_w: f.get(&format!("{prefix}.embed_tokens.weight"), &[h, input_dim])?,
             embed_b: f.get(&format!("{prefix}.embed_tokens.bias"), &[h])?,
-            special_token: match special_token {
-                true => Some(f.get(&format!("{prefix}.special_token"), &[1, 1, h])?.reshape((1, h))?),
-                false => None,
+            special: match special {
+                SpecialKind::None => Special::None,
+                SpecialKind::Prepended => {
+                    Special::Prepended(f.get(&format!("{prefix}.special_token"), &[1, 1, h])?.reshape((1, h))?)
+                }
+                SpecialKind::Added(w) => {
+                    Special::Added(f.get(&format!("{prefix}.special_tokens"), &[1, w, h])?.reshape((w, h))?)
+                }
             },
             layers: (0..n)
                 .map(|i| Layer::load(f, &format!("{prefix}.layers.{i}"), cfg.dims, &name))
@@ -158,8 +180,8 @@ impl Stack {
     }
 
     /// [`Self::forward`] over `groups` sequences of equal length at once, `x [G * L,
-    /// in]` -> `[G * L', H]` (each group with its own special token; `valid` holds for
-    /// every group).
+    /// in]` -> `[G * L', H]` (each group with its own special token or tokens; `valid`
+    /// holds for every group).
     pub(super) fn forward_groups(
         &self,
         k: KernelPolicy,
@@ -171,11 +193,18 @@ impl Stack {
         let dev = x.device();
         let mut h = linear(x, &self.embed_w, Some(&self.embed_b))?;
         let mut valid = valid.map(<[bool]>::to_vec);
-        if let Some(token) = &self.special_token {
-            let (rows, width) = h.dims2()?;
-            let tokens = token.unsqueeze(0)?.broadcast_as((groups, 1, width))?;
-            h = Tensor::cat(&[&tokens, &h.reshape((groups, rows / groups, width))?], 1)?.reshape(((), width))?;
-            valid = valid.map(|v| std::iter::once(true).chain(v).collect());
+        let (rows, width) = h.dims2()?;
+        match &self.special {
+            Special::None => {}
+            Special::Prepended(token) => {
+                let tokens = token.unsqueeze(0)?.broadcast_as((groups, 1, width))?;
+                h = Tensor::cat(&[&tokens, &h.reshape((groups, rows / groups, width))?], 1)?.reshape(((), width))?;
+                valid = valid.map(|v| std::iter::once(true).chain(v).collect());
+            }
+            Special::Added(tokens) => {
+                let grouped = h.reshape((groups, rows / groups, width))?;
+                h = grouped.broadcast_add(&tokens.unsqueeze(0)?)?.reshape(((), width))?;
+            }
         }
         let valid = valid.as_deref();
         let l = h.dim(0)? / groups;
@@ -231,13 +260,13 @@ impl ConditionEncoder {
         Ok(Self {
             cfg: cfg.clone(),
             text_projector: f.get(&p("text_projector.weight"), &[cfg.dims.hidden, cfg.text_hidden_dim])?,
-            lyric: Stack::load(f, &p("lyric_encoder"), cfg.text_hidden_dim, cfg.lyric_layers, false, cfg)?,
+            lyric: Stack::load(f, &p("lyric_encoder"), cfg.text_hidden_dim, cfg.lyric_layers, SpecialKind::None, cfg)?,
             timbre: Stack::load(
                 f,
                 &p("timbre_encoder"),
                 cfg.timbre_hidden_dim,
                 cfg.timbre_layers,
-                cfg.timbre_special_token,
+                if cfg.timbre_special_token { SpecialKind::Prepended } else { SpecialKind::None },
                 cfg,
             )?,
             kernels: KernelPolicy::for_device(f.device()),

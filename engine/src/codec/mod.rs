@@ -6,6 +6,7 @@
 
 pub mod audio;
 pub mod audio_codes;
+pub mod audio_hints;
 pub mod causal_lm;
 pub mod condition;
 pub mod condition_encoder;

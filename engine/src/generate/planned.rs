@@ -108,6 +108,8 @@ fn filled(spec: &GenerateSpec, plan: &Plan) -> Result<GenerateSpec> {
         bpm,
         keyscale: spec.keyscale.clone().or_else(|| plan.keyscale.clone()),
         timesignature: spec.timesignature.clone().or_else(|| plan.timesignature.clone()),
+        // The LM's codes become the DiT's 25 Hz hints (the checkpoint's detokenizer).
+        audio_codes: plan.codes.clone(),
         lm: None,
         ..spec.clone()
     };

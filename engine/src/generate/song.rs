@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 use super::plan::PlanSettings;
 use super::sampler::{self, Conditions, Guidance};
 use crate::cancel::Cancel;
-use crate::codec::{Conditioner, LatentDecoder, SongMeta, StereoAudio, INSTRUMENTAL};
+use crate::codec::audio_hints::AudioDetokenizer;
+use crate::codec::condition::{hinted_context_latents, Task};
+use crate::codec::{Conditioner, Conditioning, LatentDecoder, SongMeta, StereoAudio, INSTRUMENTAL};
 use crate::data::labels::Field;
 use crate::device::Precision;
 use crate::load::source::ModelSource;
@@ -76,6 +78,12 @@ pub struct GenerateSpec {
     /// text2music's "thinking"); None: the DiT hears the caption alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lm: Option<PlanSettings>,
+    /// 5 Hz audio codes to condition on (upstream's audio code string, a 5 Hz LM's
+    /// plan), each below the model's codebook size: the DiT gets their 25 Hz hints
+    /// instead of the silence latent, as upstream's cover of a plan. Empty: the silence
+    /// context, as text2music.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub audio_codes: Vec<u32>,
 }
 
 /// An adapter folder mixed into a song at its own strength.
@@ -105,6 +113,7 @@ impl Default for GenerateSpec {
             more_adapters: Vec::new(),
             parts: PartStrengths::default(),
             lm: None,
+            audio_codes: Vec::new(),
         }
     }
 }
@@ -261,6 +270,8 @@ pub struct Generator {
     turbo: bool,
     /// `[1, 1, E]`: the checkpoint's `null_condition_emb`, or why the model has none.
     null_condition: std::result::Result<Tensor, String>,
+    /// The checkpoint's detokenizer (audio codes to hints), or why the model has none.
+    detokenizer: std::result::Result<AudioDetokenizer, String>,
 }
 
 impl Generator {
@@ -274,6 +285,7 @@ impl Generator {
             decoder: source.latent_decoder(&device)?,
             turbo: matches!(loaded.default_timesteps, TimestepSampling::Turbo { .. }),
             null_condition: loaded.null_condition,
+            detokenizer: source.detokenizer(&device)?,
         })
     }
 
@@ -285,12 +297,21 @@ impl Generator {
             decoder: self.decoder.as_ref(),
             turbo: self.turbo,
             null_condition: &self.null_condition,
+            detokenizer: &self.detokenizer,
         }
     }
 
     /// Latent frames for a duration: ceil(seconds * frames per second), as diffusers.
     pub fn frames_for(&self, seconds: f64) -> Result<usize> {
         self.parts().frames_for(seconds)
+    }
+
+    /// What the DiT is conditioned on for `spec`: text2music, or over its audio codes'
+    /// hints.
+    pub fn condition(&self, spec: &GenerateSpec) -> Result<Conditioning> {
+        spec.validate()?;
+        let parts = self.parts();
+        parts.condition(spec, parts.frames_for(spec.duration_seconds)?)
     }
 
     /// Makes the clean latents `[T, C]` for `spec` (with its adapter folder, if any),
@@ -317,6 +338,8 @@ pub struct SongModel<'a> {
     pub turbo: bool,
     /// `[1, 1, E]`: the checkpoint's `null_condition_emb`, or why the model has none.
     pub null_condition: &'a std::result::Result<Tensor, String>,
+    /// What turns `GenerateSpec::audio_codes` into hints, or why the model has none.
+    pub detokenizer: &'a std::result::Result<AudioDetokenizer, String>,
 }
 
 impl SongModel<'_> {
@@ -354,6 +377,22 @@ impl SongModel<'_> {
         Ok(Some(Guidance { scale, null_condition, interval: (0.0, 1.0) }))
     }
 
+    /// `spec`'s condition over `frames`: text2music, or with audio codes upstream's
+    /// cover of them (the cover instruction, their hints as the context's source).
+    fn condition(&self, spec: &GenerateSpec, frames: usize) -> Result<Conditioning> {
+        let meta = spec.song_meta()?;
+        if spec.audio_codes.is_empty() {
+            return self.conditioner.generation_condition(&meta, Task::Text2Music, frames);
+        }
+        let detokenizer = self.detokenizer.as_ref().map_err(|why| {
+            Error::BadRequest(format!("audio_codes: this model cannot turn a plan into hints: {why}"))
+        })?;
+        let hints = detokenizer.hints(&spec.audio_codes)?;
+        let c = self.conditioner.generation_condition(&meta, Task::Cover, frames)?;
+        let context_latents = hinted_context_latents(&hints, &c.context_latents)?;
+        Ok(Conditioning { context_latents, ..c })
+    }
+
     /// Makes the clean latents `[T, C]` (f32) for `spec` with `adapter` at
     /// `spec.adapter_scale` (`spec.adapter`, a folder, is the `Generator`'s to load) and
     /// `spec.more_adapters` (loaded here). A cancel between sampling steps ends it with
@@ -377,7 +416,7 @@ impl SongModel<'_> {
         let schedule = sampler::timesteps(steps, shift)?;
         let guidance = self.guidance(spec)?;
 
-        let c = self.conditioner.generation_condition(&spec.song_meta()?, frames)?;
+        let c = self.condition(spec, frames)?;
         let cond = Conditions {
             context_latents: c.context_latents.unsqueeze(0)?,
             encoder_hidden_states: c.encoder_hidden_states.unsqueeze(0)?,

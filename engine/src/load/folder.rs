@@ -20,7 +20,10 @@ use serde_json::Value;
 use super::kind::{Flavor, ModelKind};
 use super::layout::{dit_dirs, not_a_model_reason, resolve_root};
 use crate::codec::audio_codes::{AudioCodesConfig, AudioTokenizer};
-use crate::codec::condition::{context_latents, lyrics_prompt, text_prompt, Conditioner, Conditioning};
+use crate::codec::audio_hints::{AudioDetokenizer, DETOKENIZER_PREFIX};
+use crate::codec::condition::{
+    context_latents, lyrics_prompt, task_prompt, text_prompt, Conditioner, Conditioning, Task,
+};
 use crate::codec::condition_encoder::{ConditionEncoder, ConditionEncoderConfig};
 use crate::codec::qwen3::{Qwen3Config, Qwen3Encoder};
 use crate::codec::tokenizer::{Padding, TextTokenizer};
@@ -258,6 +261,17 @@ impl ModelFolder {
         AudioTokenizer::load(&self.audio_codes, &self.encoder, &file, "tokenizer")
     }
 
+    /// The detokenizer of the DiT's checkpoint (5 Hz codes to 25 Hz hints), or why the
+    /// checkpoint has none, naming the file; misshaped weights are an error.
+    pub fn audio_detokenizer(&self, device: &Device) -> Result<std::result::Result<AudioDetokenizer, String>> {
+        let path = self.dit_weights();
+        let file = TensorFile::open(&path, device)?;
+        if !file.keys().iter().any(|k| k.starts_with(&format!("{DETOKENIZER_PREFIX}."))) {
+            return Ok(Err(format!("{} has no `{DETOKENIZER_PREFIX}.*` weights", path.display())));
+        }
+        Ok(Ok(AudioDetokenizer::load(&self.audio_codes, &self.encoder, &file)?))
+    }
+
     pub fn latent_encoder(&self, device: &Device) -> Result<VaeLatentEncoder> {
         VaeLatentEncoder::from_dir(&self.vae_dir(), device)
     }
@@ -471,11 +485,11 @@ impl Conditioner for RealConditioner {
     /// text cut at 256 tokens, the lyrics in their `# Languages / # Lyric` prompt cut
     /// at 2048, neither padded; the timbre reference is the silence latent's first
     /// 750 frames.
-    fn generation_condition(&self, meta: &SongMeta, num_frames: usize) -> Result<Conditioning> {
+    fn generation_condition(&self, meta: &SongMeta, task: Task, num_frames: usize) -> Result<Conditioning> {
         let frames = self.silence.dim(0)?.min(TIMBRE_REFERENCE_FRAMES);
         let reference = self.silence.narrow(0, 0, frames)?;
         self.encode(
-            (&self.generation_text_tokens, &text_prompt(meta)),
+            (&self.generation_text_tokens, &task_prompt(meta, task)),
             (&self.generation_lyric_tokens, &lyrics_prompt(meta)),
             &reference,
             num_frames,

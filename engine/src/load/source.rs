@@ -12,6 +12,7 @@ use super::demo;
 use super::folder::{ModelFolder, LYRIC_TOKENS, TEXT_TOKENS};
 use super::kind::ModelKind;
 use crate::codec::audio_codes::{AudioCodesConfig, AudioTokenizer};
+use crate::codec::audio_hints::AudioDetokenizer;
 use crate::codec::condition_encoder::ConditionEncoderConfig;
 use crate::codec::encode::silence_latent;
 use crate::codec::vae::VAE_WEIGHTS;
@@ -22,6 +23,10 @@ use crate::model::timesteps::TimestepSampling;
 use crate::model::{DecoderWeights, DitConfig, DitModel};
 use crate::tensor_io::{RandomTensors, TensorFile};
 use crate::Result;
+
+/// Why the demo model takes no audio codes.
+pub const NO_DEMO_PLAN: &str =
+    "the built-in demo model cannot take a plan (5 Hz audio codes): it has no audio detokenizer; use an ACE-Step model folder";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -192,6 +197,15 @@ impl ModelSource {
                 }
             }
         })
+    }
+
+    /// What turns a 5 Hz plan (audio codes) into the hints a song is conditioned on:
+    /// a folder's detokenizer, or why there is none (the demo model has none).
+    pub fn detokenizer(&self, device: &Device) -> Result<std::result::Result<AudioDetokenizer, String>> {
+        match self {
+            ModelSource::Demo => Ok(Err(NO_DEMO_PLAN.into())),
+            ModelSource::Folder { path } => ModelFolder::open(path, None)?.audio_detokenizer(device),
+        }
     }
 
     /// The null condition embedding (or why there is none) and the default CFG

@@ -14,6 +14,7 @@ use super::config::RunConfig;
 use super::state;
 use crate::atomic::write_atomically;
 use crate::cancel::Cancel;
+use crate::codec::audio_hints::AudioDetokenizer;
 use crate::codec::{Conditioner, LatentDecoder, StereoAudio};
 use crate::data::{cached_latents, inspect_folder};
 use crate::generate::plan::Planner;
@@ -99,6 +100,8 @@ pub(super) struct Voice {
     turbo: bool,
     /// `[1, 1, E]`: the model's `null_condition_emb` (guidance on base/SFT models).
     null_condition: std::result::Result<Tensor, String>,
+    /// The model's detokenizer (songs over a plan's audio codes), loaded with the decoder.
+    detokenizer: Option<std::result::Result<AudioDetokenizer, String>>,
 }
 
 impl Voice {
@@ -108,13 +111,17 @@ impl Voice {
         turbo: bool,
         null_condition: std::result::Result<Tensor, String>,
     ) -> Self {
-        Self { model, device, decoder: None, turbo, null_condition }
+        Self { model, device, decoder: None, turbo, null_condition, detokenizer: None }
     }
 
-    /// Loads the decoder now (a run with previews fails at setup, not at its first preview).
+    /// Loads the decoder and detokenizer now (a run with previews fails at setup, not
+    /// at its first preview).
     pub fn load_decoder(&mut self) -> Result<()> {
         if self.decoder.is_none() {
             self.decoder = Some(self.model.latent_decoder(&self.device)?);
+        }
+        if self.detokenizer.is_none() {
+            self.detokenizer = Some(self.model.detokenizer(&self.device)?);
         }
         Ok(())
     }
@@ -128,6 +135,7 @@ impl Voice {
             decoder: self.decoder.as_deref().expect("loaded above"),
             turbo: self.turbo,
             null_condition: &self.null_condition,
+            detokenizer: self.detokenizer.as_ref().expect("loaded above"),
         })
     }
 }
