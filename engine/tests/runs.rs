@@ -1092,7 +1092,7 @@ fn a_live_runs_song_mixes_other_adapters_and_pairs_are_kept() {
     })
     .unwrap();
     assert_eq!(written, [Side::A, Side::B]);
-    assert_eq!(run_pairs(&run_dir).unwrap(), [pair.clone()], "kept steps {kept:?}");
+    assert_eq!(run_pairs(&run_dir).unwrap(), std::slice::from_ref(&pair), "kept steps {kept:?}");
     let (a, b) = (std::fs::read(pair.a.unwrap()).unwrap(), std::fs::read(pair.b.unwrap()).unwrap());
     let base = generate_for_run(
         &run_dir,
