@@ -9,11 +9,14 @@ use candle_core::{DType, Device};
 use ostinato_engine::data::synth;
 use ostinato_engine::data::wav::{write_wav, SampleFormat};
 use ostinato_engine::events::{read_events, Event};
-use ostinato_engine::generate::{GenerateEvent, GenerateSpec};
+use ostinato_engine::generate::wav::write_wav as write_song_wav;
+use ostinato_engine::generate::{GenerateEvent, GenerateSpec, Generator, MixedAdapter};
 use ostinato_engine::lora::{AdapterKind, LoraAdapter};
 use ostinato_engine::model::DitModel;
+use ostinato_engine::train::ab::{generate_pair_for_run, new_pair_dir, run_pairs, AbVoice, PairRequest, Side};
 use ostinato_engine::train::history::{summarise, RunStatus};
 use ostinato_engine::train::songs::{generate_for_run, new_song_path, run_songs, SongUpdate};
+use ostinato_engine::train::state::{kept_adapter_steps, step_adapter_dir};
 use ostinato_engine::train::{Run, RunConfig, RunEnd, RunHandle};
 use ostinato_engine::Error;
 
@@ -1088,4 +1091,76 @@ fn a_runs_adapters_are_readable_by_others_and_carry_diffusers_metadata() {
         _ => None,
     });
     assert!(predicted.is_some_and(|p| p > 1 << 20), "{predicted:?}");
+}
+
+/// A song asked of a live run with another run's adapter mixed in is the song a
+/// generator makes with both adapter folders (the run's as its pause checkpoint keeps
+/// it); an A/B pair of the ended run (the base model against a kept step) is made at
+/// one seed, kept and listed again.
+#[test]
+fn a_live_runs_song_mixes_other_adapters_and_pairs_are_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let other = straight_run(tmp.path()).join("final/adapter");
+    let handle = Run::start(config(tmp.path(), "mixing")).unwrap();
+    let (control, run_dir) = (handle.control(), handle.run_dir().to_path_buf());
+    wait_for_step(&handle, 4);
+    control.pause();
+    let step = handle
+        .events()
+        .iter()
+        .find_map(|e| if let Event::Paused { step } = e { Some(step) } else { None })
+        .expect("paused");
+    let spec = GenerateSpec {
+        caption: "a test".into(),
+        duration_seconds: 1.0,
+        seed: 5,
+        more_adapters: vec![MixedAdapter { path: other.clone(), scale: 0.7 }],
+        ..Default::default()
+    };
+    let served = new_song_path(&run_dir, 5);
+    for update in control.generate(spec.clone(), served.clone()).unwrap().iter() {
+        update.unwrap_or_else(|e| panic!("the song failed: {e}"));
+    }
+    let config = RunConfig::from_toml_file(&run_dir.join("run.toml")).unwrap();
+    let generator = Generator::load(&config.model).unwrap();
+    let make = |spec: &GenerateSpec, out: &Path| {
+        let latents = generator.latents(spec, &mut |_| {}).unwrap();
+        write_song_wav(out, &generator.decode(&latents, &mut |_| {}).unwrap()).unwrap();
+        std::fs::read(out).unwrap()
+    };
+    let own = Some(step_adapter_dir(&run_dir, step));
+    let both = make(&GenerateSpec { adapter: own.clone(), ..spec.clone() }, &tmp.path().join("both.wav"));
+    let alone =
+        make(&GenerateSpec { adapter: own, more_adapters: Vec::new(), ..spec.clone() }, &tmp.path().join("alone.wav"));
+    let served = std::fs::read(&served).unwrap();
+    assert!(served == both, "the live run's mix is the generator's mix of both folders");
+    assert!(served != alone, "the other run's adapter is heard");
+    control.resume();
+    assert!(matches!(handle.join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
+
+    let kept = kept_adapter_steps(&run_dir).unwrap();
+    let request = PairRequest {
+        a: AbVoice::Base,
+        b: AbVoice::Step { step: kept[0], scale: 1.0 },
+        song: GenerateSpec { caption: "a test".into(), duration_seconds: 1.0, seed: 8, ..Default::default() },
+    };
+    let out = new_pair_dir(&run_dir, 8);
+    let mut written = Vec::new();
+    let pair = generate_pair_for_run(&run_dir, &request, &out, &mut |side, e| {
+        if let GenerateEvent::Written { .. } = e {
+            written.push(side)
+        }
+    })
+    .unwrap();
+    assert_eq!(written, [Side::A, Side::B]);
+    assert_eq!(run_pairs(&run_dir).unwrap(), std::slice::from_ref(&pair), "kept steps {kept:?}");
+    let (a, b) = (std::fs::read(pair.a.unwrap()).unwrap(), std::fs::read(pair.b.unwrap()).unwrap());
+    let base = generate_for_run(
+        &run_dir,
+        &GenerateSpec { adapter_scale: 0.0, ..request.song.clone() },
+        &tmp.path().join("base.wav"),
+        &mut |_| {},
+    );
+    assert!(base.is_ok() && a == std::fs::read(tmp.path().join("base.wav")).unwrap(), "A is the base model");
+    assert!(a != b, "B is the adapter of step {}", kept[0]);
 }

@@ -727,6 +727,30 @@ fn previews_songs_and_dataset_audio_stay_inside_the_runs_folder() {
     let last = song_stages(&sent, &failed).pop().unwrap();
     assert_eq!(last["stage"], "failed");
     assert!(last["message"].as_str().unwrap().contains("duration"), "{last}");
+    // Another adapter mixed in (here the run's own final one) with part strengths: made
+    // and kept with them; strengths out of range are refused at once, by their field.
+    let mut mixed = choices.clone();
+    mixed["more_adapters"] = json!([{"path": Path::new(&run_dir).join("final/adapter"), "scale": 0.5}]);
+    mixed["parts"] = json!({"self": 1.0, "cross": 0.5, "mlp": 0.0});
+    let mix = app.invoke("generate_song", json!({"dir": run_dir, "choices": mixed})).unwrap();
+    let mix_path = song_stages(&sent, &mix).pop().unwrap()["path"].as_str().unwrap().to_string();
+    let kept: Value =
+        serde_json::from_slice(&std::fs::read(Path::new(&mix_path).with_extension("json")).unwrap()).unwrap();
+    assert_eq!((&kept["more_adapters"], &kept["parts"]), (&mixed["more_adapters"], &mixed["parts"]), "{kept}");
+    for (field, bad) in [
+        ("more_adapters[0].scale", json!({"more_adapters": [{"path": "/x", "scale": 9.0}]})),
+        ("parts", json!({"parts": {"self": 1.0, "cross": -1.0, "mlp": 1.0}})),
+    ] {
+        let mut asked = choices.clone();
+        asked.as_object_mut().unwrap().extend(bad.as_object().unwrap().clone());
+        let err = app.invoke("generate_song", json!({"dir": run_dir, "choices": asked})).unwrap_err();
+        assert_eq!(err["kind"], "invalid_settings", "{err}");
+        println!("{field}: {}", err["fields"][field]);
+        assert!(err["fields"][field].as_str().unwrap().contains("out of range"), "{err}");
+    }
+    for file in [Path::new(&mix_path).to_path_buf(), Path::new(&mix_path).with_extension("json")] {
+        std::fs::remove_file(file).unwrap();
+    }
     // Listed again (as a later session lists them): the two made, oldest first, with what
     // they were asked; the failed one made nothing.
     let listed = app.invoke("run_songs", json!({"dir": run_dir})).unwrap();

@@ -1,6 +1,7 @@
 //! Training: the objective, gradients (plain or checkpointed), and the step's
 //! mechanisms (optimizer, schedules, loss scaling), each in its own module.
 
+pub mod ab;
 pub mod cfg_dropout;
 mod checkpoints;
 pub mod config;

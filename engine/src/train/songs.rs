@@ -44,8 +44,13 @@ pub const SONGS_DIR: &str = "songs";
 /// A new file for a song of `run_dir`: `songs/song-<unix ms>-seed<seed>.wav`, so that
 /// songs sort by when they were asked for and never replace each other.
 pub fn new_song_path(run_dir: &Path, seed: u64) -> PathBuf {
+    run_dir.join(SONGS_DIR).join(format!("{}.wav", stamped("song", seed)))
+}
+
+/// `<kind>-<unix ms>-seed<seed>`: names that sort by when they were asked for.
+pub(super) fn stamped(kind: &str, seed: u64) -> String {
     let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-    run_dir.join(SONGS_DIR).join(format!("song-{ms}-seed{seed}.wav"))
+    format!("{kind}-{ms}-seed{seed}")
 }
 
 /// A song of a run: its WAV and the request it was made from, kept beside it as
@@ -78,7 +83,7 @@ pub fn run_songs(run_dir: &Path) -> Result<Vec<RunSong>> {
 }
 
 /// The request kept beside the song at `wav`.
-fn song_request(wav: &Path) -> std::result::Result<GenerateSpec, String> {
+pub(super) fn song_request(wav: &Path) -> std::result::Result<GenerateSpec, String> {
     let file = wav.with_extension("json");
     let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))
@@ -162,8 +167,8 @@ pub(super) fn write_song(out: &Path, audio: &StereoAudio) -> Result<()> {
 }
 
 /// A song asked for: its WAV at `out` and, first, beside it the request it was made
-/// from ([`run_songs`] lists them).
-fn save_song(out: &Path, audio: &StereoAudio, spec: &GenerateSpec) -> Result<()> {
+/// from ([`run_songs`] lists them; A/B pairs keep theirs so too).
+pub(super) fn save_song(out: &Path, audio: &StereoAudio, spec: &GenerateSpec) -> Result<()> {
     create_folder_of(out)?;
     let request = serde_json::to_vec_pretty(spec).expect("a request serialises");
     write_atomically(&out.with_extension("json"), &request)?;

@@ -162,6 +162,26 @@ fn fsync_dir(dir: &Path) -> Result<()> {
 
 /// Step checkpoint directories, newest first.
 pub fn list_checkpoints(run_dir: &Path) -> Result<Vec<PathBuf>> {
+    Ok(step_checkpoints(run_dir)?.into_iter().map(|(_, p)| p).collect())
+}
+
+/// The adapter folder of the checkpoint of `step` (there or not).
+pub fn step_adapter_dir(run_dir: &Path, step: u64) -> PathBuf {
+    checkpoints_dir(run_dir).join(step_dir_name(step)).join("adapter")
+}
+
+/// The steps whose checkpoint keeps an adapter folder, newest first (older ones are
+/// pruned: `keep_checkpoints`).
+pub fn kept_adapter_steps(run_dir: &Path) -> Result<Vec<u64>> {
+    Ok(step_checkpoints(run_dir)?
+        .into_iter()
+        .map(|(step, _)| step)
+        .filter(|s| step_adapter_dir(run_dir, *s).is_dir())
+        .collect())
+}
+
+/// Step checkpoint directories with their steps, newest first.
+fn step_checkpoints(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let root = checkpoints_dir(run_dir);
     if !root.is_dir() {
         return Ok(Vec::new());
@@ -176,7 +196,7 @@ pub fn list_checkpoints(run_dir: &Path) -> Result<Vec<PathBuf>> {
         })
         .collect();
     found.sort_by_key(|c| std::cmp::Reverse(c.0));
-    Ok(found.into_iter().map(|(_, p)| p).collect())
+    Ok(found)
 }
 
 fn prune(root: &Path, keep: usize) -> Result<()> {

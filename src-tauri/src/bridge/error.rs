@@ -36,3 +36,12 @@ impl BridgeError {
 pub(crate) fn engine_err(e: impl std::fmt::Display) -> BridgeError {
     BridgeError::Engine(e.to_string())
 }
+
+/// An engine error naming a setting (`Error::Setting`) as that field's error, which the
+/// window shows beside the field; any other as the engine's.
+pub(crate) fn setting_err(e: ostinato_engine::Error) -> BridgeError {
+    match e {
+        ostinato_engine::Error::Setting { field, reason } => BridgeError::InvalidSettings([(field, reason)].into()),
+        e => engine_err(e),
+    }
+}

@@ -21,7 +21,7 @@ use ostinato_engine::lora::{AdapterSummary, LoraAdapter};
 use ostinato_engine::train::songs::{generate_for_run, latest_adapter, new_song_path, run_songs, RunSong, SongUpdate};
 
 use super::engine;
-use super::error::{engine_err, BridgeError};
+use super::error::{engine_err, setting_err, BridgeError};
 use super::outgoing::{EventSink, Outgoing};
 use super::state::AppState;
 use super::views::{AdapterView, PreviewView, SavedSongView, SongChoices, SongProgress, SongStage};
@@ -89,6 +89,7 @@ impl AppState {
     pub fn generate(&self, dir: &Path, choices: SongChoices, sink: impl EventSink) -> Result<u64, BridgeError> {
         let dir = self.checked_run_dir(dir)?;
         let spec = choices.spec();
+        spec.validate().map_err(setting_err)?;
         let out = new_song_path(&dir, spec.seed);
         let (id, live) = {
             let mut g = self.lock();
@@ -164,6 +165,8 @@ impl SongChoices {
             seed: self.seed,
             adapter_scale: self.adapter_scale,
             lm: self.plan_with_lm.then(PlanSettings::default),
+            more_adapters: self.more_adapters.clone(),
+            parts: self.parts,
             ..GenerateSpec::default()
         }
     }

@@ -7,10 +7,11 @@ use ostinato_engine::charts::Readout;
 use ostinato_engine::data::Field;
 use ostinato_engine::device::Precision;
 use ostinato_engine::events::Event;
+use ostinato_engine::generate::MixedAdapter;
 use ostinato_engine::label::understand::labeller::Progress;
 use ostinato_engine::label::Resolved;
 use ostinato_engine::load::{DitVariant, LmVariant};
-use ostinato_engine::lora;
+use ostinato_engine::lora::{self, PartStrengths};
 use ostinato_engine::run_state::RunState;
 pub use ostinato_engine::train::history::RunSummary;
 use ostinato_engine::train::{optim, schedule};
@@ -247,6 +248,12 @@ pub struct SongChoices {
     /// Plan the song with ACE-Step's 5 Hz LM first.
     #[serde(default)]
     pub plan_with_lm: bool,
+    /// Other runs' adapters mixed in, each at its strength.
+    #[serde(default)]
+    pub more_adapters: Vec<MixedAdapter>,
+    /// A strength per part of each layer (self, cross, mlp), on every adapter.
+    #[serde(default)]
+    pub parts: PartStrengths,
 }
 
 /// A song's progress, sent as a `song` event.
