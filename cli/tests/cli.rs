@@ -1034,12 +1034,13 @@ fn generate_is_deterministic_and_decode_reproduces_it() {
     // Audible, and bounded (at most every mel band at full scale).
     assert!(audio.peak() > 1e-3 && audio.peak() < 96.0);
 
-    // JSON events: started, 8 steps, decoding, written.
+    // JSON events: unplanned (no --lm), started, 8 steps, decoding, written.
     let lines: Vec<serde_json::Value> =
         String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let types: Vec<&str> = lines.iter().map(|e| e["type"].as_str().unwrap()).collect();
-    assert_eq!(types, [&["started"][..], &["step"; 8], &["decoding", "written"]].concat());
-    assert_eq!(lines[0]["frames"], 50);
+    assert_eq!(types, [&["unplanned", "started"][..], &["step"; 8], &["decoding", "written"]].concat());
+    assert!(!lines[0]["reason"].as_str().unwrap().is_empty(), "{}", lines[0]);
+    assert_eq!(lines[1]["frames"], 50);
 
     // The latents decode to the same WAV.
     let d = tmp.path().join("d.wav");
