@@ -67,44 +67,8 @@ impl TrainingSample {
     }
 }
 
-/// How a trigger tag joins the caption.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TagMode {
-    Prepend,
-    Append,
-    Replace,
-}
-
-impl TagMode {
-    /// As run.toml and the adapter's files write it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Prepend => "prepend",
-            Self::Append => "append",
-            Self::Replace => "replace",
-        }
-    }
-}
-
-impl std::str::FromStr for TagMode {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "prepend" => Ok(Self::Prepend),
-            "append" => Ok(Self::Append),
-            "replace" => Ok(Self::Replace),
-            other => Err(format!("unknown tag position `{other}` (expected prepend, append or replace)")),
-        }
-    }
-}
-
-/// A word or phrase joined to every caption, so the adapter answers to it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TriggerTag {
-    pub tag: String,
-    pub mode: TagMode,
-}
+/// The trigger tag is the adapter's too: its type lives with the adapter's files.
+pub use crate::lora::trigger::{TagMode, TriggerTag};
 
 /// Which folder to read and how to cut its songs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

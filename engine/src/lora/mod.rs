@@ -14,9 +14,9 @@ use candle_core::{DType, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::data::TriggerTag;
 use crate::model::DitModel;
 use crate::{Error, Result};
+use trigger::TriggerTag;
 
 mod config;
 mod forward;

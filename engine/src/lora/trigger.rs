@@ -3,12 +3,53 @@
 //! ACE-Step LoRA trainers already write, in `adapter_config.json` and in the safetensors
 //! header. The libraries pass them over: PEFT drops config keys its `LoraConfig` does
 //! not take, diffusers reads only `lora_adapter_metadata` from the header, ComfyUI and
-//! LyCORIS only the tensors.
+//! LyCORIS only the tensors. The tag itself and how it joins a caption are defined here,
+//! below the data that trains with it.
 
 use std::path::Path;
 
-use crate::data::{TagMode, TriggerTag};
+use serde::{Deserialize, Serialize};
+
 use crate::{Error, Result};
+
+/// How a trigger tag joins the caption.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TagMode {
+    Prepend,
+    Append,
+    Replace,
+}
+
+impl TagMode {
+    /// As run.toml and the adapter's files write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Prepend => "prepend",
+            Self::Append => "append",
+            Self::Replace => "replace",
+        }
+    }
+}
+
+impl std::str::FromStr for TagMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "prepend" => Ok(Self::Prepend),
+            "append" => Ok(Self::Append),
+            "replace" => Ok(Self::Replace),
+            other => Err(format!("unknown tag position `{other}` (expected prepend, append or replace)")),
+        }
+    }
+}
+
+/// A word or phrase joined to every caption, so the adapter answers to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TriggerTag {
+    pub tag: String,
+    pub mode: TagMode,
+}
 
 pub const WORD_KEY: &str = "trigger_word";
 pub const POSITION_KEY: &str = "tag_position";
