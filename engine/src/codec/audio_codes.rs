@@ -227,7 +227,7 @@ impl ResidualFsq {
             }
         }
         let values = Tensor::from_vec(values, (codes.len(), self.levels.len()), device)?;
-        Ok(linear(&values, &self.out_w, Some(&self.out_b))?)
+        linear(&values, &self.out_w, Some(&self.out_b))
     }
 
     /// `x [N, dim]` -> codes per quantizer and the quantized `[N, dim]`.

@@ -74,7 +74,7 @@ impl AudioDetokenizer {
         // Every window at once, each code's vector on its window's rows.
         let rows = quantized.unsqueeze(1)?.broadcast_as((n, w, h))?.reshape((n * w, h))?;
         let x = self.stack.forward_groups(self.kernels, &rows, n, None, &self.encoder)?;
-        Ok(linear(&x, &self.proj_w, Some(&self.proj_b))?)
+        linear(&x, &self.proj_w, Some(&self.proj_b))
     }
 
     /// The quantizer's vectors for `codes` `[N, fsq_dim]`, what the detokenizer reads.
