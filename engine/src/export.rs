@@ -14,6 +14,7 @@ use crate::lora::{row_norms, trigger, AdapterKind, LoraAdapter};
 use crate::model::{DecoderWeights, DitModel};
 use crate::tensor_io::shards::{weight_files, weights_in};
 use crate::tensor_io::{save_tensors_with_metadata, write_safetensors};
+use crate::train::songs::latest_adapter;
 use crate::train::{state, RunConfig};
 use crate::{Error, Result};
 
@@ -306,22 +307,16 @@ impl safetensors::View for &WeightEntry<'_> {
 fn adapter_dir(run_dir: &Path, which: WhichAdapter) -> Result<PathBuf> {
     let missing = |reason: String| Error::BadFile { path: run_dir.to_path_buf(), reason };
     match which {
-        WhichAdapter::Final if run_dir.join("final/adapter").is_dir() => Ok(run_dir.join("final/adapter")),
-        WhichAdapter::Final => state::list_checkpoints(run_dir)?
-            .into_iter()
-            .next()
-            .map(|newest| newest.join("adapter"))
+        WhichAdapter::Final => latest_adapter(run_dir)?
             .ok_or_else(|| missing("the run has no adapter yet (no final/ and no checkpoint)".into())),
         WhichAdapter::Best => Some(run_dir.join("best/adapter")).filter(|d| d.is_dir()).ok_or_else(|| {
             missing("the run has no best adapter (it is written by validation: --val-files or --val-fraction)".into())
         }),
-        WhichAdapter::Step(step) => state::list_checkpoints(run_dir)?
-            .into_iter()
-            .find(|d| d.file_name().is_some_and(|n| n == format!("step-{step:06}").as_str()))
-            .map(|d| d.join("adapter"))
-            .ok_or_else(|| {
+        WhichAdapter::Step(step) => {
+            Some(state::step_adapter_dir(run_dir, step)).filter(|d| d.is_dir()).ok_or_else(|| {
                 missing(format!("the run has no checkpoint of step {step} (older ones are pruned: keep_checkpoints)"))
-            }),
+            })
+        }
     }
 }
 
