@@ -16,7 +16,7 @@ use ostinato_engine::model::DitModel;
 use ostinato_engine::train::ab::{generate_pair_for_run, new_pair_dir, run_pairs, AbVoice, PairRequest, Side};
 use ostinato_engine::train::history::{summarise, RunStatus};
 use ostinato_engine::train::songs::{generate_for_run, new_song_path, run_songs, SongUpdate};
-use ostinato_engine::train::state::{kept_adapter_steps, step_adapter_dir};
+use ostinato_engine::train::state::{kept_adapter_steps, kept_adapters, step_adapter_dir};
 use ostinato_engine::train::{Run, RunConfig, RunEnd, RunHandle};
 use ostinato_engine::Error;
 
@@ -1140,6 +1140,12 @@ fn a_live_runs_song_mixes_other_adapters_and_pairs_are_kept() {
     assert!(matches!(handle.join().unwrap(), RunEnd::Finished { steps: STEPS, .. }));
 
     let kept = kept_adapter_steps(&run_dir).unwrap();
+    // What can be listened with: the final adapter, then each kept checkpoint's, newest first.
+    let listed = kept_adapters(&run_dir).unwrap();
+    let named: Vec<(&str, Option<u64>, PathBuf)> = listed.into_iter().map(|a| (a.kind, a.step, a.path)).collect();
+    let mut want = vec![("final", None, run_dir.join("final/adapter"))];
+    want.extend(kept.iter().map(|s| ("step", Some(*s), step_adapter_dir(&run_dir, *s))));
+    assert_eq!(named, want);
     let request = PairRequest {
         a: AbVoice::Base,
         b: AbVoice::Step { step: kept[0], scale: 1.0 },

@@ -13,6 +13,8 @@ use super::config::RunConfig;
 use super::songs::{save_song, song_request, stamped};
 use super::state;
 use crate::atomic::write_atomically;
+use crate::cancel::Cancel;
+use crate::generate::planned::{load_planner, plan_song};
 use crate::generate::{GenerateEvent, GenerateSpec, Generator, MixedAdapter};
 use crate::{Error, Result};
 
@@ -32,6 +34,37 @@ pub enum AbVoice {
     Adapter { path: PathBuf, scale: f64 },
     /// Several adapter folders, each at its strength.
     Mix { adapters: Vec<MixedAdapter> },
+}
+
+impl AbVoice {
+    /// The voice in words: "the base model", "step 40 at 1", "run-a/final at 0.5", a mix
+    /// of those joined by " + ".
+    pub fn describe(&self) -> String {
+        match self {
+            AbVoice::Base => "the base model".into(),
+            AbVoice::Step { step, scale } => format!("step {step} at {scale}"),
+            AbVoice::Adapter { path, scale } => format!("{} at {scale}", adapter_name(path)),
+            AbVoice::Mix { adapters } => adapters
+                .iter()
+                .map(|m| format!("{} at {}", adapter_name(&m.path), m.scale))
+                .collect::<Vec<_>>()
+                .join(" + "),
+        }
+    }
+}
+
+/// An adapter folder by the names that tell it apart: `runs/a/final/adapter` is "a/final",
+/// `runs/a/checkpoints/step-000040/adapter` "a/step-000040".
+fn adapter_name(path: &Path) -> String {
+    let mut names: Vec<String> = path
+        .components()
+        .rev()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .filter(|c| c != "adapter" && c != "checkpoints")
+        .take(2)
+        .collect();
+    names.reverse();
+    names.join("/")
 }
 
 /// One side of a pair.
@@ -187,18 +220,24 @@ pub fn run_pairs(run_dir: &Path) -> Result<Vec<RunPair>> {
 
 /// Makes both sides of `request` with the model of the run in `run_dir` into `out` (a
 /// new folder, [`new_pair_dir`]), A then B, each step reported with its side. The
-/// request is checked before the model loads, and kept before the first song is made.
+/// request is checked before the models load, and kept before the first song is made.
+/// A song that asks for a 5 Hz LM plan is planned once, for both sides (reported on A):
+/// the same metadata and audio codes, so only the voice differs.
 pub fn generate_pair_for_run(
     run_dir: &Path,
     request: &PairRequest,
     out: &Path,
     on_event: &mut dyn FnMut(Side, GenerateEvent),
 ) -> Result<RunPair> {
-    let specs = request.specs(run_dir)?;
+    request.specs(run_dir)?;
     let config = RunConfig::from_toml_file(&run_dir.join("run.toml"))?;
+    let planner = load_planner(&request.song)?;
     let generator = Generator::load(&config.model)?;
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     write_atomically(&out.join(REQUEST_FILE), &serde_json::to_vec_pretty(request).expect("a request serialises"))?;
+    let song = plan_song(&request.song, planner.as_ref(), &Cancel::never(), &mut |e| on_event(Side::A, e))?;
+    drop(planner);
+    let specs = PairRequest { song, ..request.clone() }.specs(run_dir)?;
     for (side, spec) in [Side::A, Side::B].into_iter().zip(&specs) {
         let latents = generator.latents(spec, &mut |e| on_event(side, e))?;
         let audio = generator.decode(&latents, &mut |e| on_event(side, e))?;
@@ -254,6 +293,25 @@ mod tests {
         assert_eq!(base.specs(run.path()).unwrap()[0], GenerateSpec { adapter_scale: 0.0, ..song.clone() });
         let json = serde_json::to_string(&request).unwrap();
         assert_eq!(serde_json::from_str::<PairRequest>(&json).unwrap(), request);
+    }
+
+    #[test]
+    fn voices_are_said_by_the_names_that_tell_them_apart() {
+        let final_dir = PathBuf::from("/runs/calm/final/adapter");
+        let step_dir = PathBuf::from("/runs/loud/checkpoints/step-000040/adapter");
+        let said = [
+            AbVoice::Base,
+            AbVoice::Step { step: 40, scale: 1.0 },
+            AbVoice::Adapter { path: final_dir.clone(), scale: 0.5 },
+            AbVoice::Mix {
+                adapters: vec![adapter("/runs/calm/final/adapter", 1.0), adapter(step_dir.to_str().unwrap(), 0.25)],
+            },
+        ]
+        .map(|v| v.describe());
+        assert_eq!(
+            said,
+            ["the base model", "step 40 at 1", "calm/final at 0.5", "calm/final at 1 + loud/step-000040 at 0.25"]
+        );
     }
 
     #[test]

@@ -180,6 +180,32 @@ pub fn kept_adapter_steps(run_dir: &Path) -> Result<Vec<u64>> {
         .collect())
 }
 
+/// An adapter folder a run keeps, to listen with: its final one, its best (the lowest
+/// validation loss), or a kept checkpoint's.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KeptAdapter {
+    /// `final`, `best` or `step`.
+    pub kind: &'static str,
+    /// The checkpoint's step (kind `step`).
+    pub step: Option<u64>,
+    pub path: PathBuf,
+}
+
+/// Every adapter the run in `run_dir` keeps: final, best, then its checkpoints' newest first.
+pub fn kept_adapters(run_dir: &Path) -> Result<Vec<KeptAdapter>> {
+    let named = ["final", "best"].into_iter().map(|kind| KeptAdapter {
+        kind,
+        step: None,
+        path: run_dir.join(kind).join("adapter"),
+    });
+    let steps = kept_adapter_steps(run_dir)?.into_iter().map(|step| KeptAdapter {
+        kind: "step",
+        step: Some(step),
+        path: step_adapter_dir(run_dir, step),
+    });
+    Ok(named.filter(|a| a.path.is_dir()).chain(steps).collect())
+}
+
 /// Step checkpoint directories with their steps, newest first.
 fn step_checkpoints(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let root = checkpoints_dir(run_dir);
