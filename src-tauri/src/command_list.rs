@@ -37,4 +37,7 @@ pub const COMMANDS: &[&str] = &[
     "audio_picture",
     "generate_song",
     "dataset_audio",
+    "adapter_choices",
+    "generate_pair",
+    "run_pairs",
 ];

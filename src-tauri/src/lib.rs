@@ -67,6 +67,9 @@ pub fn app_builder<R: tauri::Runtime>(builder: tauri::Builder<R>, state: AppStat
         commands::listen::audio_picture,
         commands::listen::generate_song,
         commands::listen::dataset_audio,
+        commands::listen::adapter_choices,
+        commands::listen::generate_pair,
+        commands::listen::run_pairs,
     ])
 }
 

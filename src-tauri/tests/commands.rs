@@ -10,7 +10,7 @@ use tauri::test::{get_ipc_response, mock_builder, MockRuntime, INVOKE_KEY};
 use tauri::webview::InvokeRequest;
 use tauri::{App, Listener, WebviewWindow, WebviewWindowBuilder};
 
-use ostinato_app::bridge::{ENGINE_EVENT, RUN_EVENT, SONG_EVENT};
+use ostinato_app::bridge::{ENGINE_EVENT, PAIR_EVENT, RUN_EVENT, SONG_EVENT};
 use ostinato_app::AppState;
 
 struct TestApp {
@@ -635,13 +635,14 @@ fn memory_plan_predicts_the_peak_before_start_fitted_by_default() {
     assert!(plan["summary"].as_str().unwrap().starts_with("predicted peak "), "{plan}");
 }
 
-/// Waits for song `id`'s last stage (`written` or `failed`) and returns its stages.
+/// Waits for song `id`'s last stage (`written`, a pair's when its side B is, or
+/// `failed`) and returns its stages.
 fn song_stages(sent: &Mutex<Vec<(&'static str, Value)>>, id: &Value) -> Vec<Value> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
     loop {
         let stages: Vec<Value> =
             sent.lock().unwrap().iter().filter(|(_, p)| &p["id"] == id).map(|(_, p)| p.clone()).collect();
-        if stages.last().is_some_and(|p| p["stage"] == "written" || p["stage"] == "failed") {
+        if stages.last().is_some_and(|p| (p["stage"] == "written" && p["side"] != "a") || p["stage"] == "failed") {
             return stages;
         }
         assert!(std::time::Instant::now() < deadline, "song {id} did not end: {stages:?}");
@@ -681,10 +682,15 @@ fn previews_songs_and_dataset_audio_stay_inside_the_runs_folder() {
     }
     app.invoke("save_settings", json!({ "settings": s })).unwrap();
     let sent = app.record(&[SONG_EVENT]);
+    let pairs_sent = app.record(&[PAIR_EVENT]);
     let view = app.invoke("start_run", json!({})).unwrap();
     let run_dir = view["run_dir"].as_str().unwrap().to_string();
     // Its log is there once it trains: a run dir is accepted from then on.
     wait_started(&app);
+    // A pair loads a model of its own: refused while the run trains.
+    let base_vs_base = json!({"a": {"kind": "base"}, "b": {"kind": "base"}, "song": {"caption": "plucks", "duration_seconds": 1.0, "seed": 3}});
+    let err = app.invoke("generate_pair", json!({"dir": run_dir, "choices": base_vs_base})).unwrap_err();
+    assert!(err["kind"] == "invalid" && err["message"].as_str().unwrap().contains("training"), "{err}");
 
     // Asked of the live run: it waits for the run's step boundary, then samples and decodes.
     let choices = json!({"caption": "plucks", "lyrics": "", "duration_seconds": 1.0, "seed": 3, "adapter_scale": 1.0});
@@ -738,7 +744,10 @@ fn previews_songs_and_dataset_audio_stay_inside_the_runs_folder() {
         serde_json::from_slice(&std::fs::read(Path::new(&mix_path).with_extension("json")).unwrap()).unwrap();
     assert_eq!((&kept["more_adapters"], &kept["parts"]), (&mixed["more_adapters"], &mixed["parts"]), "{kept}");
     for (field, bad) in [
-        ("more_adapters[0].scale", json!({"more_adapters": [{"path": "/x", "scale": 9.0}]})),
+        (
+            "more_adapters[0].scale",
+            json!({"more_adapters": [{"path": Path::new(&run_dir).join("final/adapter"), "scale": 9.0}]}),
+        ),
         ("parts", json!({"parts": {"self": 1.0, "cross": -1.0, "mlp": 1.0}})),
     ] {
         let mut asked = choices.clone();
@@ -748,6 +757,11 @@ fn previews_songs_and_dataset_audio_stay_inside_the_runs_folder() {
         println!("{field}: {}", err["fields"][field]);
         assert!(err["fields"][field].as_str().unwrap().contains("out of range"), "{err}");
     }
+    // Only adapters of this app's runs are mixed in (as the pickers offer them).
+    let mut outside = choices.clone();
+    outside["more_adapters"] = json!([{"path": dir.path().join("config"), "scale": 1.0}]);
+    let err = app.invoke("generate_song", json!({"dir": run_dir, "choices": outside})).unwrap_err();
+    assert!(err["fields"]["more_adapters[0].path"].as_str().unwrap().contains("not an adapter folder"), "{err}");
     for file in [Path::new(&mix_path).to_path_buf(), Path::new(&mix_path).with_extension("json")] {
         std::fs::remove_file(file).unwrap();
     }
@@ -762,6 +776,56 @@ fn previews_songs_and_dataset_audio_stay_inside_the_runs_folder() {
         assert_eq!(asked, (&json!("plucks"), &json!(3), &json!(1.0), &json!(1.0), &Value::Null), "{s}");
     }
 
+    // A/B: every adapter the runs keep can be picked, the final one first; a pair of the
+    // base model and a kept step is made at one seed, both sides kept and listed again
+    // with their voices in words.
+    let picks = app.invoke("adapter_choices", json!({})).unwrap();
+    let picks = picks.as_array().unwrap();
+    let run_name = Path::new(&run_dir).file_name().unwrap().to_str().unwrap();
+    assert!(picks.iter().all(|p| p["run"] == run_name), "{picks:?}");
+    assert_eq!((&picks[0]["kind"], &picks[0]["step"]), (&json!("final"), &Value::Null), "{picks:?}");
+    let step = picks.iter().find(|p| p["kind"] == "step").unwrap_or_else(|| panic!("no kept step: {picks:?}"))["step"]
+        .as_u64()
+        .unwrap();
+    let pair = json!({
+        "a": {"kind": "base"},
+        "b": {"kind": "step", "step": step, "scale": 1.0},
+        "song": {"caption": "plucks", "duration_seconds": 1.0, "seed": 5},
+    });
+    let id = app.invoke("generate_pair", json!({"dir": run_dir, "choices": pair})).unwrap();
+    let stages = song_stages(&pairs_sent, &id);
+    let written: Vec<&Value> = stages.iter().filter(|p| p["stage"] == "written").collect();
+    assert_eq!(written.iter().map(|p| p["side"].as_str().unwrap()).collect::<Vec<_>>(), ["a", "b"], "{stages:?}");
+    assert_eq!((&stages[0]["side"], &stages[1]["stage"]), (&json!("a"), &json!("unplanned")), "{stages:?}");
+    let listed = app.invoke("run_pairs", json!({"dir": run_dir})).unwrap();
+    let kept = &listed.as_array().unwrap()[0];
+    println!("kept pair: {kept}");
+    assert_eq!((&kept["caption"], &kept["seed"], &kept["problem"]), (&json!("plucks"), &json!(5), &Value::Null));
+    assert_eq!(
+        (&kept["a"]["voice"], &kept["b"]["voice"]),
+        (&json!("the base model"), &json!(format!("step {step} at 1")))
+    );
+    for (side, made) in ["a", "b"].iter().zip(&written) {
+        assert_eq!(kept[side]["path"], made["path"]);
+        let bytes = app.invoke_bytes("audio_bytes", json!({"path": made["path"]})).unwrap();
+        assert!(bytes.starts_with(b"RIFF"), "side {side}");
+    }
+    for (choices, field) in [
+        (base_vs_base.clone(), "b"),
+        (
+            json!({"a": {"kind": "base"}, "b": {"kind": "step", "step": 999, "scale": 1.0}, "song": pair["song"]}),
+            "b.step",
+        ),
+        (
+            json!({"a": {"kind": "adapter", "path": "/etc", "scale": 1.0}, "b": {"kind": "base"}, "song": pair["song"]}),
+            "a.path",
+        ),
+    ] {
+        let err = app.invoke("generate_pair", json!({"dir": run_dir, "choices": choices})).unwrap_err();
+        println!("{field}: {}", err["fields"][field]);
+        assert!(err["kind"] == "invalid_settings" && err["fields"][field].is_string(), "{field}: {err}");
+    }
+
     // Outside the runs folder: refused, however it is spelled.
     let secret = dir.path().join("config/settings.json");
     assert!(secret.is_file());
@@ -774,7 +838,7 @@ fn previews_songs_and_dataset_audio_stay_inside_the_runs_folder() {
             assert_eq!(err["kind"], "invalid", "{cmd} {}: {err}", path.display());
         }
     }
-    for cmd in ["run_previews", "run_songs", "generate_song"] {
+    for cmd in ["run_previews", "run_songs", "run_pairs", "generate_song"] {
         let err = app.invoke(cmd, json!({"dir": dir.path().join("config"), "choices": choices})).unwrap_err();
         assert_eq!(err["kind"], "invalid", "{cmd}: {err}");
     }

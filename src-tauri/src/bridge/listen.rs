@@ -41,6 +41,21 @@ impl AppState {
         Ok(file)
     }
 
+    /// `path` if it is an adapter folder inside the runs folder (as the window's pickers
+    /// offer them), else an error for `field`.
+    pub(super) fn checked_adapter_dir(&self, path: &Path, field: &str) -> Result<PathBuf, BridgeError> {
+        let refused = || {
+            let why = format!("{} is not an adapter folder of this app's runs", path.display());
+            BridgeError::InvalidSettings([(field.to_string(), why)].into())
+        };
+        let dir = path.canonicalize().map_err(|_| refused())?;
+        let runs = self.runs_dir().canonicalize().map_err(|_| refused())?;
+        if !dir.starts_with(&runs) || !dir.is_dir() {
+            return Err(refused());
+        }
+        Ok(dir)
+    }
+
     /// The bytes of an audio file of a run (a preview, a generated song), for the player.
     pub fn audio(&self, path: &Path) -> Result<Vec<u8>, BridgeError> {
         let file = self.checked_audio_path(path)?;
@@ -88,6 +103,9 @@ impl AppState {
     /// step boundary with the model it trains; any other run with its newest adapter.
     pub fn generate(&self, dir: &Path, choices: SongChoices, sink: impl EventSink) -> Result<u64, BridgeError> {
         let dir = self.checked_run_dir(dir)?;
+        for (i, mixed) in choices.more_adapters.iter().enumerate() {
+            self.checked_adapter_dir(&mixed.path, &format!("more_adapters[{i}].path"))?;
+        }
         let spec = choices.spec();
         spec.validate().map_err(setting_err)?;
         let out = new_song_path(&dir, spec.seed);
@@ -157,7 +175,7 @@ fn follow(rx: Receiver<SongUpdate>, send: &dyn Fn(SongStage)) -> Option<Result<(
 
 impl SongChoices {
     /// The engine's request: the user's choices, the engine's defaults for the rest.
-    fn spec(&self) -> GenerateSpec {
+    pub(super) fn spec(&self) -> GenerateSpec {
         GenerateSpec {
             caption: self.caption.clone(),
             lyrics: self.lyrics.clone(),
@@ -203,7 +221,7 @@ impl SavedSongView {
 }
 
 impl SongStage {
-    fn of(event: GenerateEvent) -> Self {
+    pub(super) fn of(event: GenerateEvent) -> Self {
         match event {
             GenerateEvent::Unplanned { reason } => SongStage::Unplanned { reason },
             GenerateEvent::Planning { phase, tokens } => SongStage::Planning { phase, tokens },

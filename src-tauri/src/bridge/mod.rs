@@ -5,17 +5,19 @@
 //! the engine's run and forwards its events to the current run (current_run.rs), which
 //! folds each into its `RunState` and sends the event and the run's view to the web
 //! view; what is sent, and under which names, is in outgoing.rs, what the web view sees
-//! in views.rs. Previews, Generate and the audio the web view plays are in listen.rs.
+//! in views.rs. Previews, Generate and the audio the web view plays are in listen.rs;
+//! A/B pairs and the adapters the window can pick in ab.rs.
 //! The dataset editor (labels edited, analysed, accepted, written as sidecars) is in
 //! labels.rs; captioning songs with ACE-Step's 5 Hz LM in captions.rs. The engine is
-//! called from engine.rs, dataset_scan.rs, run_settings.rs, labels.rs, captions.rs and
-//! listen.rs.
+//! called from engine.rs, dataset_scan.rs, run_settings.rs, labels.rs, captions.rs,
+//! listen.rs and ab.rs.
 //!
 //! Imports go one way, down: state, run control and the features on `AppState`
-//! (state, run, labels, listen, captions), then current_run, then outgoing and the
+//! (state, run, labels, listen, ab, captions), then current_run, then outgoing and the
 //! engine wrapper (engine, dataset_scan, run_settings), then views and error;
 //! tests/layering.rs fails on any circle.
 
+mod ab;
 mod captions;
 mod current_run;
 mod dataset_scan;
@@ -37,13 +39,14 @@ pub(crate) use error::engine_err;
 pub use error::BridgeError;
 pub use outgoing::{
     EventSink, Outgoing, CAPTION_DONE_EVENT, CAPTION_PROGRESS_EVENT, CAPTION_SONG_EVENT, CHARTS_EVENT, DOWNLOAD_EVENT,
-    ENGINE_EVENT, RUN_EVENT, SONG_EVENT,
+    ENGINE_EVENT, PAIR_EVENT, RUN_EVENT, SONG_EVENT,
 };
 pub use run::CHART_INTERVAL;
 pub use run_settings::StartRequest;
 pub use state::AppState;
 pub use views::{
-    AdapterView, CaptionEvent, CaptionProgress, CaptionStart, CaptionedSong, CaptionsDone, Charts, DatasetView,
-    EstimateView, ExportFormat, FileRow, HistoryEntry, MemoryView, PreviewView, Request, RunSnapshot, RunSummary,
-    RunView, SavedSongView, SidecarReport, SongChoices, SongProgress, SongStage, StateView,
+    AdapterChoiceView, AdapterView, CaptionEvent, CaptionProgress, CaptionStart, CaptionedSong, CaptionsDone, Charts,
+    DatasetView, EstimateView, ExportFormat, FileRow, HistoryEntry, MemoryView, PairChoices, PairView, PreviewView,
+    Request, RunSnapshot, RunSummary, RunView, SavedSongView, SidecarReport, SongChoices, SongProgress, SongStage,
+    StateView,
 };

@@ -1,11 +1,11 @@
 //! What the app sends the web view, under which event names, and where it goes (the
-//! [`EventSink`]): the bridge's runs, songs and captioning and the model download all
+//! [`EventSink`]): the bridge's runs, songs, A/B pairs and captioning and the model download all
 //! send through it.
 
 use ostinato_engine::events::Event;
 use serde::Serialize;
 
-use super::views::{CaptionEvent, Charts, RunView, SongProgress};
+use super::views::{CaptionEvent, Charts, PairProgress, RunView, SongProgress};
 
 /// Name of the event every engine event is forwarded under (payload: the event itself,
 /// `{"type": "step", ...}`).
@@ -16,6 +16,8 @@ pub const CHARTS_EVENT: &str = "charts";
 pub const RUN_EVENT: &str = "run-state";
 /// Name of the event that carries a requested song's progress (payload: [`SongProgress`]).
 pub const SONG_EVENT: &str = "song";
+/// Name of the event that carries an A/B pair's progress (payload: [`PairProgress`]).
+pub const PAIR_EVENT: &str = "pair";
 /// Captioning with ACE-Step's LM: a song's stage, a song's outcome, the batch's end
 /// (payloads: the [`CaptionEvent`] variants).
 pub const CAPTION_PROGRESS_EVENT: &str = "caption-progress";
@@ -37,6 +39,8 @@ pub enum Outgoing<'a> {
     Download(&'a serde_json::Value),
     /// A requested song's progress (listen.rs).
     Song(&'a SongProgress),
+    /// An A/B pair's progress (ab.rs).
+    Pair(&'a PairProgress),
     /// Captioning's progress and outcomes (captions.rs).
     Caption(&'a CaptionEvent),
 }
@@ -50,6 +54,7 @@ impl Outgoing<'_> {
             Outgoing::Charts(_) => CHARTS_EVENT,
             Outgoing::Download(_) => DOWNLOAD_EVENT,
             Outgoing::Song(_) => SONG_EVENT,
+            Outgoing::Pair(_) => PAIR_EVENT,
             Outgoing::Caption(CaptionEvent::Progress(_)) => CAPTION_PROGRESS_EVENT,
             Outgoing::Caption(CaptionEvent::Song(_)) => CAPTION_SONG_EVENT,
             Outgoing::Caption(CaptionEvent::Done(_)) => CAPTION_DONE_EVENT,

@@ -13,7 +13,9 @@ use ostinato_engine::label::Resolved;
 use ostinato_engine::load::{DitVariant, LmVariant};
 use ostinato_engine::lora::{self, PartStrengths};
 use ostinato_engine::run_state::RunState;
+use ostinato_engine::train::ab::{AbVoice, Side};
 pub use ostinato_engine::train::history::RunSummary;
+use ostinato_engine::train::state::KeptAdapter;
 use ostinato_engine::train::{optim, schedule};
 use serde::{Deserialize, Serialize};
 
@@ -243,7 +245,9 @@ pub struct SongChoices {
     pub lyrics: String,
     pub duration_seconds: f64,
     pub seed: u64,
-    /// 0: the base model; 1: the adapter as trained.
+    /// 0: the base model; 1: the adapter as trained (an A/B pair's song leaves it out:
+    /// its voices set the adapters).
+    #[serde(default = "as_trained")]
     pub adapter_scale: f64,
     /// Plan the song with ACE-Step's 5 Hz LM first.
     #[serde(default)]
@@ -254,6 +258,58 @@ pub struct SongChoices {
     /// A strength per part of each layer (self, cross, mlp), on every adapter.
     #[serde(default)]
     pub parts: PartStrengths,
+}
+
+fn as_trained() -> f64 {
+    1.0
+}
+
+/// An adapter a run keeps, as the window's pickers offer it: the run, and which of its
+/// adapters (`final`, `best`, a checkpoint's `step`) at `path`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AdapterChoiceView {
+    pub run: String,
+    pub run_dir: PathBuf,
+    #[serde(flatten)]
+    pub adapter: KeptAdapter,
+}
+
+/// An A/B pair the user asked for: two voices, and the song both make (the Generate
+/// form's, without its adapters).
+#[derive(Debug, Clone, Deserialize)]
+pub struct PairChoices {
+    pub a: AbVoice,
+    pub b: AbVoice,
+    pub song: SongChoices,
+}
+
+/// A pair's progress, sent as a `pair` event: the side being made and where it is.
+#[derive(Debug, Clone, Serialize)]
+pub struct PairProgress {
+    /// The id `generate_pair` returned.
+    pub id: u64,
+    pub side: Side,
+    #[serde(flatten)]
+    pub stage: SongStage,
+}
+
+/// A kept pair, as the A/B list shows it again: what both sides made, each side's voice
+/// in words and its WAV (None when it was never made), or why its request is unreadable.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PairView {
+    pub dir: PathBuf,
+    pub caption: Option<String>,
+    pub seed: Option<u64>,
+    pub seconds: Option<f64>,
+    pub a: PairSideView,
+    pub b: PairSideView,
+    pub problem: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PairSideView {
+    pub voice: Option<String>,
+    pub path: Option<PathBuf>,
 }
 
 /// A song's progress, sent as a `song` event.

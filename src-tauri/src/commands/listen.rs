@@ -1,4 +1,4 @@
-//! Commands of listening: previews, Generate, and audio for the player. Audio goes to
+//! Commands of listening: previews, Generate, A/B pairs, and audio for the player. Audio goes to
 //! the web view as raw bytes (an `ArrayBuffer` in JS) the page turns into a `blob:`
 //! URL: no file URL and no asset protocol, so the page reaches no file by itself.
 
@@ -8,7 +8,9 @@ use tauri::ipc::Response;
 use tauri::{AppHandle, Runtime, State};
 
 use super::{blocking, Res};
-use crate::bridge::{AdapterView, AppState, PreviewView, SavedSongView, SongChoices};
+use crate::bridge::{
+    AdapterChoiceView, AdapterView, AppState, PairChoices, PairView, PreviewView, SavedSongView, SongChoices,
+};
 
 /// Every preview of a run (the current one or one from History), oldest first.
 #[tauri::command]
@@ -56,6 +58,33 @@ pub async fn generate_song<R: Runtime>(
 ) -> Res<u64> {
     let state = state.inner().clone();
     blocking(move || state.generate(&PathBuf::from(dir), choices, app)).await
+}
+
+/// Every adapter the runs keep (final, best, kept checkpoints'), newest runs first.
+#[tauri::command]
+pub async fn adapter_choices(state: State<'_, AppState>) -> Res<Vec<AdapterChoiceView>> {
+    let state = state.inner().clone();
+    blocking(move || state.adapter_choices()).await
+}
+
+/// Starts an A/B pair from the run in `dir`; returns its id, and its progress arrives as
+/// `pair` events with that id and the side being made.
+#[tauri::command]
+pub async fn generate_pair<R: Runtime>(
+    app: AppHandle<R>,
+    state: State<'_, AppState>,
+    dir: String,
+    choices: PairChoices,
+) -> Res<u64> {
+    let state = state.inner().clone();
+    blocking(move || state.generate_pair(&PathBuf::from(dir), choices, app)).await
+}
+
+/// Every A/B pair made from a run (in any session), oldest first.
+#[tauri::command]
+pub async fn run_pairs(state: State<'_, AppState>, dir: String) -> Res<Vec<PairView>> {
+    let state = state.inner().clone();
+    blocking(move || state.pairs(&PathBuf::from(dir))).await
 }
 
 /// A song of the scanned dataset (by its name in the files table) as WAV bytes: as it
