@@ -717,9 +717,101 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     );
     wait_js(&c, &loaded, "the player to load the saved song").await;
     screenshot(&c, "05b-saved-songs.png").await;
+    mix_and_compare(&c, &run).await;
     c.close().await.unwrap();
     drop(driver);
     eprintln!("e2e: done in {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// Generate with the run's final adapter mixed in again at its own strength and no MLP
+/// change, then an A/B pair (the base model against the run's final adapter) at one
+/// seed: both sides made, drawn and played, kept in the run's `ab` folder and listed
+/// again when the run is shown again.
+async fn mix_and_compare(c: &Client, run: &Path) {
+    let run = run.canonicalize().unwrap();
+    let seconds = c.find(Locator::Id("gen-duration")).await.unwrap();
+    seconds.clear().await.unwrap();
+    seconds.send_keys("1").await.unwrap();
+    c.find(Locator::Id("btn-add-mix")).await.unwrap().click().await.unwrap();
+    let picked = "return document.querySelector('#gen-mix [data-testid=mix-adapter]').value";
+    assert_eq!(
+        js(c, picked).await,
+        json!(run.join("final/adapter").to_str().unwrap()),
+        "the newest run's final adapter first"
+    );
+    let strength = c.find(Locator::Css("#gen-mix [data-testid=mix-strength]")).await.unwrap();
+    strength.clear().await.unwrap();
+    strength.send_keys("0.5").await.unwrap();
+    let mlp = c.find(Locator::Id("gen-part-mlp")).await.unwrap();
+    mlp.clear().await.unwrap();
+    mlp.send_keys("0").await.unwrap();
+    js(c, "document.getElementById('btn-generate').scrollIntoView({block: 'center'}); return true").await;
+    c.find(Locator::Id("btn-generate")).await.unwrap().click().await.unwrap();
+    let mixed = "const r = document.querySelector('#song-list > li'); return !!r && r.dataset.stage === 'written' && r.textContent.includes('1 mixed in') && r.querySelector('.audio-picture svg') !== null";
+    wait_js_for(c, mixed, "the song with an adapter mixed in", ENGINE_WAIT).await;
+    let song = js(c, "return document.querySelector('#song-list > li').dataset.path").await;
+    let kept: Value =
+        serde_json::from_slice(&std::fs::read(Path::new(song.as_str().unwrap()).with_extension("json")).unwrap())
+            .unwrap();
+    assert_eq!(kept["more_adapters"], json!([{"path": run.join("final/adapter"), "scale": 0.5}]), "{kept}");
+    assert_eq!(kept["parts"], json!({"self": 1.0, "cross": 1.0, "mlp": 0.0}), "{kept}");
+
+    // A/B: A is the base model, B this run's final adapter, as the pickers start.
+    let voices = "return [document.getElementById('ab-a'), document.getElementById('ab-b')].map(s => s.options[s.selectedIndex].text)";
+    assert_eq!(js(c, voices).await, json!(["The base model", "This run · final"]));
+    js(c, "document.getElementById('btn-ab').scrollIntoView({block: 'center'}); return true").await;
+    c.find(Locator::Id("btn-ab")).await.unwrap().click().await.unwrap();
+    // Not yet: what the row says (a timeout prints it).
+    let both = "const r = document.querySelector('#pair-list [data-testid=pair]'); \
+        return (!!r && r.dataset.stage === 'written' && r.querySelectorAll('.pair-side .audio-picture svg').length === 2) \
+        || (r ? JSON.stringify([r.dataset.stage, [...r.querySelectorAll('.pair-side')].map(s => s.dataset.stage), r.querySelectorAll('.pair-side .audio-picture svg').length, r.innerText]) : `no pair: ${document.getElementById('message').textContent}`)";
+    wait_js_for(c, both, "both sides of the pair", ENGINE_WAIT).await;
+    let sides = js(
+        c,
+        "return [...document.querySelectorAll('#pair-list [data-testid=pair] .pair-side')].map(s => s.dataset.path)",
+    )
+    .await;
+    let sides: Vec<PathBuf> = sides.as_array().unwrap().iter().map(|p| PathBuf::from(p.as_str().unwrap())).collect();
+    assert_eq!(sides.len(), 2);
+    for (side, path) in ["a", "b"].iter().zip(&sides) {
+        assert!(path.starts_with(run.join("ab")) && path.ends_with(format!("{side}.wav")), "{}", path.display());
+        assert!((wav_seconds(path) - 1.0).abs() < 0.05, "side {side}: {} s", wav_seconds(path));
+    }
+    assert!(std::fs::read(&sides[0]).unwrap() != std::fs::read(&sides[1]).unwrap(), "two voices, two songs");
+    for (side, path) in ["a", "b"].iter().zip(&sides) {
+        c.find(Locator::Css(&format!("#pair-list [data-testid=pair] [data-side={side}] .play")))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        let playing = format!(
+            "const p = document.getElementById('player'); return p.dataset.key === {} && p.readyState >= 1 && p.duration > 0",
+            json!(path.to_str().unwrap())
+        );
+        wait_js(c, &playing, &format!("the player to load side {side}")).await;
+    }
+    js(c, "document.querySelector('#pair-list [data-testid=pair]').scrollIntoView({block: 'end'}); return true").await;
+    screenshot(c, "05c-ab.png").await;
+
+    // Shown again (as a later session shows the run): the pair is listed from its folder and plays.
+    js(c, "window.shownPair = document.querySelector('#pair-list [data-testid=pair]'); return true").await;
+    c.find(Locator::Id("tab-history")).await.unwrap().click().await.unwrap();
+    let listen = "const b = document.querySelector('#runs-body [data-testid=run-listen]'); if (!b || document.getElementById('panel-history').hidden) return false; b.scrollIntoView({block: 'center'}); return true";
+    wait_js(c, listen, "the run's Listen button").await;
+    c.find(Locator::Css("#runs-body [data-testid='run-listen']")).await.unwrap().click().await.unwrap();
+    let listed = format!(
+        "const r = document.querySelector('#pair-list [data-testid=pair]'); return !!r && r !== window.shownPair && r.dataset.stage === 'written' \
+         && r.querySelector('[data-side=b]').dataset.path === {} && r.textContent.includes('/final at 1')",
+        json!(sides[1].to_str().unwrap())
+    );
+    wait_js(c, &listed, "the kept pair, listed again").await;
+    js(c, "document.querySelector('#pair-list [data-side=a] .play').scrollIntoView({block: 'center'}); return true")
+        .await;
+    c.find(Locator::Css("#pair-list [data-testid=pair] [data-side=a] .play")).await.unwrap().click().await.unwrap();
+    let replayed =
+        format!("return document.getElementById('player').dataset.key === {}", json!(sides[0].to_str().unwrap()));
+    wait_js(c, &replayed, "the kept pair's A, played again").await;
 }
 
 /// The row of the files table for `file`, and a cell of it.

@@ -1,11 +1,12 @@
 // Listening: a run's previews (the base model pinned first), Generate with the run's
-// adapter, and the dataset's songs. Audio comes from the backend as bytes (only files
-// of the runs folder, or songs of the scanned dataset) and plays from a blob: URL in
-// the one player element; pictures are SVG drawn by the engine.
+// adapter (other adapters mixed in: mix.js), its A/B pairs (ab.js), and the dataset's
+// songs, all through the one player (player.js); pictures are SVG drawn by the engine.
 
 import { invoke, listen, errorText } from './api.js';
-import { setSvg } from './svg.js';
 import * as fmt from './format.js';
+import { playButton, runAudio, audioPicture, stageText, stageProgress, setupPlayer } from './player.js';
+import { refreshAdapters, mixChoices, partStrengths, markFields, setupMix } from './mix.js';
+import { showPairs, setupAb } from './ab.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -15,45 +16,6 @@ const state = {
   songs: new Map(), // song id -> its row
   say: () => {},
 };
-
-// ---- the player -----------------------------------------------------------------
-
-/** Plays `key`'s audio (fetched by `load` the first time), or pauses it if it is playing. */
-async function toggle(key, load, button) {
-  const player = $('player');
-  if (player.dataset.key === key && !player.paused) {
-    player.pause();
-    return;
-  }
-  if (player.dataset.key !== key) {
-    let bytes;
-    try {
-      bytes = await load();
-    } catch (e) {
-      state.say(errorText(e), { error: true });
-      return;
-    }
-    if (player.src) URL.revokeObjectURL(player.src);
-    player.src = URL.createObjectURL(new Blob([bytes], { type: 'audio/wav' }));
-    player.dataset.key = key;
-    player.dataset.bytes = String(bytes.byteLength);
-  }
-  for (const b of document.querySelectorAll('.play[aria-pressed=true]')) b.setAttribute('aria-pressed', 'false');
-  button?.setAttribute('aria-pressed', 'true');
-  player.play().catch((e) => state.say(`Cannot play: ${e.message || e}`, { error: true }));
-}
-
-function playButton(key, load, label = 'Play') {
-  const b = document.createElement('button');
-  b.className = 'btn small play';
-  b.textContent = label;
-  b.dataset.testid = 'play';
-  b.setAttribute('aria-pressed', 'false');
-  b.addEventListener('click', () => toggle(key, load, b));
-  return b;
-}
-
-const runAudio = (path) => () => invoke('audio_bytes', { path });
 
 /** A row with a play button, a title, details and the engine's picture of the file. */
 function audioRow(path, title, detail, testid) {
@@ -68,13 +30,7 @@ function audioRow(path, title, detail, testid) {
   const small = document.createElement('small');
   small.textContent = detail;
   text.append(b, small);
-  const picture = document.createElement('div');
-  picture.className = 'audio-picture';
-  picture.dataset.testid = 'audio-picture';
-  li.append(playButton(path, runAudio(path)), text, picture);
-  invoke('audio_picture', { path })
-    .then((svg) => setSvg(picture, svg))
-    .catch((e) => { picture.textContent = errorText(e); });
+  li.append(playButton(path, runAudio(path)), text, audioPicture(path));
   return li;
 }
 
@@ -134,16 +90,23 @@ export async function showRun(dir, name) {
   $('listen-run').textContent = dir ? `Run ${name || dir}` : 'No run yet: start one, or pick one in History.';
   $('btn-generate').disabled = !dir;
   state.previews = [];
-  if (!dir) return showPreviews();
+  if (!dir) {
+    showPairs(null, null);
+    return showPreviews();
+  }
   let saved = [];
+  let adapter = null;
   try {
     state.previews = await invoke('run_previews', { dir });
     if (changed) saved = await invoke('run_songs', { dir });
-    showAdapter(dir, name, await invoke('run_adapter', { dir }));
+    adapter = await invoke('run_adapter', { dir });
+    showAdapter(dir, name, adapter);
+    await refreshAdapters();
   } catch (e) {
     state.say(errorText(e), { error: true });
   }
   if (state.dir !== dir) return;
+  showPairs(dir, adapter?.path ?? null);
   showPreviews();
   // Newest first, as Generate adds them; below any asked for meanwhile.
   for (const s of saved.reverse()) $('song-list').append(savedSongRow(s));
@@ -180,12 +143,21 @@ function choices() {
     seed: Number($('gen-seed').value),
     adapter_scale: Number($('gen-strength').value),
     plan_with_lm: $('gen-plan-lm').checked,
+    more_adapters: mixChoices(),
+    parts: partStrengths(),
   };
+}
+
+/** The song an A/B pair makes: Generate's, its voices setting the adapters. */
+function pairSong() {
+  const { adapter_scale: _, more_adapters: __, ...song } = choices();
+  return song;
 }
 
 async function generate() {
   if (!state.dir) return;
   const c = choices();
+  markFields($('generate-form'));
   try {
     const id = await invoke('generate_song', { dir: state.dir, choices: c });
     const li = document.createElement('li');
@@ -208,11 +180,14 @@ async function generate() {
     $('song-list').prepend(li);
     state.songs.set(id, li);
   } catch (e) {
-    state.say(errorText(e), { error: true });
+    state.say(markFields($('generate-form'), e), { error: true });
   }
 }
 
-const songTitle = (s) => `${s.caption || 'no caption'} · strength ${s.adapter_scale} · seed ${s.seed}`;
+const songTitle = (s) => {
+  const mixed = s.more_adapters?.length ? ` + ${s.more_adapters.length} mixed in` : '';
+  return `${s.caption || 'no caption'} · strength ${s.adapter_scale}${mixed} · seed ${s.seed}`;
+};
 
 /** A song saved under the run, listed again. */
 function savedSongRow(s) {
@@ -229,27 +204,9 @@ function onSong(p) {
   if (!li) return;
   li.dataset.stage = p.stage;
   const [status, bar] = [li.querySelector('small'), li.querySelector('progress')];
+  const progress = stageProgress(p);
+  if (progress !== null) bar.value = progress;
   switch (p.stage) {
-    case 'waiting':
-      status.textContent = p.live ? 'Waiting for the run’s next step boundary…' : 'Loading the model and adapter…';
-      break;
-    case 'planning':
-      status.textContent = `The 5 Hz LM is writing the ${p.phase}: ${p.tokens} tokens`;
-      break;
-    case 'planned':
-      status.textContent = `Planned: ${p.codes} audio codes`;
-      break;
-    case 'unplanned':
-      status.textContent = `No 5 Hz LM plan: ${p.reason}`;
-      break;
-    case 'sampling':
-      status.textContent = `Sampling step ${p.step} of ${p.steps}`;
-      bar.value = p.steps ? (0.9 * p.step) / p.steps : 0;
-      break;
-    case 'decoding':
-      status.textContent = 'Decoding…';
-      bar.value = 0.9;
-      break;
     case 'written': {
       const row = audioRow(p.path, li.querySelector('b').textContent, `${fmt.duration(p.seconds)} · saved in ${p.path}`, 'song');
       row.dataset.song = String(p.id);
@@ -259,11 +216,12 @@ function onSong(p) {
       break;
     }
     case 'failed':
-      status.textContent = `Failed: ${p.message}`;
+      status.textContent = stageText(p);
       li.classList.add('bad');
       bar.remove();
       break;
-    default: break;
+    default:
+      status.textContent = stageText(p) ?? '';
   }
 }
 
@@ -285,14 +243,13 @@ export function datasetButtons(name) {
 
 export async function setupListen({ say }) {
   state.say = say;
+  setupPlayer({ say });
+  setupMix({ say });
+  await setupAb({ say, song: pairSong });
   $('btn-generate').addEventListener('click', generate);
   const strength = $('gen-strength');
   const show = () => { $('gen-strength-value').textContent = Number(strength.value) === 0 ? '0 (base model)' : strength.value; };
   strength.addEventListener('input', show);
   show();
-  const player = $('player');
-  player.addEventListener('ended', () => {
-    for (const b of document.querySelectorAll('.play[aria-pressed=true]')) b.setAttribute('aria-pressed', 'false');
-  });
   await listen('song', onSong);
 }
