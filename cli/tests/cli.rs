@@ -2105,3 +2105,86 @@ fn preview_prompts_from_the_command_line() {
         "`tempo` is not a prompt field",
     );
 }
+
+/// The 5 Hz LM plans songs and previews on the tiny real-layout model
+/// (engine/tests/fixtures/real) with the committed tiny LM: `generate --lm DIR` writes
+/// the plan's codes and the DiT hears them; a run's `--preview-lm` previews are planned
+/// (they differ from the same run's unplanned ones) by the LM found where models are
+/// looked for, and with none found the run refuses to start, saying how to get one.
+#[test]
+fn songs_and_previews_planned_by_the_5hz_lm() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures");
+    let model = fixtures.join("real/model/acestep-v15-turbo");
+    let lm = fixtures.join("lm_tiny/acestep-5Hz-lm-tiny");
+    let tmp = tempfile::tempdir().unwrap();
+    let song = |out: &Path, extra: &[&str]| {
+        let mut c = ostinato();
+        c.args(["generate", "--model", model.to_str().unwrap(), "--caption", "plucked strings"])
+            .args(["--duration", "2", "--seed", "4", "--json", "--out", out.to_str().unwrap()])
+            .args(extra);
+        c
+    };
+    let planned = tmp.path().join("planned.wav");
+    let out = ok(song(&planned, &["--lm", lm.to_str().unwrap(), "--lm-temperature", "0"]).output().unwrap());
+    let events: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let plan = events.iter().find(|e| e["type"] == "planned").unwrap_or_else(|| panic!("no plan: {events:?}"));
+    println!("planned: {plan}");
+    assert!(plan["codes"].as_u64().unwrap() > 0, "{plan}");
+    assert!(events.iter().any(|e| e["type"] == "planning" && e["phase"] == "codes"), "{events:?}");
+    assert_eq!(events.last().unwrap()["type"], "written");
+    let unplanned = tmp.path().join("unplanned.wav");
+    ok(song(&unplanned, &[]).output().unwrap());
+    assert_ne!(std::fs::read(&planned).unwrap(), std::fs::read(&unplanned).unwrap(), "the DiT hears the plan");
+    fails_with(
+        ostinato()
+            .args(["generate", "--demo", "--caption", "x", "--duration", "1", "--lm", lm.to_str().unwrap()])
+            .args(["--out", tmp.path().join("demo.wav").to_str().unwrap()]),
+        "demo model cannot take a plan",
+    );
+
+    // Previews: the LM is found in a folder added to the app's places (as the Model panel adds one).
+    let songs = audio(tmp.path());
+    let lms = tmp.path().join("lms");
+    std::fs::create_dir_all(lms.join("acestep-5Hz-lm-0.6B")).unwrap();
+    for f in std::fs::read_dir(&lm).unwrap().flatten() {
+        std::fs::copy(f.path(), lms.join("acestep-5Hz-lm-0.6B").join(f.file_name())).unwrap();
+    }
+    let (with_lm, without_lm) = (tmp.path().join("config-lm"), tmp.path().join("config-none"));
+    ostinato_engine::load::places::AddedFolders::add(&with_lm, &lms).unwrap();
+    let run = |name: &str, config: &Path, extra: &[&str]| {
+        let mut c = ostinato();
+        c.args(["train", songs.to_str().unwrap(), "--model", model.to_str().unwrap(), "--name", name])
+            .args(["--runs-dir", tmp.path().join("runs").to_str().unwrap()])
+            .args(["--crop-seconds", "2", "--rank", "2", "--max-steps", "2", "--seed", "3"])
+            .args(["--preview-every-steps", "2", "--preview-seconds", "1", "--preview-caption", "soft bells"])
+            .args(extra)
+            // Only the places this test makes: no LM of the machine's is found.
+            .env("OSTINATO_CONFIG_DIR", config)
+            .env("HOME", tmp.path())
+            .env("XDG_CACHE_HOME", tmp.path().join("cache"))
+            .env("XDG_DATA_HOME", tmp.path().join("data"))
+            .env("HF_HOME", tmp.path().join("hf"))
+            .env_remove("HF_HUB_CACHE")
+            .env("ACESTEP_CHECKPOINTS_DIR", tmp.path().join("checkpoints"))
+            .current_dir(tmp.path());
+        c
+    };
+    ok(run("planned", &with_lm, &["--preview-lm"]).output().unwrap());
+    ok(run("plain", &with_lm, &[]).output().unwrap());
+    let preview =
+        |name: &str, file: &str| std::fs::read(tmp.path().join("runs").join(name).join("previews").join(file)).unwrap();
+    for file in ["base.wav", "step-000002.wav"] {
+        assert_ne!(preview("planned", file), preview("plain", file), "{file}: planned previews differ");
+    }
+    let toml = std::fs::read_to_string(tmp.path().join("runs/planned/run.toml")).unwrap();
+    assert!(toml.contains("preview_lm = true"), "{toml}");
+    let stderr = fails_with(
+        &mut run("no-lm", &without_lm, &["--preview-lm"]),
+        "setting `preview_lm`: no complete 5 Hz LM found",
+    );
+    println!("without an LM: {stderr}");
+    assert!(stderr.contains("ostinato models download lm-"), "{stderr}");
+    assert!(!stderr.contains("preparing dataset"), "refused before the songs are prepared: {stderr}");
+    assert!(!tmp.path().join("runs/no-lm").exists(), "and no run folder left behind");
+}

@@ -10,6 +10,7 @@ use super::config::RunConfig;
 use super::control::RunControl;
 use super::fit::{self, MemoryPlan};
 use super::lock::RunLock;
+use super::preview::check_preview_lm;
 use super::run::{self, RunEnd};
 use super::run_dir::{create_run_dir, write_config, Origin};
 use crate::events::Event;
@@ -69,6 +70,7 @@ impl Run {
         let plan = fit::plan(&config)?;
         fit::check(&plan)?;
         crate::lora::check_rank(&config.lora, &config.model.shape()?.dit)?;
+        check_preview_lm(&config)?;
         let run_dir = config.run_dir();
         let origin = Origin::New { created_dir: create_run_dir(&run_dir)? };
         let lock = RunLock::acquire(&run_dir)?;
@@ -99,6 +101,7 @@ impl Run {
         let mut config = RunConfig::from_toml_file(&run_dir.join("run.toml"))?;
         let lock = RunLock::acquire(&run_dir)?;
         config.check_input_folders()?;
+        check_preview_lm(&config)?;
         let plan = fit::plan(&config)?;
         fit::check(&plan)?;
         config.stop_at_step = stop_at_step;

@@ -14,7 +14,7 @@ use crate::cancel::Cancel;
 use crate::data::PreparedDataset;
 use crate::events::Event;
 use crate::generate::plan::{PlanSettings, Planner};
-use crate::generate::planned::load_planner;
+use crate::generate::planned::{load_planner, plan_lm};
 use crate::generate::GenerateSpec;
 use crate::{Error, Result};
 
@@ -105,6 +105,18 @@ impl Previews {
             seconds: spec.duration_seconds,
             took_s: started.elapsed().as_secs_f64(),
         })
+    }
+}
+
+/// A run that plans its previews finds its 5 Hz LM before it starts (not after its
+/// dataset is prepared): an error saying how to get one when none is found.
+pub(super) fn check_preview_lm(config: &RunConfig) -> Result<()> {
+    match config.preview_lm && config.preview_every_steps.is_some() {
+        true => plan_lm(&PlanSettings::default()).map(|_| ()).map_err(|e| match e {
+            Error::Setting { reason, .. } => Error::setting("preview_lm", reason),
+            e => e,
+        }),
+        false => Ok(()),
     }
 }
 
