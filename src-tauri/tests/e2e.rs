@@ -694,10 +694,7 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     screenshot(&c, "05-relaunch.png").await;
     // The song made in the first session is listed again with its run, and plays.
-    c.find(Locator::Id("tab-history")).await.unwrap().click().await.unwrap();
-    let listen = "const b = document.querySelector('#runs-body [data-testid=run-listen]'); if (!b || document.getElementById('panel-history').hidden) return false; b.scrollIntoView({block: 'center', inline: 'center'}); return true";
-    wait_js(&c, listen, "the run's Listen button in the history").await;
-    c.find(Locator::Css("#runs-body [data-testid='run-listen']")).await.unwrap().click().await.unwrap();
+    listen_from_history(&c).await;
     let saved = format!(
         "const r = document.querySelector('#song-list [data-testid=song][data-stage=written]'); return !!r && r.dataset.path === {} && r.textContent.includes('plucked strings')",
         json!(song.to_str().unwrap())
@@ -796,10 +793,7 @@ async fn mix_and_compare(c: &Client, run: &Path) {
 
     // Shown again (as a later session shows the run): the pair is listed from its folder and plays.
     js(c, "window.shownPair = document.querySelector('#pair-list [data-testid=pair]'); return true").await;
-    c.find(Locator::Id("tab-history")).await.unwrap().click().await.unwrap();
-    let listen = "const b = document.querySelector('#runs-body [data-testid=run-listen]'); if (!b || document.getElementById('panel-history').hidden) return false; b.scrollIntoView({block: 'center'}); return true";
-    wait_js(c, listen, "the run's Listen button").await;
-    c.find(Locator::Css("#runs-body [data-testid='run-listen']")).await.unwrap().click().await.unwrap();
+    listen_from_history(c).await;
     let listed = format!(
         "const r = document.querySelector('#pair-list [data-testid=pair]'); return !!r && r !== window.shownPair && r.dataset.stage === 'written' \
          && r.querySelector('[data-side=b]').dataset.path === {} && r.textContent.includes('/final at 1')",
@@ -812,6 +806,14 @@ async fn mix_and_compare(c: &Client, run: &Path) {
     let replayed =
         format!("return document.getElementById('player').dataset.key === {}", json!(sides[0].to_str().unwrap()));
     wait_js(c, &replayed, "the kept pair's A, played again").await;
+}
+
+/// The History tab's Listen on the (one) run: the Listen tab shows it again.
+async fn listen_from_history(c: &Client) {
+    c.find(Locator::Id("tab-history")).await.unwrap().click().await.unwrap();
+    let listen = "const b = document.querySelector('#runs-body [data-testid=run-listen]'); if (!b || document.getElementById('panel-history').hidden) return false; b.scrollIntoView({block: 'center', inline: 'center'}); return true";
+    wait_js(c, listen, "the run's Listen button in the history").await;
+    c.find(Locator::Css("#runs-body [data-testid='run-listen']")).await.unwrap().click().await.unwrap();
 }
 
 /// The row of the files table for `file`, and a cell of it.
