@@ -34,8 +34,8 @@ impl Precision {
         ("auto", "Auto (recommended for this device)"),
         ("f32", "f32 — exact, most memory"),
         ("bf16", "bf16 — half the memory (GPU)"),
-        ("f16", "f16 — half the memory, loss scaling (GPU)"),
-        ("bf16-weights", "bf16 weights — half the weights' memory, f32 arithmetic (CPU)"),
+        ("f16", "f16 — half memory, loss scaling (GPU)"),
+        ("bf16-weights", "bf16 weights, f32 arithmetic (CPU)"),
     ];
 
     /// The name run.toml and `--precision` use.

@@ -468,6 +468,7 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
     let on_disk: Value = serde_json::from_slice(&std::fs::read(config.join("settings.json")).unwrap()).unwrap();
     assert_eq!(on_disk["run"]["preview_prompts"], json!([{"caption": "warm e2e keys", "seconds": 0.5}]), "{on_disk}");
     screenshot(&c, "02d-preview-prompt.png").await;
+    fits_the_window(&c).await;
 
     // While the songs are prepared the dataset line shows a progress bar (issue 20):
     // an observer notes the bar's value each time it changes while shown, however
@@ -816,6 +817,50 @@ async fn listen_from_history(c: &Client) {
     c.find(Locator::Css("#runs-body [data-testid='run-listen']")).await.unwrap().click().await.unwrap();
 }
 
+/// Every text of the settings and the Files tab that the window cuts short, at the
+/// window's width: each select's every choice, each input's value or placeholder, each
+/// field's label (as `id: text`), with the Files table's content and box widths.
+const CUT_SHORT: &str = "const canvas = document.createElement('canvas').getContext('2d'); \
+    const width = (el, text) => { const s = getComputedStyle(el); canvas.font = `${s.fontWeight} ${s.fontSize} ${s.fontFamily}`; return canvas.measureText(text).width; }; \
+    const shown = (el) => el.offsetParent !== null; \
+    const cut = []; \
+    const roots = [document.getElementById('panel-settings'), document.getElementById('editor-tools')]; \
+    for (const root of roots) { \
+      for (const sel of root.querySelectorAll('select')) { if (!shown(sel)) continue; \
+        for (const o of sel.options) if (width(sel, o.text) + 44 > sel.offsetWidth) cut.push(`${sel.id}: ${o.text}`); } \
+      for (const input of root.querySelectorAll('input[type=text], input[type=number]')) { if (!shown(input)) continue; \
+        const text = input.value || input.placeholder; const spin = input.type === 'number' ? 16 : 0; \
+        if (text && width(input, text) + 16 + spin > input.clientWidth) cut.push(`${input.id}: ${text}`); } \
+      for (const label of root.querySelectorAll('.field > label')) if (shown(label) && label.scrollWidth > label.clientWidth) cut.push(`label: ${label.textContent.trim()}`); \
+    } \
+    const table = document.querySelector('#panel-files .table-scroll'); \
+    return [cut, table.scrollWidth, table.clientWidth]";
+
+/// The Files tab and the settings at 1200 px (LoKr and Adafactor chosen: their factor
+/// and choice shown): the files table does not scroll sideways and no choice, value or
+/// label is cut short. At 900 px for its screenshot.
+async fn fits_the_window(c: &Client) {
+    show_tab(c, "files").await;
+    for width in [1200, 900] {
+        c.set_window_size(width, 800).await.expect("resizing the window");
+        wait_js(c, &format!("return window.innerWidth === {width}"), &format!("the window at {width} px")).await;
+        let measured = js(c, CUT_SHORT).await;
+        eprintln!(
+            "e2e: at {width} px, cut short {}, files table {} px in {} px",
+            measured[0], measured[1], measured[2]
+        );
+        if width == 1200 {
+            assert_eq!(measured[0], json!([]), "cut short at 1200 px");
+            assert!(measured[1].as_u64() <= measured[2].as_u64(), "the files table scrolls sideways: {measured}");
+        }
+        js(c, "document.getElementById('files-table').scrollIntoView({block: 'start'}); return true").await;
+        screenshot(c, &format!("02e-files-{width}px.png")).await;
+    }
+    c.set_window_size(1200, 800).await.expect("resizing the window");
+    wait_js(c, "return window.innerWidth === 1200", "the window at 1200 px again").await;
+    show_tab(c, "charts").await;
+}
+
 /// The row of the files table for `file`, and a cell of it.
 fn cell(file: &str, field: &str) -> String {
     format!("#files-body tr[data-file='{file}'] [data-field={field}]")
@@ -867,12 +912,9 @@ async fn edit_labels(c: &Client) {
     .await;
 
     let song = "song-3-000.ogg";
-    c.find(Locator::Css(&format!("#files-body tr[data-file='{song}'] [data-testid=analyse-song]")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    let analyse = format!("#files-body tr[data-file='{song}'] [data-testid=analyse-song]");
+    js(c, &format!("document.querySelector(\"{analyse}\").scrollIntoView({{block: 'center'}}); return true")).await;
+    c.find(Locator::Css(&analyse)).await.unwrap().click().await.unwrap();
     let estimated = format!(
         "const i = document.querySelector(\"{}\"); return i.dataset.source === 'estimate' && i.value === '112'",
         cell(song, "bpm")

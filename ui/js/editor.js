@@ -18,11 +18,11 @@ const $ = (id) => document.getElementById(id);
 const FIELDS = [
   { field: 'caption', label: 'Caption', multiline: true },
   { field: 'lyrics', label: 'Lyrics', multiline: true, placeholder: '[Instrumental]' },
-  { field: 'bpm', label: 'BPM', width: '4.5em' },
-  { field: 'keyscale', label: 'Key', width: '7.5em' },
-  { field: 'timesignature', label: 'Time signature', width: '3em' },
-  { field: 'language', label: 'Language', width: '5.5em', list: 'languages' },
-  { field: 'genre', label: 'Genre', width: '9em' },
+  { field: 'bpm', label: 'BPM', width: '3.8em' },
+  { field: 'keyscale', label: 'Key', width: '6.5em' },
+  { field: 'timesignature', label: 'Time signature', width: '2.8em' },
+  { field: 'language', label: 'Language', width: '4em', list: 'languages' },
+  { field: 'genre', label: 'Genre', width: '6.5em' },
 ];
 const SOURCE_TEXT = {
   edited: 'edited here',
@@ -56,7 +56,7 @@ export function showDataset(d) {
   const body = $('files-body');
   body.replaceChildren();
   if (!d.files.length) {
-    body.innerHTML = `<tr class="empty-row"><td colspan="${FIELDS.length + 5}">No audio files in this folder.</td></tr>`;
+    body.innerHTML = `<tr class="empty-row"><td colspan="${FIELDS.length + 2}">No audio files in this folder.</td></tr>`;
     return;
   }
   for (const f of d.files) body.append(fileRow(f));
@@ -107,9 +107,13 @@ function fileRow(f) {
   const verdict = ok ? (f.note ? ['cut', 'warn'] : ['used', 'ok']) : ['skipped', 'bad'];
   tr.dataset.verdict = verdict[0];
   const why = ok ? f.note : f.problem;
-  const name = td('name', f.name);
+  // The file, its verdict and its length in one cell: the table fits a 1200 px window.
+  const verdictLine = document.createElement('div');
+  verdictLine.className = 'verdict';
+  verdictLine.append(badge(...verdict), detail(fmt.duration(f.duration_s), 'duration'), ...(why ? [detail(why, ok ? 'note' : 'problem')] : []));
+  const name = td('name', f.name, verdictLine);
   if (f.stale) name.append(detail('the audio changed since these labels were kept', 'stale'));
-  tr.append(name, td('verdict', badge(...verdict), ...(why ? [detail(why, ok ? 'note' : 'problem')] : [])), td('num', fmt.duration(f.duration_s)));
+  tr.append(name);
   for (const spec of FIELDS) tr.append(ok ? labelCell(f, spec) : td('label'));
   const accept = document.createElement('button');
   accept.className = 'btn small';
@@ -124,7 +128,10 @@ function fileRow(f) {
   analyseOne.dataset.testid = 'analyse-song';
   analyseOne.addEventListener('click', () => analyse([f.name]));
   const [caption, captioned] = ok ? captionControls(f.name) : [];
-  tr.append(td('actions-cell', ...(ok ? [analyseOne, caption, accept, captioned] : [])), td('', ...(ok ? [datasetButtons(f.name)] : [])));
+  const actions = document.createElement('div');
+  actions.className = 'row-actions';
+  if (ok) actions.append(analyseOne, caption, accept, datasetButtons(f.name), captioned);
+  tr.append(td('actions-cell', actions));
   tr.addEventListener('keydown', (e) => {
     if (e.key === 'Enter' && !e.shiftKey && state.estimates.has(f.name) && !e.target.dataset.dirty) {
       e.preventDefault();

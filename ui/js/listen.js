@@ -77,7 +77,7 @@ function showPreviews() {
   $('listen-count').textContent = '';
   for (const p of state.previews) insertPreview(p);
   if (!state.previews.length) {
-    list.innerHTML = '<li class="empty">No previews yet. Set "Preview every (steps)" in the settings to hear the adapter as it trains.</li>';
+    list.innerHTML = '<li class="empty">No previews yet. Set "Preview every" (steps) in the settings to hear the adapter as it trains.</li>';
   }
 }
 
