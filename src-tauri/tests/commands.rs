@@ -902,6 +902,9 @@ fn labels_edited_in_the_window_are_checked_kept_and_trained_with() {
     for field in ["bpm", "keyscale", "timesignature"] {
         let e = &estimates[field];
         assert!(e["value"].is_string() != e["cannot_tell"].is_string(), "{field}: {e}");
+        // Below the engine's level of sure, a reading is offered as a guess.
+        let sure = ostinato_engine::label::analysis::SURE;
+        assert_eq!(e["guess"], json!(e["confidence"].as_f64().is_some_and(|c| c < sure)), "{field}: {e}");
     }
     let rescanned = app.invoke("scan_dataset", json!({"path": songs})).unwrap();
     let again = rescanned["files"].as_array().unwrap().iter().find(|f| f["name"] == song).unwrap();

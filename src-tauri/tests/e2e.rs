@@ -921,6 +921,27 @@ async fn edit_labels(c: &Client) {
     );
     wait_js(c, &estimated, "the analysed tempo shown as an estimate").await;
     assert_eq!(js(c, &format!("return document.querySelector(\"{}\").value", cell(song, "keyscale"))).await, "C major");
+    // Readings below the engine's level of sure (80%, as the legend says) are shown as guesses.
+    assert_eq!(text(c, "#sure-level").await, "80%");
+    for field in ["bpm", "keyscale", "timesignature"] {
+        let shown = js(
+            c,
+            &format!("const i = document.querySelector(\"{}\"); return [i.dataset.guess, i.title]", cell(song, field)),
+        )
+        .await;
+        let title = shown[1].as_str().unwrap();
+        let percent: f64 = title
+            .split('(')
+            .nth(1)
+            .and_then(|t| t.split('%').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("{field}: {title}"));
+        eprintln!("e2e: {field} {title:?}, guess {}", shown[0]);
+        if (percent - 80.0).abs() > 1.0 {
+            assert_eq!(shown[0], json!((percent < 80.0).to_string()), "{field}: {title}");
+            assert_eq!(title.starts_with("a guess"), percent < 80.0, "{field}: {title}");
+        }
+    }
     js(
         c,
         &format!(

@@ -707,6 +707,7 @@ async function init() {
   ui.settings = s.settings;
   ui.choices = s.choices;
   fillChoices(s.choices);
+  $('sure-level').textContent = `${Math.round(100 * s.choices.sure)}%`;
   showSettings(s.settings);
   if (s.notice) { $('notice').textContent = s.notice; $('notice').hidden = false; }
   $('runs-dir').textContent = `Runs are kept in ${s.runs_dir}`;

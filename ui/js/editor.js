@@ -176,6 +176,7 @@ function showValue(input, resolved) {
   const source = resolved?.source || 'none';
   input.dataset.source = source;
   delete input.dataset.estimate;
+  delete input.dataset.guess;
   input.title = SOURCE_TEXT[source] || 'not given: N/A to ACE-Step';
 }
 
@@ -238,9 +239,12 @@ function showEstimates(name) {
       input.value = e.value;
       input.dataset.source = 'estimate';
       input.dataset.estimate = e.from || 'analysis';
+      // The engine says which readings are guesses (below its level of sure); the LM's are all guesses.
+      input.dataset.guess = String(e.from === 'lm' || e.guess === true);
+      const sure = `${Math.round(100 * e.confidence)}% sure`;
       input.title = e.from === 'lm'
         ? "ACE-Step's LM's guess (it may invent it): Enter or Accept keeps it"
-        : `estimate from the audio (${Math.round(100 * e.confidence)}% sure): Enter or Accept keeps it`;
+        : `${e.guess ? 'a guess' : 'read'} from the audio (${sure}): Enter or Accept keeps it`;
     } else if (e.cannot_tell && input.value === '') {
       input.placeholder = 'cannot tell';
       input.title = `cannot tell from the audio: ${e.cannot_tell}`;

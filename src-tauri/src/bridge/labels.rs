@@ -77,8 +77,13 @@ impl AppState {
         let analysis = analyse_file(&song.file.path)
             .map_err(|why| BridgeError::Invalid(format!("{name} cannot be analysed: {why}")))?;
         let view = |reading: Reading<String>| match reading {
-            Ok(e) => EstimateView { value: Some(e.value), confidence: Some(e.confidence), cannot_tell: None },
-            Err(why) => EstimateView { value: None, confidence: None, cannot_tell: Some(why) },
+            Ok(e) => EstimateView {
+                guess: e.is_guess(),
+                value: Some(e.value),
+                confidence: Some(e.confidence),
+                cannot_tell: None,
+            },
+            Err(why) => EstimateView { value: None, confidence: None, guess: false, cannot_tell: Some(why) },
         };
         Ok(ANALYSED.into_iter().filter_map(|f| Some((f, view(reading(&analysis, f)?)))).collect())
     }

@@ -60,6 +60,8 @@ pub struct DatasetView {
 pub struct EstimateView {
     pub value: Option<String>,
     pub confidence: Option<f64>,
+    /// Read with less confidence than the engine's `SURE`: shown as a guess.
+    pub guess: bool,
     pub cannot_tell: Option<String>,
 }
 
@@ -162,6 +164,8 @@ pub struct Choices {
     pub lm_variants: Vec<(&'static str, String)>,
     /// The precisions, each with what it means.
     pub precisions: &'static [(&'static str, &'static str)],
+    /// The confidence below which a reading of the audio is shown as a guess.
+    pub sure: f64,
 }
 
 impl Default for Choices {
@@ -177,6 +181,7 @@ impl Default for Choices {
                 .map(|v| (v.name(), format!("{} · {}", v.name(), v.approx_size())))
                 .collect(),
             precisions: &Precision::CHOICES,
+            sure: ostinato_engine::label::analysis::SURE,
         }
     }
 }

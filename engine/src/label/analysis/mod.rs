@@ -25,6 +25,9 @@ pub const MIN_RHYTHM_SECONDS: f64 = 6.0;
 /// One field's reading: its value and how sure (0 to 1), or why it cannot be told.
 pub type Reading<T> = Result<Estimate<T>, String>;
 
+/// The confidence from which a reading is offered as read; below it, as a guess.
+pub const SURE: f64 = 0.8;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Estimate<T> {
     pub value: T,
@@ -35,6 +38,11 @@ impl<T> Estimate<T> {
     /// The same reading, its value written another way.
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Estimate<U> {
         Estimate { value: f(self.value), confidence: self.confidence }
+    }
+
+    /// Read with less confidence than [`SURE`]: a guess to be shown as one.
+    pub fn is_guess(&self) -> bool {
+        self.confidence < SURE
     }
 }
 
