@@ -554,9 +554,19 @@ fn bench_reports_one_configuration_as_json() {
         assert_eq!(report["layers"], 1);
         assert_eq!(report["gradient_checkpointing"], on);
         assert_eq!(report["step_times_s"].as_array().unwrap().len(), 2);
-        for key in ["median_s_per_step", "peak_rss_bytes", "activation_bytes", "activation_heap_bytes"] {
+        for key in ["median_s_per_step", "peak_rss_bytes", "activation_bytes", "activation_heap_bytes", "tflops_per_s"]
+        {
             assert!(report[key].as_f64().unwrap() > 0.0, "{key}: {report}");
         }
+        // The step's arithmetic by part, counted for the one layer: a recompute only with checkpointing.
+        let flops = &report["flops"];
+        for part in ["forward", "backward"] {
+            assert!(
+                flops[part]["linears"].as_f64().unwrap() > 0.0 && flops[part]["lora"].as_f64().unwrap() > 0.0,
+                "{flops}"
+            );
+        }
+        assert_eq!(flops["recompute"]["linears"].as_f64().unwrap() > 0.0, on, "{flops}");
     }
     let err = ostinato().args(["bench", "--preset", "huge"]).output().unwrap();
     assert!(!err.status.success() && String::from_utf8_lossy(&err.stderr).contains("huge"));

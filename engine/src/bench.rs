@@ -10,6 +10,7 @@
 //! timesteps and noise (flow matching), forward + backward (plain or checkpointed),
 //! the non-finite guard, clipping the global norm to 1, the AdamW update.
 
+pub mod flops;
 pub mod generation;
 pub mod label;
 pub mod lm;
@@ -239,6 +240,10 @@ pub struct BenchReport {
     pub predicted_peak_bytes: u64,
     pub base_parameters: usize,
     pub lora_parameters: usize,
+    /// What a step must compute, by part, counted from the shapes ([`flops`]).
+    pub flops: flops::StepFlops,
+    /// That count over the median step time.
+    pub tflops_per_s: f64,
     pub first_loss: f32,
     pub last_loss: f32,
 }
@@ -296,6 +301,7 @@ pub fn run_spec(
     }
 
     let median = median(&times);
+    let flops = flops::step_flops(spec, checkpointing);
     let peak = metrics::peak_rss_bytes().unwrap_or(0);
     let steps_peak = heap::peak_bytes();
     let activation_heap_bytes = heap_baseline.zip(steps_peak).map(|(base, peak)| peak.saturating_sub(base));
@@ -323,6 +329,8 @@ pub fn run_spec(
         predicted_peak_bytes: predicted_peak(spec, checkpointing, kernels.host(device, dtype), precision, device),
         base_parameters,
         lora_parameters,
+        tflops_per_s: flops.total() / median / 1e12,
+        flops,
         first_loss,
         last_loss,
     })
@@ -439,6 +447,8 @@ impl BenchReport {
              parameters              {} base, {} adapter\n\
              median s/step           {:.4} (over {} steps after {} warm-up)\n\
              samples/s               {:.3}\n\
+             arithmetic (counted)    {}\n\
+             achieved                {:.2} TFLOP/s\n\
              peak RSS                {:.1} MiB\n\
              model RSS               {:.1} MiB\n\
              activation memory       {:.1} MiB (RSS), {} (live heap)\n\
@@ -459,6 +469,8 @@ impl BenchReport {
             self.steps,
             self.warmup,
             self.samples_per_sec,
+            self.flops,
+            self.tflops_per_s,
             mib(self.peak_rss_bytes),
             mib(self.model_rss_bytes),
             mib(self.activation_bytes),
