@@ -354,6 +354,7 @@ pub struct TrainArgs {
     /// `timesignature`, `seconds`, `seed`, `steps`, `guidance`, `;` between them, e.g.
     /// "caption=[trigger], lofi piano; bpm=90; keyscale=A minor; seed=3". `[trigger]` is
     /// the run's trigger word; fields left out are the run's preview defaults.
+    /// `adapter=FOLDER@STRENGTH` (once for each) mixes another run's adapter in.
     #[arg(long = "preview-prompt", value_name = "FIELDS", value_parser = parse_with::<PreviewPrompt>)]
     pub preview_prompts: Vec<PreviewPrompt>,
     /// Preview the base model before step 1, to compare with (on or off; default on).

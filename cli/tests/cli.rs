@@ -2108,6 +2108,24 @@ fn preview_prompts_from_the_command_line() {
     assert!(toml.contains("[[preview_prompts]]") && toml.contains("caption = \"[trigger] warm keys\""), "{toml}");
     assert!(toml.contains("preview_at_step_0 = false"), "{toml}");
 
+    // The first prompt again with that run's adapter mixed in: its preview is another
+    // song, the second prompt's the same bytes (training does not depend on previews).
+    let other = run.join("final/adapter");
+    let mixed_prompt = format!("caption=[trigger] warm keys; seconds=1; seed=4; adapter={}@1", other.display());
+    let mut mixed = extra.to_vec();
+    mixed[7] = &mixed_prompt;
+    ok(train(tmp.path(), &songs, "mixed", &mixed).output().unwrap());
+    let preview =
+        |name: &str, file: &str| std::fs::read(tmp.path().join("runs").join(name).join("previews").join(file)).unwrap();
+    assert_ne!(
+        preview("mixed", "step-000002.wav"),
+        preview("prompted", "step-000002.wav"),
+        "the other adapter is heard"
+    );
+    assert_eq!(preview("mixed", "step-000002-prompt2.wav"), preview("prompted", "step-000002-prompt2.wav"));
+    let toml = std::fs::read_to_string(tmp.path().join("runs/mixed/run.toml")).unwrap();
+    assert!(toml.contains("[[preview_prompts.more_adapters]]") && toml.contains("scale = 1.0"), "{toml}");
+
     let bad = ["--preview-every-steps", "2", "--preview-prompt", "caption=x; bpm=500"];
     fails_with(&mut train(tmp.path(), &songs, "bad", &bad), "preview_prompts[0].bpm");
     fails_with(

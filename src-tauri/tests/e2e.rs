@@ -465,6 +465,18 @@ async fn run(tauri_driver: &Path, xvfb: &Path) {
         )
         .await;
     }
+    // Another adapter mixed into the prompt: a folder that is not there is named under
+    // its field, and nothing is kept until it is taken out again.
+    js(&c, "document.querySelector('#preview-prompts [data-testid=prompt-more_adapters]').scrollIntoView({block: 'center'}); return true").await;
+    let mix = c.find(Locator::Css("#preview-prompts [data-testid=prompt-more_adapters]")).await.unwrap();
+    mix.send_keys("/nowhere/adapter@0.5").await.unwrap();
+    c.find(Locator::Id("h-settings")).await.unwrap().click().await.unwrap();
+    let refused = "const e = document.querySelector('[data-error-for=\"preview_prompts[0].more_adapters\"]'); return !!e && e.textContent.includes('/nowhere/adapter is not a folder')";
+    wait_js(&c, refused, "the missing adapter named under the prompt's Mix in").await;
+    // The rows are drawn again from the saved settings: the field is found anew.
+    js(&c, "const i = document.querySelector('#preview-prompts [data-testid=prompt-more_adapters]'); i.value = ''; i.dispatchEvent(new Event('change', {bubbles: true})); return true").await;
+    wait_js(&c, "return document.getElementById('settings-status').dataset.state === 'saved'", "the prompt to save")
+        .await;
     let on_disk: Value = serde_json::from_slice(&std::fs::read(config.join("settings.json")).unwrap()).unwrap();
     assert_eq!(on_disk["run"]["preview_prompts"], json!([{"caption": "warm e2e keys", "seconds": 0.5}]), "{on_disk}");
     screenshot(&c, "02d-preview-prompt.png").await;

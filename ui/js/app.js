@@ -182,7 +182,8 @@ function readSettings() {
 function markErrors(fields = {}) {
   for (const el of document.querySelectorAll('[data-error-for]')) {
     const key = el.dataset.errorFor;
-    el.textContent = fields[key] || '';
+    // A list's field takes its items' errors too (`preview_prompts[0].more_adapters[1].path`).
+    el.textContent = fields[key] || Object.entries(fields).find(([f]) => f.startsWith(`${key}[`))?.[1] || '';
     document.querySelector(`[data-setting="${key}"], [data-app-setting="${key}"]`)?.setAttribute('aria-invalid', fields[key] ? 'true' : 'false');
   }
   const modelErr = fields.model;

@@ -15,7 +15,20 @@ const FIELDS = [
   ['seed', 'Seed', 'int', 'run\'s'],
   ['steps', 'Steps', 'int', 'model\'s'],
   ['guidance', 'Guidance', 'float', 'model\'s'],
+  ['more_adapters', 'Mix in', 'mix', 'adapter folder@strength, …'],
 ];
+
+/** Adapters mixed in, as the field shows them: `folder@strength, folder@strength`. */
+const mixText = (mixed) => (mixed || []).map((m) => `${m.path}@${m.scale}`).join(', ');
+
+/** The field's text as adapters (a folder without `@` at strength 1); null if a strength is no number. */
+function mixOf(text) {
+  const mixed = text.split(',').map((t) => t.trim()).filter(Boolean).map((t) => {
+    const at = t.lastIndexOf('@');
+    return at < 0 ? { path: t, scale: 1 } : { path: t.slice(0, at).trim(), scale: Number(t.slice(at + 1)) };
+  });
+  return mixed.every((m) => Number.isFinite(m.scale)) ? mixed : null;
+}
 
 let onChange = () => {};
 
@@ -31,11 +44,11 @@ function promptRow(prompt, i) {
     input.type = 'text';
     input.spellcheck = false;
     input.placeholder = placeholder;
-    if (kind !== 'text') input.inputMode = 'decimal';
+    if (kind === 'int' || kind === 'float') input.inputMode = 'decimal';
     input.dataset.promptField = field;
     input.dataset.kind = kind;
     input.dataset.testid = `prompt-${field}`;
-    input.value = prompt[field] ?? '';
+    input.value = kind === 'mix' ? mixText(prompt[field]) : prompt[field] ?? '';
     input.addEventListener('change', onChange);
     const error = document.createElement('small');
     error.className = 'field-error';
@@ -76,6 +89,12 @@ export function readPrompts(errors) {
       if (raw === '') continue;
       const field = input.dataset.promptField;
       if (input.dataset.kind === 'text') { prompt[field] = raw; continue; }
+      if (input.dataset.kind === 'mix') {
+        const mixed = mixOf(raw);
+        if (mixed) prompt[field] = mixed;
+        else errors[`preview_prompts[${i}].${field}`] = 'enter folder@strength, separated by commas';
+        continue;
+      }
       const v = Number(raw);
       if (!Number.isFinite(v) || (input.dataset.kind === 'int' && !(Number.isInteger(v) && v >= 0))) {
         errors[`preview_prompts[${i}].${field}`] = input.dataset.kind === 'int' ? 'enter a whole number' : 'enter a number';

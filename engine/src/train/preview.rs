@@ -92,8 +92,12 @@ impl Previews {
     ) -> Result<Event> {
         let started = Instant::now();
         let song = voice.song(parts)?;
-        // Strength 0 is the base model exactly: the preview before any update.
-        let spec = GenerateSpec { adapter_scale: if step == 0 { 0.0 } else { 1.0 }, ..self.specs[*prompt].clone() };
+        // Before any update, the base model exactly: no adapter, none mixed in.
+        let prompt_spec = self.specs[*prompt].clone();
+        let spec = match step {
+            0 => GenerateSpec { adapter_scale: 0.0, more_adapters: Vec::new(), ..prompt_spec },
+            _ => GenerateSpec { adapter_scale: 1.0, ..prompt_spec },
+        };
         let audio = make_song(&song, parts.adapter, &spec, self.planner.as_ref(), cancel, &mut |_| {})?;
         write_song(&run_dir.join(rel), &audio)?;
         Ok(Event::Preview {

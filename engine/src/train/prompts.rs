@@ -1,5 +1,6 @@
 //! The prompts a run's previews are made from, the user's own: caption, lyrics, tempo,
-//! key, time signature, length, seed, steps and guidance, `[trigger]` in a caption or
+//! key, time signature, length, seed, steps and guidance, other runs' adapters mixed in
+//! over the one training (each at its strength), `[trigger]` in a caption or
 //! lyrics standing for the run's trigger word. What a prompt leaves out is the run's
 //! preview default (its preview caption or first song's, `preview_seconds`, its preview
 //! seed) or the model's (steps, guidance).
@@ -11,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::data::TriggerTag;
 use crate::error::SettingErrors;
 use crate::generate::song::MAX_SECONDS;
-use crate::generate::GenerateSpec;
+use crate::generate::{GenerateSpec, MixedAdapter};
 use crate::Error;
 
 /// What a prompt writes for the run's trigger word.
@@ -46,6 +47,9 @@ pub struct PreviewPrompt {
     /// None: the model's (7 on base/SFT; turbo takes none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub guidance: Option<f64>,
+    /// Other adapter folders (another run's) mixed in over the run's own, each at its strength.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub more_adapters: Vec<MixedAdapter>,
 }
 
 /// What a prompt falls back on: the run's.
@@ -75,8 +79,13 @@ impl PreviewPrompt {
             seed: self.seed.unwrap_or(run.seed),
             steps: self.steps,
             guidance: self.guidance,
+            more_adapters: self.more_adapters.clone(),
             ..GenerateSpec::default()
         };
+        if let Some((i, m)) = self.more_adapters.iter().enumerate().find(|(_, m)| !m.path.is_dir()) {
+            let why = format!("{} is not a folder (an adapter folder to mix in)", m.path.display());
+            return Err((format!("more_adapters[{i}].path"), why));
+        }
         if !(spec.duration_seconds > 0.0 && spec.duration_seconds <= MAX_SECONDS) {
             let why = format!("{} must be more than 0 and at most {MAX_SECONDS}", spec.duration_seconds);
             return Err(named("seconds")(why));
@@ -117,8 +126,9 @@ fn with_trigger(text: &str, trigger: Option<&TriggerTag>) -> std::result::Result
     }
 }
 
-/// `caption=lofi [trigger]; bpm=90; keyscale=A minor; seconds=20`: the fields named as
-/// in run.toml, `;` between them, `\n` in lyrics a new line. What the CLI takes.
+/// `caption=lofi [trigger]; bpm=90; keyscale=A minor; seconds=20; adapter=../calm/final/adapter@0.5`:
+/// the fields named as in run.toml, `;` between them, `\n` in lyrics a new line, `adapter`
+/// (a folder, `@strength` or 1) once for each adapter mixed in. What the CLI takes.
 impl FromStr for PreviewPrompt {
     type Err = String;
 
@@ -139,9 +149,16 @@ impl FromStr for PreviewPrompt {
                 "seed" => p.seed = Some(value.parse().map_err(|_| number("a whole number"))?),
                 "steps" => p.steps = Some(value.parse().map_err(|_| number("a whole number"))?),
                 "guidance" => p.guidance = Some(value.parse().map_err(|_| number("a number"))?),
+                "adapter" => {
+                    let (path, scale) = match value.rsplit_once('@') {
+                        Some((path, scale)) => (path, scale.parse().map_err(|_| number("folder@strength"))?),
+                        None => (value, 1.0),
+                    };
+                    p.more_adapters.push(MixedAdapter { path: path.into(), scale });
+                }
                 other => {
                     return Err(format!(
-                        "`{other}` is not a prompt field (caption, lyrics, bpm, keyscale, timesignature, seconds, seed, steps, guidance)"
+                        "`{other}` is not a prompt field (caption, lyrics, bpm, keyscale, timesignature, seconds, seed, steps, guidance, adapter)"
                     ))
                 }
             }

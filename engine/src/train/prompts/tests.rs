@@ -26,6 +26,30 @@ fn a_prompt_fills_in_the_run_and_its_trigger_word() {
 }
 
 #[test]
+fn a_prompt_mixes_in_other_adapters_each_at_its_strength() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let text = format!("caption=x; adapter={}@0.5; adapter={}", a.path().display(), b.path().display());
+    let prompt: PreviewPrompt = text.parse().unwrap();
+    let want = vec![
+        MixedAdapter { path: a.path().to_path_buf(), scale: 0.5 },
+        MixedAdapter { path: b.path().to_path_buf(), scale: 1.0 },
+    ];
+    assert_eq!(prompt.more_adapters, want);
+    assert_eq!(prompt.spec(&run(None)).unwrap().more_adapters, want, "the preview's song mixes them in");
+    // Checked with the run: a strength out of range, a folder that is not there.
+    for (text, field) in [
+        (format!("adapter={}@9", a.path().display()), "preview_prompts[0].more_adapters[0].scale"),
+        ("adapter=/no/such/adapter".to_string(), "preview_prompts[0].more_adapters[0].path"),
+    ] {
+        let mut e = SettingErrors::default();
+        check_prompts(&[text.parse().unwrap()], &run(None), &mut e);
+        let named: Vec<&str> = e.iter().map(|(f, _)| f).collect();
+        assert_eq!(named, [field], "{text}");
+    }
+    assert!("adapter=/x@loud".parse::<PreviewPrompt>().unwrap_err().contains("folder@strength"));
+}
+
+#[test]
 fn each_wrong_field_is_named() {
     let cases = [
         ("caption=[trigger] beat", "caption"),
