@@ -72,18 +72,16 @@ pub fn step_flops(spec: &BenchSpec, checkpointing: bool) -> StepFlops {
     let patches = spec.frames.div_ceil(cfg.patch_size);
     let (tokens, encoder_tokens) = (batch * patches as f64, batch * spec.encoder_len as f64);
     let product = |rows: f64, inp: usize, out: usize| 2.0 * rows * inp as f64 * out as f64;
-    // On encoder tokens: cross-attention's keys and values; on the song's, the rest.
-    let rows = |name: &str| match name.contains("cross_attn.k_proj") || name.contains("cross_attn.v_proj") {
-        true => encoder_tokens,
-        false => tokens,
-    };
+    // Cross-attention's keys and values run over the condition's tokens; the rest over the song's.
+    let on_condition = |name: &str| name.contains("cross_attn.k_proj") || name.contains("cross_attn.v_proj");
+    let rows = |name: &str| if on_condition(name) { encoder_tokens } else { tokens };
 
     let linears = layer_linears(cfg);
     let layer_linears_fwd: f64 = linears.iter().map(|(name, inp, out)| product(rows(name), *inp, *out)).sum();
     // Cross-attention's keys and values of the condition need no input gradient.
     let layer_linears_bwd: f64 = linears
         .iter()
-        .filter(|(name, _, _)| rows(name) == tokens)
+        .filter(|(name, _, _)| !on_condition(name))
         .map(|(name, inp, out)| product(rows(name), *inp, *out))
         .sum();
     let outside = product(tokens, cfg.in_channels * cfg.patch_size, cfg.hidden_size)

@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ostinato_engine::generate::GenerateSpec;
 use ostinato_engine::train::ab::{generate_pair_for_run, new_pair_dir, run_pairs, AbVoice, PairRequest, RunPair, Side};
 use ostinato_engine::train::state::kept_adapters;
 
@@ -49,11 +48,7 @@ impl AppState {
         }
         let request = PairRequest { a: choices.a, b: choices.b, song: choices.song.spec() };
         request.specs(&dir).map_err(setting_err)?;
-        let id = {
-            let mut g = self.lock();
-            g.next_song += 1;
-            g.next_song - 1
-        };
+        let id = self.lock().take_song_id();
         let out = new_pair_dir(&dir, request.song.seed);
         let sink: Arc<dyn EventSink> = Arc::new(sink);
         let send = move |side: Side, stage: SongStage| sink.send(Outgoing::Pair(&PairProgress { id, side, stage }));
@@ -95,7 +90,7 @@ impl PairView {
         let side =
             |voice: Option<&AbVoice>, path: Option<PathBuf>| PairSideView { voice: voice.map(AbVoice::describe), path };
         let request = pair.request.as_ref().ok();
-        let song: Option<&GenerateSpec> = request.map(|r| &r.song);
+        let song = request.map(|r| &r.song);
         PairView {
             caption: song.map(|s| s.caption.clone()),
             seed: song.map(|s| s.seed),

@@ -30,30 +30,26 @@ use super::views::{AdapterView, PreviewView, SavedSongView, SongChoices, SongPro
 const PICTURE_SIZE: (u32, u32) = (360, 64);
 
 impl AppState {
+    /// `path` resolved (links and `..` followed), if that is inside the runs folder.
+    fn inside_runs(&self, path: &Path) -> Option<PathBuf> {
+        let resolved = path.canonicalize().ok()?;
+        resolved.starts_with(self.runs_dir().canonicalize().ok()?).then_some(resolved)
+    }
+
     /// `path` if it resolves to a file inside the runs folder, else why not.
     pub fn checked_audio_path(&self, path: &Path) -> Result<PathBuf, BridgeError> {
-        let refused = || BridgeError::Invalid(format!("not a file of this app's runs: {}", path.display()));
-        let file = path.canonicalize().map_err(|_| refused())?;
-        let runs = self.runs_dir().canonicalize().map_err(|_| refused())?;
-        if !file.starts_with(&runs) || !file.is_file() {
-            return Err(refused());
-        }
-        Ok(file)
+        self.inside_runs(path)
+            .filter(|file| file.is_file())
+            .ok_or_else(|| BridgeError::Invalid(format!("not a file of this app's runs: {}", path.display())))
     }
 
     /// `path` if it is an adapter folder inside the runs folder (as the window's pickers
     /// offer them), else an error for `field`.
     pub(super) fn checked_adapter_dir(&self, path: &Path, field: &str) -> Result<PathBuf, BridgeError> {
-        let refused = || {
+        self.inside_runs(path).filter(|dir| dir.is_dir()).ok_or_else(|| {
             let why = format!("{} is not an adapter folder of this app's runs", path.display());
             BridgeError::InvalidSettings([(field.to_string(), why)].into())
-        };
-        let dir = path.canonicalize().map_err(|_| refused())?;
-        let runs = self.runs_dir().canonicalize().map_err(|_| refused())?;
-        if !dir.starts_with(&runs) || !dir.is_dir() {
-            return Err(refused());
-        }
-        Ok(dir)
+        })
     }
 
     /// The bytes of an audio file of a run (a preview, a generated song), for the player.
@@ -111,8 +107,7 @@ impl AppState {
         let out = new_song_path(&dir, spec.seed);
         let (id, live) = {
             let mut g = self.lock();
-            let id = g.next_song;
-            g.next_song += 1;
+            let id = g.take_song_id();
             let live = match g.run.live_control(&dir) {
                 Some(control) => Some(control.generate(spec.clone(), out.clone())?),
                 None => None,

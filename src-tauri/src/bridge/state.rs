@@ -22,7 +22,7 @@ pub(super) struct Inner {
     pub run: CurrentRun,
     pub notice: Option<String>,
     pub next_generation: u64,
-    /// The id of the next requested song.
+    /// The id of the next requested song or A/B pair.
     pub next_song: u64,
     /// The web view's appearance: charts are rendered to match it.
     pub dark: bool,
@@ -30,6 +30,14 @@ pub(super) struct Inner {
     pub captioning: Option<Cancel>,
     /// The id of the next captioning batch.
     pub next_caption_batch: u64,
+}
+
+impl Inner {
+    /// A new id for a requested song or A/B pair (their events carry it).
+    pub fn take_song_id(&mut self) -> u64 {
+        self.next_song += 1;
+        self.next_song - 1
+    }
 }
 
 struct Shared {
