@@ -128,6 +128,11 @@ enum Command {
         /// its scores (keep).
         #[arg(long, default_value = "recompute", value_parser = parse_with::<AttentionScores>)]
         attention_scores: AttentionScores,
+        /// Instead of timing: trace one training step as a GPU runs it (bf16, no CPU
+        /// kernels, on the CPU): its candle ops per layer, each product's dtype and
+        /// size, and what it reads back to the host (DiT training presets).
+        #[arg(long)]
+        trace: bool,
         #[arg(long)]
         json: bool,
     },
@@ -248,6 +253,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             cpu_kernels,
             sliding,
             attention_scores,
+            trace,
             json,
         } => {
             let kernels = KernelPolicy { cpu_kernels, sliding, scores: attention_scores };
@@ -262,6 +268,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 warmup,
                 steps,
                 cpu,
+                trace,
             };
             report::bench(&spec, json).map(|_| 0)
         }

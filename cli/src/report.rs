@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use ostinato_engine::bench::vae::run_vae;
-use ostinato_engine::bench::{generation, label, lm, plan, run_spec, text, AnyPreset, Preset};
+use ostinato_engine::bench::{generation, label, lm, plan, run_spec, text, trace, AnyPreset, Preset};
 use ostinato_engine::charts::write_run_charts;
 use ostinato_engine::data::preprocessed::preprocess as preprocess_folder;
 use ostinato_engine::data::{DataEvent, DataSpec};
@@ -189,6 +189,8 @@ pub struct BenchRequest {
     pub warmup: usize,
     pub steps: usize,
     pub cpu: bool,
+    /// Trace one step instead of timing.
+    pub trace: bool,
 }
 
 /// Errs where `preset` does not take the DiT presets' flags and they were changed.
@@ -293,6 +295,18 @@ pub fn bench(req: &BenchRequest, json: bool) -> anyhow::Result<()> {
             let report =
                 generation::run_training_preview(&name, &spec, req.checkpointing, req.steps, Preset::PREVIEW_FRAMES)?;
             println!("{}", if json { serde_json::to_string(&report)? } else { serde_json::to_string_pretty(&report)? });
+        }
+        _ if req.trace => {
+            anyhow::ensure!(
+                (req.kernels, req.precision) == (KernelPolicy::cpu(), Precision::Auto),
+                "--trace runs the step as a GPU does (bf16, no CPU kernels): leave --cpu-kernels, --sliding, \
+                 --attention-scores and --precision as they are"
+            );
+            let report = trace::trace_step(&name, &spec, req.checkpointing, &OptimizerConfig::default())?;
+            match json {
+                true => println!("{}", serde_json::to_string(&report)?),
+                false => print!("{}", report.table()),
+            }
         }
         _ => {
             let (device, kernels) = (&selected.device, req.kernels);

@@ -14,9 +14,11 @@ pub mod flops;
 pub mod generation;
 pub mod label;
 pub mod lm;
+pub mod peak;
 pub mod plan;
 mod presets;
 pub mod text;
+pub mod trace;
 pub mod vae;
 
 use std::time::Instant;
@@ -244,6 +246,16 @@ pub struct BenchReport {
     pub flops: flops::StepFlops,
     /// That count over the median step time.
     pub tflops_per_s: f64,
+    /// On CUDA, the driver's counts over the whole run (model, batch and steps): the
+    /// most the pool's tensors used, and the most the pool held.
+    pub gpu_used_peak_bytes: Option<u64>,
+    pub gpu_reserved_peak_bytes: Option<u64>,
+    /// On CUDA, device memory in use before the model (the context, cuBLAS, other processes).
+    pub gpu_outside_pool_bytes: Option<u64>,
+    /// On a GPU: its bf16 product rate, measured in the same call (`peak`).
+    pub bf16_product: Option<peak::ProductRate>,
+    /// On a GPU: `tflops_per_s` as a fraction of `bf16_product`'s rate.
+    pub bf16_fraction: Option<f64>,
     pub first_loss: f32,
     pub last_loss: f32,
 }
@@ -265,11 +277,15 @@ pub fn run_spec(
     if steps == 0 {
         return Err(Error::setting("steps", "bench needs at least one timed step"));
     }
+    precision.check_on(device).map_err(|m| Error::setting("precision", m))?;
     let cfg = &spec.config;
 
     // 1. Model, adapter, optimizer, one batch: the resident baseline.
     let heap_start = heap::live_bytes();
     heap::reset_peak();
+    let outside_pool =
+        metrics::machine_memory(device).filter(|_| device.is_cuda()).map(|m| m.total_bytes - m.available_bytes);
+    metrics::reset_gpu_peaks(device);
     let dtype = precision.dtype(device);
     let weights = DecoderWeights::random(cfg, 0xBE_0C4, 0.02, precision.weights_dtype(device), device)?;
     let model = DitModel::new(cfg, &weights)?.computing_in(dtype)?.with_kernels(kernels);
@@ -300,8 +316,14 @@ pub fn run_spec(
         }
     }
 
+    let gpu_peaks = metrics::gpu_peaks(device);
     let median = median(&times);
     let flops = flops::step_flops(spec, checkpointing);
+    let tflops_per_s = flops.total() / median / 1e12;
+    let bf16_product = match device.is_cpu() {
+        true => None,
+        false => Some(peak::bf16_product_rate(device, peak::GPU_PRODUCT, 3)?),
+    };
     let peak = metrics::peak_rss_bytes().unwrap_or(0);
     let steps_peak = heap::peak_bytes();
     let activation_heap_bytes = heap_baseline.zip(steps_peak).map(|(base, peak)| peak.saturating_sub(base));
@@ -329,7 +351,12 @@ pub fn run_spec(
         predicted_peak_bytes: predicted_peak(spec, checkpointing, kernels.host(device, dtype), precision, device),
         base_parameters,
         lora_parameters,
-        tflops_per_s: flops.total() / median / 1e12,
+        gpu_used_peak_bytes: gpu_peaks.map(|p| p.0),
+        gpu_reserved_peak_bytes: gpu_peaks.map(|p| p.1),
+        gpu_outside_pool_bytes: outside_pool,
+        tflops_per_s,
+        bf16_fraction: bf16_product.map(|p| tflops_per_s / p.tflops_per_s),
+        bf16_product,
         flops,
         first_loss,
         last_loss,
@@ -411,12 +438,12 @@ fn random_batch(spec: &BenchSpec, device: &Device) -> Result<Batch> {
         let v: Vec<f32> = (0..n).map(|_| StandardNormal.sample(&mut rng)).collect();
         Ok(Tensor::from_vec(v, shape, device)?)
     };
-    Ok(Batch {
-        target_latents: randn((b, t, cfg.audio_acoustic_hidden_dim))?,
-        frame_mask: Tensor::ones((b, t), DType::F32, device)?,
-        encoder_hidden_states: randn((b, l, cfg.encoder_hidden_size))?,
-        context_latents: randn((b, t, cfg.context_channels()))?,
-    })
+    Batch::new(
+        randn((b, t, cfg.audio_acoustic_hidden_dim))?,
+        Tensor::ones((b, t), DType::F32, device)?,
+        randn((b, l, cfg.encoder_hidden_size))?,
+        randn((b, t, cfg.context_channels()))?,
+    )
 }
 
 /// The median of `xs` (mean of the middle two for an even count); NaN when empty.
@@ -448,11 +475,12 @@ impl BenchReport {
              median s/step           {:.4} (over {} steps after {} warm-up)\n\
              samples/s               {:.3}\n\
              arithmetic (counted)    {}\n\
-             achieved                {:.2} TFLOP/s\n\
+             achieved                {:.2} TFLOP/s{}\n\
              peak RSS                {:.1} MiB\n\
              model RSS               {:.1} MiB\n\
              activation memory       {:.1} MiB (RSS), {} (live heap)\n\
              peak heap               {} (predicted {:.1} MiB)\n\
+             {}\
              loss first / last       {:.5} / {:.5}\n",
             self.preset,
             if self.gradient_checkpointing { "on" } else { "off" },
@@ -471,12 +499,30 @@ impl BenchReport {
             self.samples_per_sec,
             self.flops,
             self.tflops_per_s,
+            match (self.bf16_product, self.bf16_fraction) {
+                (Some(p), Some(f)) => format!(
+                    ", {:.1}% of this device's bf16 product ({:.1} TFLOP/s at {n}^3)",
+                    100.0 * f,
+                    p.tflops_per_s,
+                    n = p.n
+                ),
+                _ => String::new(),
+            },
             mib(self.peak_rss_bytes),
             mib(self.model_rss_bytes),
             mib(self.activation_bytes),
             self.activation_heap_bytes.map_or("not counted".into(), |b| format!("{:.1} MiB", mib(b))),
             self.peak_heap_bytes.map_or("not counted".into(), |b| format!("{:.1} MiB", mib(b))),
             mib(self.predicted_peak_bytes),
+            match (self.gpu_used_peak_bytes, self.gpu_reserved_peak_bytes, self.gpu_outside_pool_bytes) {
+                (Some(used), Some(held), outside) => format!(
+                    "GPU memory (driver)     {:.1} MiB used at most, {:.1} MiB held by the pool, {} outside it\n",
+                    mib(used),
+                    mib(held),
+                    outside.map_or("?".into(), |b| format!("{:.1} MiB", mib(b)))
+                ),
+                _ => String::new(),
+            },
             self.first_loss,
             self.last_loss,
         )

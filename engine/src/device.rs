@@ -1,7 +1,7 @@
 //! Device choice and precision policy.
 //!
 //! Base weights are stored and computed in the compute dtype: f32 on CPU (bf16/f16 are
-//! not faster there), bf16 on Metal and CUDA; `bf16-weights` holds the frozen layers in
+//! not faster there), bf16 on CUDA and on Metal from macOS 14 (f16 before: [`metal_half`]); `bf16-weights` holds the frozen layers in
 //! bf16 and computes in f32, each layer's weights widened while it runs (half the
 //! weights' memory on the CPU at f32's speed and accuracy of the arithmetic). LoRA
 //! parameters, optimizer state and the loss stay f32 whatever the compute dtype.
@@ -45,20 +45,48 @@ impl Precision {
 
     /// The dtype the model computes in.
     pub fn dtype(self, device: &Device) -> DType {
+        self.dtype_on(Backend::of(device))
+    }
+
+    /// The dtype the model computes in on `backend`.
+    pub fn dtype_on(self, backend: Backend) -> DType {
         match self {
-            Precision::Auto if device.is_cpu() => DType::F32,
-            Precision::Auto => DType::BF16,
+            Precision::Auto => match backend {
+                Backend::Cpu => DType::F32,
+                Backend::Metal { bfloat: false } => DType::F16,
+                Backend::Metal { bfloat: true } | Backend::Cuda => DType::BF16,
+            },
             Precision::F32 | Precision::Bf16Weights => DType::F32,
             Precision::Bf16 => DType::BF16,
             Precision::F16 => DType::F16,
         }
     }
 
+    /// Whether `device` can compute in this precision: an error to show beside the
+    /// precision where it cannot (bf16 on a Mac whose Metal has no `bfloat`).
+    pub fn check_on(self, device: &Device) -> std::result::Result<(), String> {
+        let backend = Backend::of(device);
+        let bf16 = self.dtype_on(backend) == DType::BF16 || self.weights_dtype_on(backend) == DType::BF16;
+        match (backend, bf16) {
+            (Backend::Metal { bfloat: false }, true) => Err(format!(
+                "{} needs bf16 on the GPU, and Metal has it from macOS 14 (this Mac: {}); choose auto or f16",
+                self.name(),
+                macos_version().map_or("version unknown".into(), |(major, minor)| format!("macOS {major}.{minor}")),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The dtype the base weights are held in.
     pub fn weights_dtype(self, device: &Device) -> DType {
+        self.weights_dtype_on(Backend::of(device))
+    }
+
+    /// The dtype the base weights are held in on `backend`.
+    pub fn weights_dtype_on(self, backend: Backend) -> DType {
         match self {
             Precision::Bf16Weights => DType::BF16,
-            other => other.dtype(device),
+            other => other.dtype_on(backend),
         }
     }
 
@@ -86,6 +114,83 @@ impl std::fmt::Display for Precision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// What a device computes on, as far as dtypes and memory go: a plan can be made for a
+/// device this machine does not have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Cpu,
+    /// `bfloat`: whether the OS's Metal has bf16 ([`metal_half`]).
+    Metal {
+        bfloat: bool,
+    },
+    Cuda,
+}
+
+impl Backend {
+    pub fn of(device: &Device) -> Self {
+        match device {
+            Device::Cpu => Backend::Cpu,
+            Device::Metal(_) => Backend::Metal { bfloat: metal_half(macos_version()) == DType::BF16 },
+            Device::Cuda(_) => Backend::Cuda,
+        }
+    }
+
+    /// Whether the engine's CPU kernels run tensors of `dtype` here (`KernelPolicy::host`).
+    pub fn cpu_kernels(self, dtype: DType) -> bool {
+        self == Backend::Cpu && dtype == DType::F32
+    }
+}
+
+/// The 16-bit type a Mac's GPU computes in at `Auto`. Candle's Metal kernels have bf16
+/// forms only where the OS's Metal has `bfloat` (`__HAVE_BFLOAT__`, macOS 14 and later),
+/// while the app runs from macOS 12: before 14, and where the version cannot be read,
+/// f16 (with dynamic loss scaling).
+pub fn metal_half(macos: Option<(u32, u32)>) -> DType {
+    match macos {
+        Some((major, _)) if major >= 14 => DType::BF16,
+        _ => DType::F16,
+    }
+}
+
+/// The running macOS's version (major, minor), from `kern.osproductversion`; None
+/// elsewhere or where it cannot be read.
+pub fn macos_version() -> Option<(u32, u32)> {
+    #[cfg(target_os = "macos")]
+    {
+        let mut buf = [0u8; 32];
+        let mut len = buf.len();
+        // SAFETY: the name is NUL-terminated, `buf` holds `len` bytes and sysctl writes
+        // at most that many; no new value is set.
+        let rc = unsafe {
+            libc::sysctlbyname(
+                c"kern.osproductversion".as_ptr(),
+                buf.as_mut_ptr().cast(),
+                &mut len,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        if rc != 0 {
+            return None;
+        }
+        parse_version(std::str::from_utf8(&buf[..len.min(buf.len())]).ok()?)
+    }
+    #[cfg(not(target_os = "macos"))]
+    None
+}
+
+/// "14.4.1" -> (14, 4); "15" -> (15, 0).
+#[cfg(any(target_os = "macos", test))]
+fn parse_version(s: &str) -> Option<(u32, u32)> {
+    let mut parts = s.trim_end_matches('\0').trim().split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = match parts.next() {
+        Some(m) => m.parse().ok()?,
+        None => 0,
+    };
+    Some((major, minor))
 }
 
 /// The device a run trains on, with the reason it was chosen.
@@ -157,6 +262,29 @@ mod tests {
             assert_eq!((p.name(), serde_json::to_value(p).unwrap()), (name, serde_json::json!(name)));
             assert_eq!(name.parse::<Precision>(), Ok(p));
         }
+    }
+
+    #[test]
+    fn a_mac_computes_in_bf16_only_where_its_metal_has_bfloat() {
+        assert_eq!(metal_half(Some((12, 7))), DType::F16);
+        assert_eq!(metal_half(Some((13, 6))), DType::F16);
+        assert_eq!(metal_half(Some((14, 0))), DType::BF16);
+        assert_eq!(metal_half(Some((26, 1))), DType::BF16);
+        assert_eq!(metal_half(None), DType::F16, "unknown: the type every Metal has");
+        assert_eq!(parse_version("14.4.1"), Some((14, 4)));
+        assert_eq!(parse_version("15\0"), Some((15, 0)));
+        assert_eq!(parse_version("beta"), None);
+        #[cfg(not(target_os = "macos"))]
+        assert_eq!(macos_version(), None);
+        // Off a Mac every precision is possible on the CPU.
+        for p in Precision::ALL {
+            assert_eq!(p.check_on(&Device::Cpu), Ok(()));
+        }
+        let old_mac = Backend::Metal { bfloat: false };
+        assert_eq!(Precision::Auto.dtype_on(old_mac), DType::F16);
+        assert_eq!(Precision::Auto.dtype_on(Backend::Metal { bfloat: true }), DType::BF16);
+        assert_eq!(Precision::Auto.dtype_on(Backend::Cuda), DType::BF16);
+        assert_eq!(Precision::Bf16Weights.weights_dtype_on(old_mac), DType::BF16);
     }
 
     #[test]

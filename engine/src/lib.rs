@@ -24,6 +24,7 @@ pub mod noise_levels;
 pub mod run_state;
 pub mod runtime;
 pub mod tensor_io;
+pub mod trace;
 pub mod train;
 
 pub use error::{Error, Result};

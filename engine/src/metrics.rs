@@ -1,6 +1,9 @@
 //! What a step event reports besides the loss: memory in use, throughput and ETA,
 //! and the smoothed loss the UI draws.
 
+#[cfg(feature = "cuda")]
+pub mod cuda_pool;
+
 use std::collections::VecDeque;
 
 use candle_core::Device;
@@ -14,8 +17,11 @@ pub struct MemorySample {
 
 /// Where memory is measured: the process on CPU, the device's allocator on a GPU.
 pub enum MemoryProbe {
-    /// Process resident set size. Also used for CUDA until a device probe exists.
+    /// Process resident set size.
     Process,
+    /// The CUDA device's memory pool, as its driver counts it.
+    #[cfg(feature = "cuda")]
+    Cuda(candle_core::CudaDevice),
     /// Metal buffers allocated by candle's device, which has no peak counter: the
     /// peak is the highest value sampled.
     #[cfg(target_os = "macos")]
@@ -28,6 +34,8 @@ impl MemoryProbe {
         match device {
             #[cfg(target_os = "macos")]
             Device::Metal(device) => MemoryProbe::Metal { device: device.clone(), peak_bytes: 0 },
+            #[cfg(feature = "cuda")]
+            Device::Cuda(device) => MemoryProbe::Cuda(device.clone()),
             _ => MemoryProbe::Process,
         }
     }
@@ -40,7 +48,11 @@ impl MemoryProbe {
                 let peak_bytes = peak_rss_bytes().unwrap_or(0).max(now_bytes);
                 MemorySample { now_bytes, peak_bytes }
             }
-            // Only compiled on macOS; not compile-checked on the Linux machines.
+            #[cfg(feature = "cuda")]
+            MemoryProbe::Cuda(device) => match cuda_pool::pool_memory(device) {
+                Ok(m) => MemorySample { now_bytes: m.used_now_bytes, peak_bytes: m.used_peak_bytes },
+                Err(_) => MemorySample::default(),
+            },
             #[cfg(target_os = "macos")]
             MemoryProbe::Metal { device, peak_bytes } => {
                 let now_bytes = device.current_allocated_size() as u64;
@@ -49,6 +61,27 @@ impl MemoryProbe {
             }
         }
     }
+}
+
+/// A CUDA device's pool peaks since [`reset_gpu_peaks`]: what its tensors used at most
+/// and what the pool held at most, as the driver counts them; None off CUDA.
+pub fn gpu_peaks(device: &Device) -> Option<(u64, u64)> {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(cuda) => cuda_pool::pool_memory(cuda).ok().map(|m| (m.used_peak_bytes, m.reserved_peak_bytes)),
+        _ => None,
+    }
+}
+
+/// Starts [`gpu_peaks`] afresh; nothing off CUDA.
+pub fn reset_gpu_peaks(device: &Device) {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(cuda) = device {
+        // A pool that cannot be reset reports its peaks since the process began.
+        let _ = cuda_pool::reset_peaks(cuda);
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = device;
 }
 
 /// The process's resident set size now.

@@ -16,6 +16,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("heap", 0),
     ("cancel", 1),
     ("kernels", 0),
+    ("trace", 0),
     ("tensor_io", 1),
     ("metrics", 0),
     ("device", 1),

@@ -7,6 +7,7 @@ use candle_core::{DType, Tensor, Var};
 use super::{on_graph, row_norms, Kernel, LoraAdapter, PartStrengths};
 use crate::model::lora_linear::lora_linear;
 use crate::model::{ops, LinearAdapter};
+use crate::trace;
 use crate::Result;
 
 /// How the adapter takes part in a forward pass.
@@ -76,7 +77,7 @@ impl<'a> LoraCtx<'a> {
         mask: Option<&Tensor>,
     ) -> Result<Tensor> {
         let scaling = self.adapter.config.scaling();
-        let delta = (b.as_tensor().detach().matmul(&a.as_tensor().detach())? * scaling)?;
+        let delta = (trace::matmul(&b.as_tensor().detach(), &a.as_tensor().detach())? * scaling)?;
         let norms = row_norms(&(w.to_dtype(DType::F32)? + delta)?)?.squeeze(1)?;
         let scale = self.weight(magnitude, DType::F32)?.div(&norms)?.to_dtype(x.dtype())?;
         let xd = match mask {

@@ -10,6 +10,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand_chacha::ChaCha8Rng;
 
 use super::{kaiming_uniform, on_graph, LoraConfig};
+use crate::trace;
 use crate::Result;
 
 /// LyCORIS's `factorization`: `dimension = m n` with `m <= n`, the pair closest to
@@ -46,7 +47,7 @@ impl Half {
     fn matrix(&self, tracked: bool) -> Result<Tensor> {
         Ok(match self {
             Half::Whole(w) => on_graph(w, tracked),
-            Half::Product(a, b) => on_graph(a, tracked).matmul(&on_graph(b, tracked))?,
+            Half::Product(a, b) => trace::matmul(&on_graph(a, tracked), &on_graph(b, tracked))?,
         })
     }
 

@@ -15,6 +15,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::model::DitModel;
+use crate::trace;
 use crate::{Error, Result};
 use trigger::TriggerTag;
 
@@ -358,7 +359,9 @@ impl LoraAdapter {
     /// Module `m`'s kernel as a weight change, f32, on the graph when `tracked`.
     fn change(&self, m: &Adapted, tracked: bool) -> Result<Tensor> {
         Ok(match &m.kernel {
-            Kernel::Lora { a, b } => (on_graph(b, tracked).matmul(&on_graph(a, tracked))? * self.config.scaling())?,
+            Kernel::Lora { a, b } => {
+                (trace::matmul(&on_graph(b, tracked), &on_graph(a, tracked))? * self.config.scaling())?
+            }
             Kernel::Lokr(k) => k.delta(tracked)?,
         })
     }

@@ -22,6 +22,7 @@ use super::ops;
 use super::policy::{AttentionScores, KernelPolicy, SlidingAttention};
 use crate::kernels::attention_host::{self, BandBlock};
 use crate::kernels::handover::{on_cpu, on_cuda, on_metal, Handover};
+use crate::trace;
 use crate::Result;
 
 /// Query positions per block of [`banded`]. With window W, a block of `b` queries reads
@@ -378,7 +379,7 @@ fn composed_backward(
         let gb = grad.narrow(2, r0, rn)?;
         let kb = k.narrow(2, blk.k_start, blk.k_len)?;
         let vb = v.narrow(2, blk.k_start, blk.k_len)?;
-        let scores = qb.matmul(&kb.t()?)?.to_dtype(DType::F32)?;
+        let scores = trace::matmul(&qb, &kb.t()?)?.to_dtype(DType::F32)?;
         let scores = match &blk.mask {
             Some(mask) => scores
                 .reshape((b, kv, blk.q_len, rep, blk.k_len))?
@@ -388,11 +389,12 @@ fn composed_backward(
         };
         let probs = ops::softmax_last_dim(kernels, &scores)?;
         drop(scores);
-        let dp = gb.to_dtype(DType::F32)?.matmul(&vb.t()?.to_dtype(DType::F32)?)?;
+        // In the compute dtype, as the other products (f32 accumulation inside the GEMM).
+        let dp = trace::matmul(&gb, &vb.t()?)?.to_dtype(DType::F32)?;
         let ds = ops::softmax_backward(kernels, &probs, &dp)?.to_dtype(q.dtype())?;
         drop(dp);
         let probs = probs.to_dtype(v.dtype())?;
-        dq.push(ds.matmul(&kb)?);
+        dq.push(trace::matmul(&ds, &kb)?);
         let range = |t: &Tensor, add: &Tensor| -> candle_core::Result<Tensor> {
             if blk.k_start == 0 && blk.k_len == s {
                 return t + add;
@@ -400,8 +402,8 @@ fn composed_backward(
             let sum = (t.narrow(2, blk.k_start, blk.k_len)? + add)?;
             t.slice_assign(&[0..b, 0..kv, blk.k_start..blk.k_start + blk.k_len, 0..d], &sum)
         };
-        dv = range(&dv, &probs.t()?.matmul(&gb)?)?;
-        dk = range(&dk, &ds.t()?.matmul(&qb)?)?;
+        dv = range(&dv, &trace::matmul(&probs.t()?, &gb)?)?;
+        dk = range(&dk, &trace::matmul(&ds.t()?, &qb)?)?;
     }
     Ok((Tensor::cat(&dq, 2)?, dk, dv))
 }

@@ -17,6 +17,7 @@ use candle_core::{CpuStorage, CudaStorage, CustomOp3, Layout, MetalStorage, Resu
 use crate::kernels::cpu_gemm::{matmul_into, Mat, Threads};
 use crate::kernels::handover::{on_cpu, on_cuda, on_metal, storage_on, Pick};
 use crate::kernels::linear::{backend_product, host_linear_product, Product};
+use crate::trace;
 
 /// An adapter as the model's linear layers see it during one forward pass. The model
 /// knows adapters only through this; `crate::lora` implements it for a LoRA adapter.
@@ -70,6 +71,7 @@ impl LoraLinear {
         let rows = xl.shape().elem_count() / k;
         let x2 = Layout::contiguous_with_offset((rows, k), xl.start_offset());
 
+        trace::product(xs.dtype(), (1, rows, n, k));
         let y = base(xs, w, (1, rows, n, k), &x2, &wl.transpose(0, 1)?)?;
         let dropped = match &self.mask {
             Some(m) => {
@@ -82,8 +84,10 @@ impl LoraLinear {
             Some(s) => (s, Layout::contiguous((rows, k))),
             None => (xs, x2),
         };
+        trace::product(xd.dtype(), (1, rows, r, k));
         let h = thin(xd, a, (1, rows, r, k), &xdl, &al.transpose(0, 1)?)?;
         let scaled_b = b.affine(bl, self.scaling, 0.0)?;
+        trace::product(h.dtype(), (1, rows, n, r));
         let delta = thin(
             &h,
             &scaled_b,
@@ -166,7 +170,7 @@ impl CustomOp3 for LoraLinear {
                     Some(m) => through_adapter.mul(m)?,
                     None => through_adapter,
                 };
-                Some((g.matmul(&self.w)? + through_adapter)?.reshape(x.shape())?)
+                Some((trace::matmul(&g, &self.w)? + through_adapter)?.reshape(x.shape())?)
             }
             false => None,
         };
@@ -253,6 +257,7 @@ struct ThinMatmul;
 impl ThinMatmul {
     fn fwd<S: BackendStorage>(&self, thin: Product<S>, a: &S, al: &Layout, b: &S, bl: &Layout) -> Result<(S, Shape)> {
         let ((m, k), (_, n)) = (al.shape().dims2()?, bl.shape().dims2()?);
+        trace::product(a.dtype(), (1, m, n, k));
         Ok((thin(a, b, (1, m, n, k), al, bl)?, Shape::from((m, n))))
     }
 }

@@ -21,6 +21,7 @@ use super::ops;
 use super::policy::KernelPolicy;
 use crate::kernels::cpu_gemm::{host_f32, matmul_into, Mat, Threads};
 use crate::kernels::handover::{on_cpu, Handover};
+use crate::trace;
 
 /// Rows per block of the backward: `[block, intermediate]` f32 gradients are 6 MiB
 /// each at ACE-Step's 6144 (1.5 MiB at the bench's 1536).
@@ -113,7 +114,7 @@ impl Kept {
         for start in (0..rows).step_by(BACKWARD_ROWS) {
             let n = BACKWARD_ROWS.min(rows - start);
             let (gb, ub) = (g.narrow(0, start, n)?, u.narrow(0, start, n)?);
-            let d_h = grad.narrow(0, start, n)?.matmul(w_down)?; // [n, I]
+            let d_h = trace::matmul(&grad.narrow(0, start, n)?, w_down)?; // [n, I]
             let d_gate = ops::swiglu_grad(self.k, &gb, &ub, &d_h, true)?;
             let d_up = ops::swiglu_grad(self.k, &gb, &ub, &d_h, false)?;
             let (dg, dg_layout) = d_gate.storage_and_layout();

@@ -12,6 +12,7 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape
 
 use super::policy::KernelPolicy;
 use crate::kernels::simd;
+use crate::trace;
 
 pub use pruned::{add, linear, matmul, mul, sub};
 
@@ -289,9 +290,9 @@ fn check_groups(what: &str, len: usize, n: usize, rows: usize) -> Result<()> {
     Ok(())
 }
 
-/// A constant tensor's contiguous f32 values on the CPU.
+/// A constant tensor's contiguous f32 values on the CPU (the CPU kernels' only).
 pub(super) fn cpu_values(t: &Tensor) -> Result<Vec<f32>> {
-    t.flatten_all()?.to_vec1::<f32>()
+    trace::read_back("a CPU kernel's constant", t)
 }
 
 /// `x * inv * weight (+ shift)`: a weight `[H]` or per item `[B, 1, H]`, an optional

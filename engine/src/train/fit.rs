@@ -4,16 +4,15 @@
 //! reason and what to change; `fit auto` first chooses gradient checkpointing, batch,
 //! precision and crop length so that it fits.
 
-use candle_core::{DType, Device};
+use candle_core::DType;
 use serde::{Deserialize, Serialize};
 
 use super::RunConfig;
-use crate::device::{self, Precision};
+use crate::device::{self, Backend, Precision};
 use crate::load::footprint::{self, Footprint, Workload};
 use crate::load::source::ModelShape;
 use crate::lora::{parameters_per_layer, AdapterKind, LoraConfig};
 use crate::metrics::{machine_memory, MachineMemory};
-use crate::model::KernelPolicy;
 use crate::{Error, Result};
 
 /// Whether the engine chooses the memory settings.
@@ -139,14 +138,19 @@ impl MemoryPlan {
 pub fn plan(config: &RunConfig) -> Result<MemoryPlan> {
     let selected = device::select(config.force_cpu)?;
     let machine = machine_memory(&selected.device);
-    Ok(plan_for(config, &config.model.shape()?, &selected.device, machine))
+    Ok(plan_for(config, &config.model.shape()?, Backend::of(&selected.device), machine))
 }
 
-/// The plan for `config` with `model` on `device` offering `machine`.
-pub fn plan_for(config: &RunConfig, model: &ModelShape, device: &Device, machine: Option<MachineMemory>) -> MemoryPlan {
+/// The plan for `config` with `model` on `backend` offering `machine`.
+pub fn plan_for(
+    config: &RunConfig,
+    model: &ModelShape,
+    backend: Backend,
+    machine: Option<MachineMemory>,
+) -> MemoryPlan {
     let longest_seconds =
         config.data.crop_seconds.unwrap_or(config.data.max_duration_seconds).min(config.data.max_duration_seconds);
-    let dtype = config.precision.dtype(device);
+    let dtype = config.precision.dtype_on(backend);
     let workload = Workload {
         frames: (longest_seconds * model.frames_per_second).ceil() as usize,
         batch: config.batch_size,
@@ -155,8 +159,8 @@ pub fn plan_for(config: &RunConfig, model: &ModelShape, device: &Device, machine
         rebuilt_weight_bytes: rebuilt_weight_bytes(&model.dit, &config.lora),
         optimizer_state_per_parameter: config.optimizer.state_per_parameter(),
         dtype_bytes: dtype.size_in_bytes() as u64,
-        layer_weights_dtype_bytes: config.precision.weights_dtype(device).size_in_bytes() as u64,
-        cpu_kernels: KernelPolicy::for_device(device).host(device, dtype),
+        layer_weights_dtype_bytes: config.precision.weights_dtype_on(backend).size_in_bytes() as u64,
+        cpu_kernels: backend.cpu_kernels(dtype),
     };
     let footprint = footprint::estimate(&model.dit, &workload);
     MemoryPlan {
@@ -227,21 +231,21 @@ pub fn fit_auto(config: &mut RunConfig) -> Result<MemoryPlan> {
     let selected = device::select(config.force_cpu)?;
     let machine = machine_memory(&selected.device);
     let model = config.model.shape()?;
-    fit_auto_for(config, &model, &selected.device, machine)
+    fit_auto_for(config, &model, Backend::of(&selected.device), machine)
 }
 
 /// [`fit_auto`] with the model, device and memory given.
 pub fn fit_auto_for(
     config: &mut RunConfig,
     model: &ModelShape,
-    device: &Device,
+    backend: Backend,
     machine: Option<MachineMemory>,
 ) -> Result<MemoryPlan> {
     let Some(memory) = machine.clone() else {
-        return Ok(plan_for(config, model, device, None));
+        return Ok(plan_for(config, model, backend, None));
     };
     let before = config.clone();
-    let plan = |c: &RunConfig| plan_for(c, model, device, machine.clone());
+    let plan = |c: &RunConfig| plan_for(c, model, backend, machine.clone());
     let plain = RunConfig { gradient_checkpointing: false, ..config.clone() };
     config.gradient_checkpointing = plan(&plain).predicted_peak_bytes * 2 > memory.available_bytes;
     while !plan(config).fits() && config.batch_size > 1 {
@@ -259,10 +263,10 @@ pub fn fit_auto_for(
         }
     };
     let crop = config.data.crop_seconds;
-    if !plan(config).fits() && config.precision.weights_dtype(device) == DType::F32 {
+    if !plan(config).fits() && config.precision.weights_dtype_on(backend) == DType::F32 {
         // Half the weights: held in bf16 and computed in f32 on the CPU (whose bf16
         // arithmetic is slow), computed in bf16 on a GPU.
-        config.precision = if device.is_cpu() { Precision::Bf16Weights } else { Precision::Bf16 };
+        config.precision = if backend == Backend::Cpu { Precision::Bf16Weights } else { Precision::Bf16 };
     }
     shorten(config);
     if !plan(config).fits() && config.precision == Precision::Bf16Weights {
@@ -332,15 +336,42 @@ mod tests {
     #[test]
     fn fit_auto_fits_xl_with_bf16_held_weights() {
         let base = RunConfig { gradient_checkpointing: false, ..config() };
-        let f32_weights = plan_for(&base, &ace_step_xl(), &Device::Cpu, machine(24)).footprint.weights_bytes;
+        let f32_weights = plan_for(&base, &ace_step_xl(), Backend::Cpu, machine(24)).footprint.weights_bytes;
         assert!(f32_weights > 16 * GB, "{f32_weights}");
         for (gb, whole) in [(24, true), (16, false)] {
             let mut c = base.clone();
             c.data.max_duration_seconds = 240.0;
-            let p = fit_auto_for(&mut c, &ace_step_xl(), &Device::Cpu, machine(gb)).unwrap();
+            let p = fit_auto_for(&mut c, &ace_step_xl(), Backend::Cpu, machine(gb)).unwrap();
             println!("XL, 240 s, {gb} GB: {} -> {:?}", p.summary(), p.changes);
             assert!(p.fits() && c.gradient_checkpointing && c.precision == Precision::Bf16Weights, "{:?}", p.changes);
             assert_eq!(c.data.crop_seconds.is_none(), whole, "{:?}", p.changes);
+        }
+    }
+
+    /// A CUDA card of `gib` GiB: its free memory once the context is made (about
+    /// 500 MiB on an H200, bench/NOTES.md; 700 MiB with cuBLAS's workspaces here).
+    fn card(gib: u64) -> Option<MachineMemory> {
+        let total = gib << 30;
+        Some(MachineMemory { available_bytes: total - (700 << 20), total_bytes: total, source: "test card".into() })
+    }
+
+    /// 16 GB and 24 GB NVIDIA cards (bf16, candle's ops, which keep attention's scores
+    /// for their backward) train the 2B and XL on 4-minute songs: `fit auto` finds
+    /// settings that fit each, the 2B's whole song on both.
+    #[test]
+    fn fit_auto_fits_a_16_and_a_24_gb_card() {
+        for (name, model) in [("2B", ace_step()), ("XL", ace_step_xl())] {
+            for gib in [16, 24] {
+                let mut c = RunConfig { gradient_checkpointing: false, ..config() };
+                c.data.max_duration_seconds = 240.0;
+                let p = fit_auto_for(&mut c, &model, Backend::Cuda, card(gib)).unwrap();
+                println!("{name}, 240 s, a {gib} GiB card: {} -> {:?}", p.summary(), p.changes);
+                assert!(p.fits(), "{name} on {gib} GiB: {:?}", p.changes);
+                assert_eq!(c.precision.dtype_on(Backend::Cuda), DType::BF16);
+                if name == "2B" {
+                    assert_eq!(c.data.crop_seconds, None, "2B on {gib} GiB: {:?}", p.changes);
+                }
+            }
         }
     }
 
@@ -348,7 +379,7 @@ mod tests {
     fn a_huge_rank_is_refused_with_the_reason() {
         // The demo model at rank 100000: the run the OOM killer ended at 23 GB.
         let c = RunConfig { lora: LoraConfig { r: 100_000, ..Default::default() }, ..config() };
-        let p = plan_for(&c, &ModelSource::Demo.shape().unwrap(), &Device::Cpu, machine(24));
+        let p = plan_for(&c, &ModelSource::Demo.shape().unwrap(), Backend::Cpu, machine(24));
         println!("{} ({} LoRA elements)", p.summary(), p.footprint.lora_parameters);
         assert!(p.footprint.lora_parameters > 1_400_000_000, "{}", p.footprint.lora_parameters);
         let err = check(&p).unwrap_err().to_string();
@@ -360,11 +391,11 @@ mod tests {
     #[test]
     fn long_samples_without_checkpointing_are_refused_naming_checkpointing() {
         let c = RunConfig { gradient_checkpointing: false, ..config() };
-        let err = check(&plan_for(&c, &ace_step(), &Device::Cpu, machine(16))).unwrap_err().to_string();
+        let err = check(&plan_for(&c, &ace_step(), Backend::Cpu, machine(16))).unwrap_err().to_string();
         println!("{err}");
         assert!(err.contains("gradient checkpointing on") && err.contains("240 s"), "{err}");
         // Unknown memory refuses nothing.
-        check(&plan_for(&c, &ace_step(), &Device::Cpu, None)).unwrap();
+        check(&plan_for(&c, &ace_step(), Backend::Cpu, None)).unwrap();
     }
 
     #[test]
@@ -372,13 +403,13 @@ mod tests {
         let mut chosen = Vec::new();
         for gb in [256, 64, 16, 12, 8] {
             let mut c = RunConfig { batch_size: 4, gradient_checkpointing: false, ..config() };
-            let p = fit_auto_for(&mut c, &ace_step(), &Device::Cpu, machine(gb)).unwrap();
+            let p = fit_auto_for(&mut c, &ace_step(), Backend::Cpu, machine(gb)).unwrap();
             println!("{gb} GB: {} -> {:?}", p.summary(), p.changes);
             assert!(p.fits());
             assert_eq!(c.batch_size * c.grad_accum, 4, "the effective batch is kept");
             assert_eq!(
                 p.predicted_peak_bytes,
-                plan_for(&c, &ace_step(), &Device::Cpu, machine(gb)).predicted_peak_bytes
+                plan_for(&c, &ace_step(), Backend::Cpu, machine(gb)).predicted_peak_bytes
             );
             chosen.push((c.gradient_checkpointing, c.batch_size, c.precision, c.data.crop_seconds));
         }
@@ -391,7 +422,7 @@ mod tests {
         let last = chosen.last().unwrap();
         assert!(last.1 == 1 && last.2 == Precision::Bf16 && last.3.is_some(), "{chosen:?}");
         let mut c = config();
-        let err = fit_auto_for(&mut c, &ace_step(), &Device::Cpu, machine(2)).unwrap_err().to_string();
+        let err = fit_auto_for(&mut c, &ace_step(), Backend::Cpu, machine(2)).unwrap_err().to_string();
         println!("{err}");
         assert!(err.contains("weights take") && err.contains("more memory") && !err.contains("--precision"), "{err}");
     }

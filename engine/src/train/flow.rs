@@ -7,6 +7,7 @@ use rand_distr::{Distribution, StandardNormal};
 
 use crate::data::TrainingSample;
 use crate::model::{ops, DitInputs};
+use crate::trace;
 use crate::Result;
 
 /// A collated batch of preprocessed samples, padded to the longest in time.
@@ -19,9 +20,23 @@ pub struct Batch {
     pub encoder_hidden_states: Tensor,
     /// `[B, T, 128]`.
     pub context_latents: Tensor,
+    /// Each sample's valid frames (the mask's sum), known on the host so the loss
+    /// needs no read-back.
+    pub frames: Vec<f32>,
 }
 
 impl Batch {
+    /// A batch of tensors already collated; the mask is read once for its frames.
+    pub fn new(
+        target_latents: Tensor,
+        frame_mask: Tensor,
+        encoder_hidden_states: Tensor,
+        context_latents: Tensor,
+    ) -> Result<Self> {
+        let frames = trace::read_back("valid frames", &frame_mask.to_dtype(DType::F32)?.sum(1)?)?;
+        Ok(Self { target_latents, frame_mask, encoder_hidden_states, context_latents, frames })
+    }
+
     /// Stacks samples into a batch, zero-padding time to the longest sample and the
     /// condition to the longest sequence; padded frames get mask 0. (The DiT itself
     /// ignores masks, as ACE-Step's does: padded condition rows take part.)
@@ -44,11 +59,17 @@ impl Batch {
                 .collect::<candle_core::Result<Vec<_>>>()?;
             Ok(Tensor::stack(&padded, 0)?.to_device(device)?)
         };
+        // The samples are on the host: their masks are summed there.
+        let frames = samples
+            .iter()
+            .map(|s| Ok(trace::read_back("valid frames", &s.attention_mask.to_dtype(DType::F32)?.sum_all()?)?[0]))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             target_latents: stack(&|s| &s.target_latents, t_max)?,
             frame_mask: stack(&|s| &s.attention_mask, t_max)?,
             encoder_hidden_states: stack(&|s| &s.encoder_hidden_states, l_max)?.to_dtype(dtype)?,
             context_latents: stack(&|s| &s.context_latents, t_max)?.to_dtype(dtype)?,
+            frames,
         })
     }
 
@@ -68,6 +89,8 @@ pub struct FlowBatch {
     pub target: Tensor,
     /// `[B, T]` f32.
     pub frame_mask: Tensor,
+    /// Each sample's valid frames.
+    pub frames: Vec<f32>,
 }
 
 impl FlowBatch {
@@ -91,6 +114,7 @@ impl FlowBatch {
             },
             target: (x1 - x0)?,
             frame_mask: batch.frame_mask.to_dtype(DType::F32)?,
+            frames: batch.frames.clone(),
         })
     }
 
@@ -102,14 +126,12 @@ impl FlowBatch {
         let mask = self.frame_mask.unsqueeze(2)?;
         let squared = ops::mul(&diff.sqr()?, &mask)?;
         let channels = self.target.dim(2)? as f64;
-        let per_sample = squared.sum((1, 2))?; // (B)
-        let valid: Vec<f32> = self.frame_mask.sum(1)?.to_vec1()?;
-        let all_valid: f64 = valid.iter().map(|&v| v as f64).sum();
-        let mean = (per_sample.sum_all()? / (all_valid.max(1.0) * channels))?;
-        let per_sample = (per_sample.detach().to_vec1::<f32>()?.iter().zip(&valid))
-            .map(|(&sum, &frames)| (sum as f64 / (frames.max(1.0) as f64 * channels)) as f32)
-            .collect();
-        Ok(Loss { mean, per_sample })
+        let sums = squared.sum((1, 2))?; // (B)
+        let all_valid: f64 = self.frames.iter().map(|&v| v as f64).sum();
+        let mean = (sums.sum_all()? / (all_valid.max(1.0) * channels))?;
+        let readout = Tensor::cat(&[mean.detach().reshape(1)?, sums.detach()], 0)?;
+        let readout = LossReadout { readout, frames: self.frames.clone(), channels };
+        Ok(Loss { mean, readout })
     }
 }
 
@@ -117,9 +139,43 @@ impl FlowBatch {
 pub struct Loss {
     /// The scalar the gradients come from: MSE over every valid frame of the batch.
     pub mean: Tensor,
-    /// Each sample's MSE over its own valid frames (weighted by those frames, their
-    /// mean is `mean`).
-    pub per_sample: Vec<f32>,
+    /// The values a step reports, off the graph and still on the device.
+    pub readout: LossReadout,
+}
+
+/// A batch's loss and each sample's, read back with the step's other batches' at once
+/// (on a GPU each read-back is a synchronisation).
+pub struct LossReadout {
+    /// `[1 + B]`: the mean, then each sample's squared-error sum.
+    readout: Tensor,
+    frames: Vec<f32>,
+    channels: f64,
+}
+
+impl LossReadout {
+    /// What is read back: the mean, then each sample's sum.
+    pub fn tensor(&self) -> &Tensor {
+        &self.readout
+    }
+
+    /// How many values [`tensor`](Self::tensor) holds.
+    pub fn len(&self) -> usize {
+        1 + self.frames.len()
+    }
+
+    /// The mean alone, read back now.
+    pub fn mean(&self) -> Result<f32> {
+        Ok(trace::read_back("loss", &self.readout.narrow(0, 0, 1)?)?[0])
+    }
+
+    /// The mean, and each sample's MSE over its own valid frames (weighted by those
+    /// frames, their mean is the mean), from the values read back.
+    pub fn values(&self, read: &[f32]) -> (f32, Vec<f32>) {
+        let per_sample = (read[1..].iter().zip(&self.frames))
+            .map(|(&sum, &frames)| (sum as f64 / (frames.max(1.0) as f64 * self.channels)) as f32)
+            .collect();
+        (read[0], per_sample)
+    }
 }
 
 #[cfg(test)]
@@ -130,12 +186,13 @@ mod tests {
     fn batch(mask: &[f32]) -> Batch {
         let dev = Device::Cpu;
         let t = mask.len();
-        Batch {
-            target_latents: Tensor::randn(0f32, 1., (1, t, 4), &dev).unwrap(),
-            frame_mask: Tensor::from_slice(mask, (1, t), &dev).unwrap(),
-            encoder_hidden_states: Tensor::zeros((1, 2, 4), DType::F32, &dev).unwrap(),
-            context_latents: Tensor::zeros((1, t, 8), DType::F32, &dev).unwrap(),
-        }
+        Batch::new(
+            Tensor::randn(0f32, 1., (1, t, 4), &dev).unwrap(),
+            Tensor::from_slice(mask, (1, t), &dev).unwrap(),
+            Tensor::zeros((1, 2, 4), DType::F32, &dev).unwrap(),
+            Tensor::zeros((1, t, 8), DType::F32, &dev).unwrap(),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -171,12 +228,12 @@ mod tests {
     #[test]
     fn each_samples_loss_is_over_its_own_valid_frames_and_they_weight_to_the_mean() -> Result<()> {
         let dev = Device::Cpu;
-        let batch = Batch {
-            target_latents: Tensor::randn(0f32, 1., (2, 4, 3), &dev)?,
-            frame_mask: Tensor::from_slice(&[1f32, 1., 1., 1., 1., 0., 0., 0.], (2, 4), &dev)?,
-            encoder_hidden_states: Tensor::zeros((2, 2, 4), DType::F32, &dev)?,
-            context_latents: Tensor::zeros((2, 4, 8), DType::F32, &dev)?,
-        };
+        let batch = Batch::new(
+            Tensor::randn(0f32, 1., (2, 4, 3), &dev)?,
+            Tensor::from_slice(&[1f32, 1., 1., 1., 1., 0., 0., 0.], (2, 4), &dev)?,
+            Tensor::zeros((2, 2, 4), DType::F32, &dev)?,
+            Tensor::zeros((2, 4, 8), DType::F32, &dev)?,
+        )?;
         let flow = FlowBatch::new(&batch, &[0.3, 0.9], &mut ChaCha8Rng::seed_from_u64(3))?;
         let pred = Tensor::randn(0f32, 1., (2, 4, 3), &dev)?;
         let loss = flow.loss(&pred)?;
@@ -185,11 +242,13 @@ mod tests {
                 (pred.narrow(0, i, 1)?.narrow(1, 0, frames)? - flow.target.narrow(0, i, 1)?.narrow(1, 0, frames)?)?;
             Ok(d.sqr()?.mean_all()?.to_scalar::<f32>()?)
         };
+        let (mean, per_sample) = loss.readout.values(&loss.readout.tensor().to_vec1()?);
+        assert_eq!(mean, loss.mean.to_scalar::<f32>()?);
         for (i, frames) in [(0, 4), (1, 1)] {
-            assert!((loss.per_sample[i] - own(i, frames)?).abs() < 1e-6, "sample {i}");
+            assert!((per_sample[i] - own(i, frames)?).abs() < 1e-6, "sample {i}");
         }
-        let weighted = (4.0 * loss.per_sample[0] + loss.per_sample[1]) / 5.0;
-        assert!((loss.mean.to_scalar::<f32>()? - weighted).abs() < 1e-6);
+        let weighted = (4.0 * per_sample[0] + per_sample[1]) / 5.0;
+        assert!((mean - weighted).abs() < 1e-6);
         Ok(())
     }
 }

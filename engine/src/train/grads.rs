@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use candle_core::{Tensor, TensorId, Var};
 
-use super::flow::FlowBatch;
+use super::flow::{FlowBatch, LossReadout};
 use crate::lora::{LoraAdapter, LoraMode};
 use crate::model::attention::KeptOutput;
 use crate::model::DitModel;
@@ -15,10 +15,8 @@ use crate::Result;
 
 /// The outcome of forward + backward on one batch.
 pub struct Gradients {
-    /// The unscaled loss (f32).
-    pub loss: f32,
-    /// Each sample's own loss (`flow::Loss::per_sample`).
-    pub sample_losses: Vec<f32>,
+    /// The unscaled loss and each sample's, on the device until the step reads them.
+    pub loss: LossReadout,
     /// One detached f32 gradient per `LoraAdapter::vars()` entry, in that order,
     /// multiplied by the loss scale.
     pub grads: Vec<Tensor>,
@@ -64,7 +62,7 @@ fn plain(
     let store = (&loss.mean * loss_scale)?.backward()?;
     let mut acc = Accumulator::new(vars);
     acc.add(vars, &store)?;
-    Ok(Gradients { loss: loss.mean.to_scalar::<f32>()?, sample_losses: loss.per_sample, grads: acc.finish(vars)? })
+    Ok(Gradients { loss: loss.readout, grads: acc.finish(vars)? })
 }
 
 /// Block recompute: forward every block without a graph, keeping each one's input and
@@ -107,7 +105,7 @@ fn checkpointed(
     let loss_graph = batch.loss(&model.head(head_in.as_tensor(), &prep)?)?;
     let store = (&loss_graph.mean * loss_scale)?.backward()?;
     let mut grad_out = store.get(&head_in).expect("head input is on the graph").clone();
-    let (loss, sample_losses) = (loss_graph.mean.to_scalar::<f32>()?, loss_graph.per_sample);
+    let loss = loss_graph.readout;
     drop((store, head_in, loss_graph.mean));
 
     // 3. Block by block from the last: recompute, backpropagate.
@@ -121,7 +119,7 @@ fn checkpointed(
             grad_out = store.get(&leaf).expect("block input is on the graph").clone();
         }
     }
-    Ok(Gradients { loss, sample_losses, grads: acc.finish(vars)? })
+    Ok(Gradients { loss, grads: acc.finish(vars)? })
 }
 
 /// Block `index`'s input for a tracked forward: a leaf whose gradient is read back (a

@@ -7,7 +7,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::cfg_dropout::CfgDropout;
-use super::flow::{Batch, FlowBatch};
+use super::flow::{Batch, FlowBatch, LossReadout};
 use super::grads;
 use super::loss_scale::{LossScaler, SkipCounter, SkipVerdict};
 use super::optim::{self, Optimizer};
@@ -16,6 +16,7 @@ use crate::events::SampleLoss;
 use crate::lora::{LoraAdapter, LoraMode};
 use crate::model::timesteps::TimestepSampling;
 use crate::model::DitModel;
+use crate::trace;
 use crate::Result;
 
 /// What one call of `Trainer::step` did.
@@ -74,8 +75,8 @@ impl Trainer {
         let n = batches.len() as f64;
 
         // 1-3. Noise, timesteps and CFG dropout -> forward -> loss -> backward, summed over batches.
-        let mut loss = 0.0;
-        let mut samples = Vec::new();
+        let mut readouts = Vec::with_capacity(batches.len());
+        let mut timesteps = Vec::with_capacity(batches.len());
         let mut sum: Option<Vec<Tensor>> = None;
         for (micro, batch) in batches.iter().enumerate() {
             let mut rng = ChaCha8Rng::seed_from_u64(mix(self.settings.seed, attempt, micro as u64));
@@ -94,8 +95,8 @@ impl Trainer {
                 self.settings.checkpointing,
                 self.scaler.scale(),
             )?;
-            loss += g.loss as f64 / n;
-            samples.extend(t.iter().zip(&g.sample_losses).map(|(&t, &loss)| SampleLoss { t, loss }));
+            readouts.push(g.loss);
+            timesteps.push(t);
             sum = Some(match sum {
                 None => g.grads,
                 Some(acc) => acc.iter().zip(&g.grads).map(|(a, b)| a + b).collect::<candle_core::Result<_>>()?,
@@ -104,8 +105,13 @@ impl Trainer {
         let mut grads: Vec<Tensor> =
             sum.unwrap_or_default().iter().map(|g| g.to_dtype(DType::F32)? / n).collect::<candle_core::Result<_>>()?;
 
-        // 4. Guard: a non-finite loss or gradient is skipped, never applied.
-        if !loss.is_finite() || !optim::all_finite(&grads)? {
+        // 4. The losses, every batch's read back at once.
+        let (loss, samples) = read_losses(&readouts, &timesteps)?;
+
+        // 5. Unscale; guard: a non-finite loss or gradient is skipped, never applied.
+        self.scaler.unscale(&mut grads)?;
+        let checked = optim::check(&grads)?;
+        if !loss.is_finite() || !checked.finite {
             self.scaler.update(false);
             let give_up = self.skips.skipped() == SkipVerdict::Fail;
             return Ok(StepOutcome::Skipped {
@@ -116,9 +122,9 @@ impl Trainer {
             });
         }
 
-        // 5-6. Unscale, clip (reporting the pre-clip norm), update.
-        self.scaler.unscale(&mut grads)?;
-        let grad_norm = optim::clip_grad_norm(&mut grads, self.settings.max_grad_norm)?;
+        // 6. Clip (reporting the pre-clip norm), update.
+        let grad_norm = checked.norm;
+        optim::clip(&mut grads, grad_norm, self.settings.max_grad_norm)?;
         let lr = self.optimizer.step(&grads, lr)?;
         self.scaler.update(true);
         self.skips.applied();
@@ -127,6 +133,21 @@ impl Trainer {
 }
 
 /// A well-mixed seed from (seed, attempt, micro-batch).
+/// The loss (the batches' mean) and each sample's loss with its timestep, from
+/// one read-back of every batch's [`LossReadout`].
+fn read_losses(readouts: &[LossReadout], timesteps: &[Vec<f32>]) -> Result<(f64, Vec<SampleLoss>)> {
+    let all = Tensor::cat(&readouts.iter().map(LossReadout::tensor).collect::<Vec<_>>(), 0)?;
+    let read = trace::read_back("loss", &all)?;
+    let (mut loss, mut samples, mut at) = (0.0, Vec::new(), 0);
+    for (readout, t) in readouts.iter().zip(timesteps) {
+        let (mean, per_sample) = readout.values(&read[at..at + readout.len()]);
+        at += readout.len();
+        loss += mean as f64 / readouts.len() as f64;
+        samples.extend(t.iter().zip(per_sample).map(|(&t, loss)| SampleLoss { t, loss }));
+    }
+    Ok((loss, samples))
+}
+
 pub(super) fn mix(seed: u64, attempt: u64, micro: u64) -> u64 {
     let mut h = seed ^ 0x243F_6A88_85A3_08D3;
     for v in [attempt, micro] {
@@ -182,12 +203,13 @@ mod tests {
     fn batch(dtype: DType) -> Batch {
         let dev = Device::Cpu;
         let offsets = Tensor::arange(0f32, 64., &dev).unwrap().affine(1.0 / 32.0, -1.0).unwrap();
-        Batch {
-            target_latents: Tensor::randn(0f32, 0.3, (2, 24, 64), &dev).unwrap().broadcast_add(&offsets).unwrap(),
-            frame_mask: Tensor::ones((2, 24), DType::F32, &dev).unwrap(),
-            encoder_hidden_states: Tensor::randn(0f32, 1., (2, 5, 64), &dev).unwrap().to_dtype(dtype).unwrap(),
-            context_latents: Tensor::zeros((2, 24, 128), dtype, &dev).unwrap(),
-        }
+        Batch::new(
+            Tensor::randn(0f32, 0.3, (2, 24, 64), &dev).unwrap().broadcast_add(&offsets).unwrap(),
+            Tensor::ones((2, 24), DType::F32, &dev).unwrap(),
+            Tensor::randn(0f32, 1., (2, 5, 64), &dev).unwrap().to_dtype(dtype).unwrap(),
+            Tensor::zeros((2, 24, 128), dtype, &dev).unwrap(),
+        )
+        .unwrap()
     }
 
     fn snapshot(t: &Trainer) -> Vec<Vec<f32>> {
@@ -275,7 +297,8 @@ mod tests {
             let mut rng = rng.clone();
             let flow = FlowBatch::new(&b, t_used, &mut rng).unwrap();
             let mode = LoraMode::Train { dropout_seed: mix(fresh.settings.seed ^ 0xD20F, 0, 0) };
-            grads::compute(&fresh.model, &fresh.adapter, &flow, mode, true, 1.0).unwrap().sample_losses
+            let loss = grads::compute(&fresh.model, &fresh.adapter, &flow, mode, true, 1.0).unwrap().loss;
+            loss.values(&loss.tensor().to_vec1().unwrap()).1
         };
         assert_eq!(losses_at(&drawn), samples.iter().map(|s| s.loss).collect::<Vec<_>>());
         let elsewhere: Vec<f32> = drawn.iter().map(|&t| if t > 0.6 { 0.3 } else { 1.0 }).collect();
@@ -336,7 +359,8 @@ mod tests {
         let flow16 = FlowBatch::new(&b16, &[0.5, 0.75], &mut ChaCha8Rng::seed_from_u64(1)).unwrap();
         let g32 = grads::compute(&t32.model, &t32.adapter, &flow32, LoraMode::Eval, true, 1.0).unwrap();
         let g16 = grads::compute(&t16.model, &t16.adapter, &flow16, LoraMode::Eval, true, 1.0).unwrap();
-        assert!(((g32.loss - g16.loss) / g32.loss).abs() < 0.02, "loss {} vs {}", g32.loss, g16.loss);
+        let (l32, l16) = (g32.loss.mean().unwrap(), g16.loss.mean().unwrap());
+        assert!(((l32 - l16) / l32).abs() < 0.02, "loss {l32} vs {l16}");
         let (mut num, mut den) = (0f64, 0f64);
         for (a, b) in g32.grads.iter().zip(&g16.grads) {
             assert_eq!(b.dtype(), DType::F32, "gradients reach the f32 LoRA tensors as f32");

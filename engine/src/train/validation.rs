@@ -22,6 +22,7 @@ use crate::events::Event;
 use crate::lora::{LoraAdapter, LoraMode};
 use crate::model::timesteps::turbo_timesteps;
 use crate::model::DitModel;
+use crate::trace;
 use crate::{Error, Result};
 
 /// Seeds the held-out share's draw and the validation noise apart from training's.
@@ -119,7 +120,7 @@ impl Validator {
                 let mut rng = ChaCha8Rng::seed_from_u64(mix(self.seed ^ NOISE_SALT, c as u64, k as u64));
                 let flow = FlowBatch::new(batch, &[t as f32], &mut rng)?;
                 let prediction = model.forward(&flow.inputs, Some(&ctx))?;
-                sum += flow.loss(&prediction)?.mean.to_scalar::<f32>()? as f64;
+                sum += trace::read_back("validation loss", &flow.loss(&prediction)?.mean)?[0] as f64;
             }
         }
         Ok(sum / (self.batches.len() * self.timesteps.len()) as f64)

@@ -10,6 +10,7 @@ use candle_core::op::{Add, Mul, Sub};
 use candle_core::{CpuStorage, CudaStorage, CustomOp2, Layout, MetalStorage, Result, Shape, Tensor};
 
 use crate::kernels::linear::{backend_product, host_linear_product, Product};
+use crate::trace;
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
@@ -46,6 +47,7 @@ impl Pruned {
                 let batch: usize = a[..rank - 2].iter().product();
                 let mut out = a[..rank - 2].to_vec();
                 out.extend([m, n]);
+                trace::product(s1.dtype(), (batch, m, n, k));
                 Ok((s1.matmul(s2, (batch, m, n, k), l1, l2)?, Shape::from(out)))
             }
             Kind::Linear => {
@@ -54,6 +56,7 @@ impl Pruned {
                 let x = Layout::contiguous_with_offset((rows, k), l1.start_offset());
                 let mut out = l1.dims().to_vec();
                 *out.last_mut().expect("x has a feature dimension") = n;
+                trace::product(s1.dtype(), (1, rows, n, k));
                 Ok((linear(s1, s2, (1, rows, n, k), &x, &l2.transpose(0, 1)?)?, Shape::from(out)))
             }
         }
@@ -101,13 +104,15 @@ impl CustomOp2 for Pruned {
             Kind::Add => Ok((wanted(a, &|| Ok(grad.clone()))?, wanted(b, &|| Ok(grad.clone()))?)),
             Kind::Sub => Ok((wanted(a, &|| Ok(grad.clone()))?, wanted(b, &|| grad.neg())?)),
             Kind::Mul => Ok((wanted(a, &|| grad.mul(b))?, wanted(b, &|| grad.mul(a))?)),
-            Kind::Matmul => Ok((wanted(a, &|| grad.matmul(&b.t()?))?, wanted(b, &|| a.t()?.matmul(grad))?)),
+            Kind::Matmul => {
+                Ok((wanted(a, &|| trace::matmul(grad, &b.t()?))?, wanted(b, &|| trace::matmul(&a.t()?, grad))?))
+            }
             Kind::Linear => {
                 let (n, k) = b.dims2()?;
                 let g = grad.reshape((grad.elem_count() / n, n))?;
                 Ok((
-                    wanted(a, &|| g.matmul(b)?.reshape(a.shape()))?,
-                    wanted(b, &|| g.t()?.matmul(&a.reshape((a.elem_count() / k, k))?))?,
+                    wanted(a, &|| trace::matmul(&g, b)?.reshape(a.shape()))?,
+                    wanted(b, &|| trace::matmul(&g.t()?, &a.reshape((a.elem_count() / k, k))?))?,
                 ))
             }
         }
@@ -153,7 +158,7 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// and without a graph, so a recomputed block gives bit-identical results.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if !a.track_op() && !b.track_op() {
-        return a.matmul(b);
+        return trace::matmul(a, b);
     }
     a.apply_op2(b, Pruned(Kind::Matmul))
 }

@@ -17,6 +17,7 @@ pub use adamw::{AdamW, AdamWConfig};
 pub use prodigy::{Prodigy, ProdigyConfig};
 
 use crate::error::SettingErrors;
+use crate::trace;
 use crate::Result;
 
 /// The optimizer and its hyper-parameters: run.toml's `[optimizer]` table, with
@@ -190,42 +191,45 @@ impl Optimizer {
     }
 }
 
-/// Sums `per_tensor(g)` (a scalar for each gradient) on the device, reading back one
-/// number: on a GPU each read-back is a synchronisation.
-fn sum_over(grads: &[Tensor], per_tensor: impl Fn(&Tensor) -> candle_core::Result<Tensor>) -> Result<f32> {
-    if grads.is_empty() {
-        return Ok(0.0);
-    }
-    let sums = grads.iter().map(per_tensor).collect::<candle_core::Result<Vec<_>>>()?;
-    Ok(Tensor::stack(&sums, 0)?.sum_all()?.to_scalar::<f32>()?)
-}
-/// The global L2 norm of all gradients, accumulated in f32.
-pub fn grad_norm(grads: &[Tensor]) -> Result<f64> {
-    let sum_sq = sum_over(grads, |g| g.to_dtype(DType::F32)?.sqr()?.sum_all())?;
-    Ok(f64::from(sum_sq).sqrt())
+/// A step's gradients, checked and measured by one read-back (on a GPU each is a
+/// synchronisation).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GradCheck {
+    /// Whether every element of every gradient is finite.
+    pub finite: bool,
+    /// The global L2 norm, accumulated in f32.
+    pub norm: f64,
 }
 
-/// Global-norm clipping with PyTorch's `clip_grad_norm_` semantics: when the norm
-/// exceeds `max_norm`, every gradient is scaled by `max_norm / (norm + 1e-6)`.
-/// Returns the pre-clip norm. A non-finite norm leaves the gradients untouched: such
+/// Checks and measures `grads`: whether every element is finite and their global norm.
+pub fn check(grads: &[Tensor]) -> Result<GradCheck> {
+    if grads.is_empty() {
+        return Ok(GradCheck { finite: true, norm: 0.0 });
+    }
+    // One vector of every gradient: a fixed number of kernels however many tensors
+    // there are (a copy of the adapter's gradients, small beside a step's activations).
+    let flat = grads.iter().map(|g| g.flatten_all()?.to_dtype(DType::F32)).collect::<candle_core::Result<Vec<_>>>()?;
+    let flat = Tensor::cat(&flat, 0)?;
+    // x - x is 0 for finite x and NaN for inf or NaN, so its sum is finite exactly when
+    // every element is; no overflow can occur, unlike summing x itself.
+    let nan_if_not_finite = (&flat - &flat)?.sum_all()?;
+    let sum_sq = flat.sqr()?.sum_all()?;
+    let read = trace::read_back("gradient norm", &Tensor::stack(&[nan_if_not_finite, sum_sq], 0)?)?;
+    Ok(GradCheck { finite: read[0].is_finite(), norm: f64::from(read[1]).sqrt() })
+}
+
+/// Global-norm clipping with PyTorch's `clip_grad_norm_` semantics, given the
+/// gradients' `norm`: when it exceeds `max_norm`, every gradient is scaled by
+/// `max_norm / (norm + 1e-6)`. A non-finite norm leaves the gradients untouched: such
 /// a step must be skipped, not applied.
-pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
-    let norm = grad_norm(grads)?;
+pub fn clip(grads: &mut [Tensor], norm: f64, max_norm: f64) -> Result<()> {
     if norm.is_finite() && norm > max_norm {
         let scale = max_norm / (norm + 1e-6);
         for g in grads.iter_mut() {
             *g = g.affine(scale, 0.0)?;
         }
     }
-    Ok(norm)
-}
-
-/// Whether every element of every gradient is finite.
-pub fn all_finite(grads: &[Tensor]) -> Result<bool> {
-    // x - x is 0 for finite x and NaN for inf or NaN, so the sum is finite exactly
-    // when every element is; no overflow can occur, unlike summing x itself.
-    let sum = sum_over(grads, |g| g.sub(g)?.to_dtype(DType::F32)?.sum_all())?;
-    Ok(sum.is_finite())
+    Ok(())
 }
 
 #[cfg(test)]
@@ -242,30 +246,35 @@ mod tests {
         let t = |v: &[f32]| Tensor::new(v, &Device::Cpu).unwrap();
         // Norm sqrt(9 + 16) = 5 over two tensors.
         let mut grads = vec![t(&[3.0]), t(&[0.0, 4.0])];
-        let norm = clip_grad_norm(&mut grads, 1.0).unwrap();
+        let norm = check(&grads).unwrap().norm;
         assert!((norm - 5.0).abs() < 1e-9);
+        clip(&mut grads, norm, 1.0).unwrap();
         let scale = 1.0 / (5.0 + 1e-6);
         assert!((vec(&grads[0])[0] as f64 - 3.0 * scale).abs() < 1e-6);
         assert!((vec(&grads[1])[1] as f64 - 4.0 * scale).abs() < 1e-6);
 
         let mut small = vec![t(&[0.3, 0.4])];
-        assert!((clip_grad_norm(&mut small, 1.0).unwrap() - 0.5).abs() < 1e-7);
+        let norm = check(&small).unwrap().norm;
+        assert!((norm - 0.5).abs() < 1e-7);
+        clip(&mut small, norm, 1.0).unwrap();
         assert_eq!(vec(&small[0]), [0.3, 0.4], "below the limit: untouched");
     }
 
     #[test]
     fn non_finite_detection() {
         let t = |v: &[f32]| Tensor::new(v, &Device::Cpu).unwrap();
-        assert!(all_finite(&[t(&[1.0, f32::MAX]), t(&[f32::MAX; 4])]).unwrap());
-        assert!(!all_finite(&[t(&[1.0]), t(&[0.0, f32::NAN])]).unwrap());
-        assert!(!all_finite(&[t(&[f32::NEG_INFINITY])]).unwrap());
+        let finite = |grads: &[Tensor]| check(grads).unwrap().finite;
+        assert!(finite(&[t(&[1.0, f32::MAX]), t(&[f32::MAX; 4])]));
+        assert!(!finite(&[t(&[1.0]), t(&[0.0, f32::NAN])]));
+        assert!(!finite(&[t(&[f32::NEG_INFINITY])]));
         let f16_inf = t(&[70000.0]).to_dtype(DType::F16).unwrap();
-        assert!(!all_finite(&[f16_inf]).unwrap());
-        assert!(all_finite(&[]).unwrap());
-        assert_eq!(grad_norm(&[]).unwrap(), 0.0);
+        assert!(!finite(&[f16_inf]));
+        assert_eq!(check(&[]).unwrap(), GradCheck { finite: true, norm: 0.0 });
 
         let mut grads = vec![t(&[f32::INFINITY, 1.0])];
-        assert!(clip_grad_norm(&mut grads, 1.0).unwrap().is_infinite());
+        let norm = check(&grads).unwrap().norm;
+        assert!(norm.is_infinite());
+        clip(&mut grads, norm, 1.0).unwrap();
         assert_eq!(vec(&grads[0])[1], 1.0, "non-finite norm: untouched");
     }
 

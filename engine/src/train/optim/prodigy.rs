@@ -9,6 +9,7 @@ use candle_core::{DType, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
 use super::saved::{self, Saved};
+use crate::trace;
 use crate::{Error, Result};
 
 /// Prodigy's hyper-parameters, with `prodigyopt`'s names and defaults.
@@ -121,7 +122,7 @@ impl Prodigy {
             .map(|var| {
                 // A copy: the parameter's storage changes in place.
                 let p = saved::value_f32(var)?;
-                let nonzero = p.abs()?.sum_all()?.to_scalar::<f32>()? != 0.0;
+                let nonzero = trace::read_back("prodigy start", &p.abs()?.sum_all()?)?[0] != 0.0;
                 Ok(ParamState {
                     m: (config.beta1 > 0.0).then(|| saved::zeros_like(var)).transpose()?,
                     v: saved::zeros_like(var)?,
@@ -231,7 +232,7 @@ impl Prodigy {
         }
         let read = match reductions.is_empty() {
             true => Vec::new(),
-            false => Tensor::stack(&reductions, 0)?.to_vec1::<f32>()?,
+            false => trace::read_back("prodigy estimate", &Tensor::stack(&reductions, 0)?)?,
         };
         let (mut delta_numerator, mut d_denom) = (0.0, 0.0);
         for pair in read.chunks_exact(2) {
