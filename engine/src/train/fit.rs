@@ -348,33 +348,6 @@ mod tests {
         }
     }
 
-    /// A CUDA card of `gib` GiB: its free memory once the context is made (about
-    /// 500 MiB on an H200, bench/NOTES.md; 700 MiB with cuBLAS's workspaces here).
-    fn card(gib: u64) -> Option<MachineMemory> {
-        let total = gib << 30;
-        Some(MachineMemory { available_bytes: total - (700 << 20), total_bytes: total, source: "test card".into() })
-    }
-
-    /// 16 GB and 24 GB NVIDIA cards (bf16, candle's ops, which keep attention's scores
-    /// for their backward) train the 2B and XL on 4-minute songs: `fit auto` finds
-    /// settings that fit each, the 2B's whole song on both.
-    #[test]
-    fn fit_auto_fits_a_16_and_a_24_gb_card() {
-        for (name, model) in [("2B", ace_step()), ("XL", ace_step_xl())] {
-            for gib in [16, 24] {
-                let mut c = RunConfig { gradient_checkpointing: false, ..config() };
-                c.data.max_duration_seconds = 240.0;
-                let p = fit_auto_for(&mut c, &model, Backend::Cuda, card(gib)).unwrap();
-                println!("{name}, 240 s, a {gib} GiB card: {} -> {:?}", p.summary(), p.changes);
-                assert!(p.fits(), "{name} on {gib} GiB: {:?}", p.changes);
-                assert_eq!(c.precision.dtype_on(Backend::Cuda), DType::BF16);
-                if name == "2B" {
-                    assert_eq!(c.data.crop_seconds, None, "2B on {gib} GiB: {:?}", p.changes);
-                }
-            }
-        }
-    }
-
     #[test]
     fn a_huge_rank_is_refused_with_the_reason() {
         // The demo model at rank 100000: the run the OOM killer ended at 23 GB.

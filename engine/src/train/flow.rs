@@ -159,7 +159,7 @@ impl LossReadout {
     }
 
     /// How many values [`tensor`](Self::tensor) holds.
-    pub fn len(&self) -> usize {
+    pub fn count(&self) -> usize {
         1 + self.frames.len()
     }
 

@@ -140,8 +140,8 @@ fn read_losses(readouts: &[LossReadout], timesteps: &[Vec<f32>]) -> Result<(f64,
     let read = trace::read_back("loss", &all)?;
     let (mut loss, mut samples, mut at) = (0.0, Vec::new(), 0);
     for (readout, t) in readouts.iter().zip(timesteps) {
-        let (mean, per_sample) = readout.values(&read[at..at + readout.len()]);
-        at += readout.len();
+        let (mean, per_sample) = readout.values(&read[at..at + readout.count()]);
+        at += readout.count();
         loss += mean as f64 / readouts.len() as f64;
         samples.extend(t.iter().zip(per_sample).map(|(&t, loss)| SampleLoss { t, loss }));
     }

@@ -212,7 +212,7 @@ pub fn check(grads: &[Tensor]) -> Result<GradCheck> {
     let flat = Tensor::cat(&flat, 0)?;
     // x - x is 0 for finite x and NaN for inf or NaN, so its sum is finite exactly when
     // every element is; no overflow can occur, unlike summing x itself.
-    let nan_if_not_finite = (&flat - &flat)?.sum_all()?;
+    let nan_if_not_finite = flat.sub(&flat)?.sum_all()?;
     let sum_sq = flat.sqr()?.sum_all()?;
     let read = trace::read_back("gradient norm", &Tensor::stack(&[nan_if_not_finite, sum_sq], 0)?)?;
     Ok(GradCheck { finite: read[0].is_finite(), norm: f64::from(read[1]).sqrt() })
