@@ -1000,8 +1000,9 @@ async fn caption_with_the_lm(c: &Client, lm: &Path, labels: &Path, songs: &Path)
         cell(&song, "caption")
     );
     wait_js_for(c, &captioned, "the LM's caption in the song's row", ENGINE_WAIT).await;
-    let progress = text(c, "#caption-progress").await;
-    assert!(progress.starts_with("Captioned 1 of 1"), "{progress}");
+    // The caption lands in its row a moment before the run's closing progress line.
+    let done = "return document.querySelector('#caption-progress').textContent.startsWith('Captioned 1 of 1')";
+    wait_js_for(c, done, "the captioning's closing progress line", ENGINE_WAIT).await;
     let caption = js(c, &format!("return document.querySelector(\"{}\").value", cell(&song, "caption"))).await;
     let caption = caption.as_str().unwrap().to_string();
     let kept = ostinato_engine::label::store::LabelStore::new(labels).find(&songs.join(&song)).unwrap().saved;
