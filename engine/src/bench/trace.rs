@@ -35,7 +35,7 @@ pub struct StepTrace {
     pub products: usize,
     pub bf16_product_flops: f64,
     pub f32_product_flops: f64,
-    /// Products wide in every dimension (`trace::Product::is_large`) run in f32.
+    /// Large products (`trace::Product::is_large`) run in f32.
     pub large_f32_products: Vec<String>,
     pub product_bytes: f64,
     /// Every read-back, in order.
