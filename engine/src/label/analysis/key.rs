@@ -3,20 +3,28 @@
 //! the tonic: a relative major and minor share their notes, and what tells them
 //! apart is the note the harmony comes home to.
 //!
+//! The profiles say how often each note is written; a recording's peaks also hold each
+//! note's overtones (the third harmonic sounds a fifth above, the fifth a major third),
+//! which lean every key's profile towards its dominant's. So each profile is compared
+//! as it would sound: every note with its first harmonics added, each quieter than the
+//! one below it.
+//!
 //! The recording's tuning is read first (the circular mean of where its spectral
 //! peaks fall between semitones), so a song a quarter-tone off A = 440 Hz still
 //! folds onto the right pitch classes.
 
 use super::features::{FINE, FINE_BINS};
 
-/// Key profiles from the Essen folksong collection (Aarden, "Dynamic melodic
-/// expectancy", 2003): how long each scale degree sounds in a major and a minor key,
-/// tonic first. Of the published profiles (Krumhansl-Kessler, Temperley's
-/// Kostka-Payne, Albrecht-Shanahan, Aarden-Essen) these scored best on the bench set.
-const MAJOR: [f64; 12] =
-    [17.7661, 0.145624, 14.9265, 0.160186, 19.8049, 11.3587, 0.291248, 22.062, 0.145624, 8.15494, 0.232998, 4.95122];
-const MINOR: [f64; 12] =
-    [18.2648, 0.737619, 14.0499, 16.8599, 0.702494, 14.4362, 0.702494, 18.6161, 4.56621, 1.93186, 7.37619, 1.75623];
+/// Key profiles from the Kostka-Payne harmony textbook's excerpts (Temperley, "Music and
+/// Probability", 2007): how often each scale degree is written in a major and a minor
+/// key, tonic first. Of the published profiles (Krumhansl-Kessler, Temperley's
+/// Kostka-Payne, Albrecht-Shanahan, Aarden-Essen), as heard with their harmonics, these
+/// scored best on the bench's tuning source (Bach's chorales, bench/NOTES.md).
+const MAJOR: [f64; 12] = [0.748, 0.060, 0.488, 0.082, 0.670, 0.460, 0.096, 0.715, 0.104, 0.366, 0.057, 0.400];
+const MINOR: [f64; 12] = [0.712, 0.084, 0.474, 0.618, 0.049, 0.460, 0.105, 0.747, 0.404, 0.067, 0.133, 0.330];
+/// Harmonics a note is heard with, and how much quieter each is than the one below.
+const HARMONICS: u32 = 6;
+const HARMONIC_SLOPE: f64 = 0.8;
 /// How much the bass's share of the tonic adds to a key's correlation.
 const BASS_WEIGHT: f64 = 0.25;
 /// How much the bass of the first and last seconds adds: songs start and end at home
@@ -75,9 +83,10 @@ pub fn estimate(pitch: &[[f32; FINE_BINS]], bass: &[[f32; FINE_BINS]], tuning: f
             0.0
         }
     };
+    let shapes = [heard(&MAJOR), heard(&MINOR)];
     let mut scores: Vec<(f64, usize, bool)> = Vec::with_capacity(24);
     for tonic in 0..12 {
-        for (minor, shape) in [(false, &MAJOR), (true, &MINOR)] {
+        for (minor, shape) in [(false, &shapes[0]), (true, &shapes[1])] {
             let rotated: [f64; 12] = std::array::from_fn(|pc| shape[(pc + 12 - tonic) % 12]);
             let votes = BASS_WEIGHT * share(&bass_profile, tonic) + EDGE_WEIGHT * share(&edge_profile, tonic);
             scores.push((correlation(&profile, &rotated) + votes, tonic, minor));
@@ -85,14 +94,26 @@ pub fn estimate(pitch: &[[f32; FINE_BINS]], bass: &[[f32; FINE_BINS]], tuning: f
     }
     scores.sort_by(|a, b| b.0.total_cmp(&a.0));
     let (best, tonic, minor) = scores[0];
-    let fit =
-        correlation(&profile, &std::array::from_fn(|pc| [&MAJOR, &MINOR][usize::from(minor)][(pc + 12 - tonic) % 12]));
+    let fit = correlation(&profile, &std::array::from_fn(|pc| shapes[usize::from(minor)][(pc + 12 - tonic) % 12]));
     if fit.is_nan() || fit < MIN_CORRELATION {
         return Err("the pitches fit no major or minor key".into());
     }
     let margin = best - scores[1].0;
     let confidence = (fit * (0.4 + 0.6 * (margin / 0.15).min(1.0))).clamp(0.0, 1.0);
     Ok(Key { tonic, minor, confidence })
+}
+
+/// A profile as it sounds: each pitch class with its harmonics at their pitch classes
+/// (harmonic h sounds 12 log2 h semitones up), the h-th at HARMONIC_SLOPE^(h-1).
+fn heard(written: &[f64; 12]) -> [f64; 12] {
+    let mut sounding = [0.0f64; 12];
+    for (pc, weight) in written.iter().enumerate() {
+        for h in 1..=HARMONICS {
+            let up = (12.0 * f64::from(h).log2()).round() as usize;
+            sounding[(pc + up) % 12] += weight * HARMONIC_SLOPE.powi(h as i32 - 1);
+        }
+    }
+    sounding
 }
 
 /// Where the peaks sit between semitones, in fine bins (-FINE/2..FINE/2): the circular
