@@ -11,7 +11,7 @@ Sources (each its own collection, transcribed by different people):
 - ryans: Ryan's Mammoth Collection (Boston, 1883), ABC contributed by Ray Davies and
   others: melodies.
 - airds: James Aird's Selection of Scotch, English, Irish and Foreign Airs (1778), ABC
-  (from the abc archive shipped with music21): melodies.
+  transcribed by Jack Campin: melodies.
 
 The compositions are public domain; the encodings are distributed in music21's corpus
 with their encoders' permission, for research and non-commercial use
