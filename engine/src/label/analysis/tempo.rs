@@ -28,8 +28,12 @@ const MIN_PERIODICITY: f64 = 0.02;
 const ALTERNATION_WEIGHT: f64 = 0.25;
 const LANDING_WEIGHT: f64 = 1.0;
 const PRIOR_WEIGHT: f64 = 1.5;
-/// Metrical levels tried around the most periodic tempo.
-const LEVELS: [f64; 7] = [1.0 / 3.0, 0.5, 2.0 / 3.0, 1.0, 1.5, 2.0, 3.0];
+/// Metrical levels tried around the most periodic tempo: its halves, doubles and thirds,
+/// never 3:2 from it. In an even run of notes a 3:2 level cuts across them and its
+/// subdivisions fall between onsets, so it looked like a beat with weak subdivisions: a
+/// jig read at two thirds of its beat, a reel at three halves (O'Neill's tunes, the
+/// bench's tempo tuning source; bench/NOTES.md).
+const LEVELS: [f64; 5] = [1.0 / 3.0, 0.5, 1.0, 2.0, 3.0];
 
 /// A tempo, the beats found at it, and how the onsets fall around them.
 #[derive(Debug, Clone)]
