@@ -97,7 +97,7 @@ def ostinato_estimates(set_dir, binary):
         read = row.get("analysed", {})
         estimates[Path(row["file"]).name] = {
             "bpm": read.get("bpm"), "keyscale": read.get("keyscale"), "timesignature": read.get("timesignature"),
-            "confidence": row.get("confidence", {}), "cannot_tell": row.get("cannot_tell", {}),
+            "confidence": row.get("confidence", {}),
         }
     return estimates, seconds
 
@@ -172,11 +172,10 @@ def calibration(answers, rows, estimates):
               + "  ".join(cells))
 
 
-def markdown(results, answers):
+def markdown(scored):
     print("\n| tool | tempo within 4% | tempo, octave errors allowed | key (MIREX) | key exact | meter |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for name, (estimates, _) in results.items():
-        rows = score(answers, estimates)
+    for name, rows in scored.items():
         mean = lambda k: sum(float(r[k]) for r in rows) / len(rows)
         meter = f"{mean('meter'):.3f}" if name != "librosa" else "-"
         print(f"| {name} | {mean('acc1'):.3f} | {mean('acc2'):.3f} | {mean('key'):.3f} | "
@@ -200,8 +199,9 @@ def main():
             results[name] = cached_estimates(args.set_dir, answers, name, estimate)
     constant = {"bpm": 120.0, "keyscale": "C major", "timesignature": 4}
     results["120 BPM, C major, 4/4"] = ({a["file"]: constant for a in answers}, 0.0)
-    for name, (estimates, per_song) in results.items():
-        rows = score(answers, estimates)
+    scored = {name: score(answers, estimates) for name, (estimates, _) in results.items()}
+    for name, (_, per_song) in results.items():
+        rows = scored[name]
         print(f"{name:9s} {summary(rows)}  {per_song:.2f} s/song")
         for label, part in (("drums", [r for r in rows if r["drums"]]), ("no drums", [r for r in rows if not r["drums"]])):
             if part and len(part) < len(rows):
@@ -209,9 +209,9 @@ def main():
         for ts in (3, 4, 6):
             print(f"  meter {ts}   {summary([r for r in rows if r['ts'] == ts])}")
     if args.calibration:
-        calibration(answers, score(answers, ours), ours)
+        calibration(answers, scored["ostinato"], ours)
     if args.markdown:
-        markdown(results, answers)
+        markdown(scored)
     print("\nOstinato's misses (file: answer -> estimate):")
     for a in answers:
         e = ours.get(a["file"], {})
