@@ -277,7 +277,6 @@ pub fn run_spec(
     if steps == 0 {
         return Err(Error::setting("steps", "bench needs at least one timed step"));
     }
-    precision.check_on(device).map_err(|m| Error::setting("precision", m))?;
     let cfg = &spec.config;
 
     // 1. Model, adapter, optimizer, one batch: the resident baseline.

@@ -1,7 +1,8 @@
 //! Device choice and precision policy.
 //!
 //! Base weights are stored and computed in the compute dtype: f32 on CPU (bf16/f16 are
-//! not faster there), bf16 on CUDA and on Metal from macOS 14 (f16 before: [`metal_half`]); `bf16-weights` holds the frozen layers in
+//! not faster there), bf16 on CUDA and on Metal (which trains from macOS 14:
+//! [`metal_trains`]); `bf16-weights` holds the frozen layers in
 //! bf16 and computes in f32, each layer's weights widened while it runs (half the
 //! weights' memory on the CPU at f32's speed and accuracy of the arithmetic). LoRA
 //! parameters, optimizer state and the loss stay f32 whatever the compute dtype.
@@ -53,27 +54,11 @@ impl Precision {
         match self {
             Precision::Auto => match backend {
                 Backend::Cpu => DType::F32,
-                Backend::Metal { bfloat: false } => DType::F16,
-                Backend::Metal { bfloat: true } | Backend::Cuda => DType::BF16,
+                Backend::Metal | Backend::Cuda => DType::BF16,
             },
             Precision::F32 | Precision::Bf16Weights => DType::F32,
             Precision::Bf16 => DType::BF16,
             Precision::F16 => DType::F16,
-        }
-    }
-
-    /// Whether `device` can compute in this precision: an error to show beside the
-    /// precision where it cannot (bf16 on a Mac whose Metal has no `bfloat`).
-    pub fn check_on(self, device: &Device) -> std::result::Result<(), String> {
-        let backend = Backend::of(device);
-        let bf16 = self.dtype_on(backend) == DType::BF16 || self.weights_dtype_on(backend) == DType::BF16;
-        match (backend, bf16) {
-            (Backend::Metal { bfloat: false }, true) => Err(format!(
-                "{} needs bf16 on the GPU, and Metal has it from macOS 14 (this Mac: {}); choose auto or f16",
-                self.name(),
-                macos_version().map_or("version unknown".into(), |(major, minor)| format!("macOS {major}.{minor}")),
-            )),
-            _ => Ok(()),
         }
     }
 
@@ -121,10 +106,7 @@ impl std::fmt::Display for Precision {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Cpu,
-    /// `bfloat`: whether the OS's Metal has bf16 ([`metal_half`]).
-    Metal {
-        bfloat: bool,
-    },
+    Metal,
     Cuda,
 }
 
@@ -132,7 +114,7 @@ impl Backend {
     pub fn of(device: &Device) -> Self {
         match device {
             Device::Cpu => Backend::Cpu,
-            Device::Metal(_) => Backend::Metal { bfloat: metal_half(macos_version()) == DType::BF16 },
+            Device::Metal(_) => Backend::Metal,
             Device::Cuda(_) => Backend::Cuda,
         }
     }
@@ -143,14 +125,20 @@ impl Backend {
     }
 }
 
-/// The 16-bit type a Mac's GPU computes in at `Auto`. Candle's Metal kernels have bf16
-/// forms only where the OS's Metal has `bfloat` (`__HAVE_BFLOAT__`, macOS 14 and later),
-/// while the app runs from macOS 12: before 14, and where the version cannot be read,
-/// f16 (with dynamic loss scaling).
-pub fn metal_half(macos: Option<(u32, u32)>) -> DType {
+/// Whether a Mac's GPU can train here, or why not. Candle's Metal kernels are built
+/// from source when a device is made, and its matrix-vector library (every product
+/// with one row, as the timestep embedding's at batch 1) declares bf16 kernels without
+/// the `__HAVE_BFLOAT__` guard the other libraries have: Metal before 3.1 (macOS 14)
+/// cannot build it, its f16 and f32 kernels included. So Metal trains from macOS 14,
+/// the app's minimum, and the CLI on an older Mac (or one whose version cannot be
+/// read) trains on the CPU, saying why.
+pub fn metal_trains(macos: Option<(u32, u32)>) -> std::result::Result<(), String> {
     match macos {
-        Some((major, _)) if major >= 14 => DType::BF16,
-        _ => DType::F16,
+        Some((major, _)) if major >= 14 => Ok(()),
+        found => Err(format!(
+            "Metal training needs macOS 14 or later (this Mac: {})",
+            found.map_or("version unknown".into(), |(major, minor)| format!("macOS {major}.{minor}"))
+        )),
     }
 }
 
@@ -182,8 +170,7 @@ pub fn macos_version() -> Option<(u32, u32)> {
 }
 
 /// "14.4.1" -> (14, 4); "15" -> (15, 0).
-#[cfg(any(target_os = "macos", test))]
-fn parse_version(s: &str) -> Option<(u32, u32)> {
+pub fn parse_version(s: &str) -> Option<(u32, u32)> {
     let mut parts = s.trim_end_matches('\0').trim().split('.');
     let major = parts.next()?.parse().ok()?;
     let minor = match parts.next() {
@@ -209,6 +196,9 @@ pub fn select(force_cpu: bool) -> Result<Selected> {
     }
     #[cfg(target_os = "macos")]
     {
+        if let Err(why) = metal_trains(macos_version()) {
+            return Ok(cpu(format!("{why}, using CPU")));
+        }
         match Device::new_metal(0) {
             Ok(device) => return Ok(Selected { device, name: "metal", reason: "Metal GPU".into() }),
             Err(e) => return Ok(cpu(format!("Metal unavailable ({e}), using CPU"))),
@@ -265,26 +255,22 @@ mod tests {
     }
 
     #[test]
-    fn a_mac_computes_in_bf16_only_where_its_metal_has_bfloat() {
-        assert_eq!(metal_half(Some((12, 7))), DType::F16);
-        assert_eq!(metal_half(Some((13, 6))), DType::F16);
-        assert_eq!(metal_half(Some((14, 0))), DType::BF16);
-        assert_eq!(metal_half(Some((26, 1))), DType::BF16);
-        assert_eq!(metal_half(None), DType::F16, "unknown: the type every Metal has");
+    fn a_mac_trains_on_its_gpu_from_macos_14_in_bf16() {
+        for old in [Some((12, 7)), Some((13, 6)), None] {
+            let why = metal_trains(old).unwrap_err();
+            assert!(why.contains("macOS 14 or later") && why.contains("this Mac: "), "{why}");
+        }
+        assert!(metal_trains(Some((13, 6))).unwrap_err().contains("macOS 13.6"));
+        assert_eq!(metal_trains(Some((14, 0))), Ok(()));
+        assert_eq!(metal_trains(Some((26, 1))), Ok(()));
         assert_eq!(parse_version("14.4.1"), Some((14, 4)));
         assert_eq!(parse_version("15\0"), Some((15, 0)));
         assert_eq!(parse_version("beta"), None);
         #[cfg(not(target_os = "macos"))]
         assert_eq!(macos_version(), None);
-        // Off a Mac every precision is possible on the CPU.
-        for p in Precision::ALL {
-            assert_eq!(p.check_on(&Device::Cpu), Ok(()));
-        }
-        let old_mac = Backend::Metal { bfloat: false };
-        assert_eq!(Precision::Auto.dtype_on(old_mac), DType::F16);
-        assert_eq!(Precision::Auto.dtype_on(Backend::Metal { bfloat: true }), DType::BF16);
+        assert_eq!(Precision::Auto.dtype_on(Backend::Metal), DType::BF16);
         assert_eq!(Precision::Auto.dtype_on(Backend::Cuda), DType::BF16);
-        assert_eq!(Precision::Bf16Weights.weights_dtype_on(old_mac), DType::BF16);
+        assert_eq!(Precision::Bf16Weights.weights_dtype_on(Backend::Metal), DType::BF16);
     }
 
     #[test]

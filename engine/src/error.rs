@@ -59,6 +59,9 @@ pub enum Error {
     #[error("optimizer: {params} parameters but {grads} gradients")]
     GradientCount { params: usize, grads: usize },
 
+    #[error("optimizer: gradient {index} has shape {grad:?}, its parameter {param:?}")]
+    GradientShape { index: usize, grad: Vec<usize>, param: Vec<usize> },
+
     #[error("{path}:{line}: {reason}")]
     EventLog { path: PathBuf, line: usize, reason: String },
 

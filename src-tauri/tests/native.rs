@@ -588,3 +588,15 @@ mod menu_spec {
         assert_eq!(json, serde_json::json!({"action": "error", "message": "no run"}));
     }
 }
+
+/// The bundle's minimum macOS (`LSMinimumSystemVersion`) is the first on which the
+/// engine trains on Metal.
+#[test]
+fn the_bundle_needs_the_macos_metal_trains_from() {
+    use ostinato_engine::device::{metal_trains, parse_version};
+    let conf: Value = serde_json::from_str(include_str!("../tauri.conf.json")).expect("tauri.conf.json");
+    let minimum = conf["bundle"]["macOS"]["minimumSystemVersion"].as_str().expect("minimumSystemVersion");
+    let (major, minor) = parse_version(minimum).expect("a version");
+    assert_eq!(metal_trains(Some((major, minor))), Ok(()), "minimumSystemVersion {minimum}");
+    assert!(metal_trains(Some((major - 1, 9))).is_err(), "{minimum} is the first that trains");
+}

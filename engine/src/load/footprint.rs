@@ -9,6 +9,7 @@
 
 use serde::Serialize;
 
+use crate::model::attention::{use_banded, RECOMPUTE_ELEMENTS};
 use crate::model::weights::expected_shapes;
 use crate::model::DitConfig;
 
@@ -34,8 +35,8 @@ pub struct Workload {
     /// Bytes of an element of the layers' weights as held: `dtype_bytes`, or 2 where
     /// bf16 weights are widened to the compute dtype while their layer runs.
     pub layer_weights_dtype_bytes: u64,
-    /// Attention through the CPU kernels, which keep no `P x S` scores; candle's ops
-    /// (GPUs) keep them for blocks of up to 2M scores.
+    /// The engine's CPU kernels run the step; without them (Metal, CUDA) candle's
+    /// composed ops keep more, attention's scores among it.
     pub cpu_kernels: bool,
 }
 
@@ -86,8 +87,39 @@ fn layer_parameters(cfg: &DitConfig) -> u64 {
 /// about the same).
 const KEPT_HALF_HIDDEN: u64 = 41;
 const KEPT_MLP: u64 = 2;
-/// candle's attention ops keep scores and probabilities for blocks up to this many.
-const SCORE_BLOCK: u64 = 2 << 20;
+
+/// The same without the CPU kernels (Metal, CUDA): candle's composed norms, softmax,
+/// SwiGLU and head split keep their intermediates (some in f32), so a layer holds
+/// about three times as much per patch, and attention keeps its scores wherever it
+/// does not recompute them ([`kept_scores`]), at this many bytes a score (the scores,
+/// the shifted and exponentiated ones, the probabilities, some in f32). Around the
+/// layers, the embeddings, head and loss keep `OUTSIDE_HALF_HIDDEN_GPU` per patch,
+/// plus a constant. Fitted by least squares to the heap peaks of small-30s (2, 4 and 8
+/// layers) and small-240s (4 and 8) in both modes, run as a GPU runs them on the CPU
+/// (bf16, no CPU kernels; all ten within 1%), and checked on full-layer (0.93-0.95)
+/// and on the H200's whole-GPU figures for the real-size 2B on a 4-minute song
+/// (bench/NOTES.md).
+const KEPT_HALF_HIDDEN_GPU: u64 = 153;
+const KEPT_MLP_GPU: u64 = 4;
+const KEPT_SCORE_BYTES_GPU: u64 = 22;
+const OUTSIDE_HALF_HIDDEN_GPU: u64 = 74;
+const OUTSIDE_GPU_BYTES: u64 = 27 << 20;
+
+/// Scores a layer's attention keeps for its backward off the CPU kernels, over a batch
+/// of `batch`, as `model::attention` decides: a sliding layer's whole square where it
+/// is not banded, a full layer's square and cross-attention's `heads x P x S` where
+/// they stay under the recompute size; banded and recomputed blocks keep none.
+fn kept_scores(cfg: &DitConfig, layer: usize, batch: u64, patches: u64, encoder_len: u64) -> u64 {
+    let heads = cfg.num_attention_heads as u64;
+    let under = |scores: u64| if scores <= RECOMPUTE_ELEMENTS as u64 { scores } else { 0 };
+    let square = batch * heads * patches * patches;
+    let self_attention = match cfg.is_sliding(layer) {
+        true if use_banded(patches as usize, cfg.sliding_window, false) => 0,
+        true => square,
+        false => under(square),
+    };
+    self_attention + under(batch * heads * patches * encoder_len)
+}
 
 /// The estimate for `cfg` training on `w`.
 pub fn estimate(cfg: &DitConfig, w: &Workload) -> Footprint {
@@ -100,15 +132,6 @@ pub fn estimate(cfg: &DitConfig, w: &Workload) -> Footprint {
     let layers = cfg.num_hidden_layers as u64;
     let full_layers = (0..cfg.num_hidden_layers).filter(|&i| !cfg.is_sliding(i)).count() as u64;
 
-    // candle's ops keep f32 scores and probabilities of self-attention over the
-    // sample's patches, up to a block (unmeasured: no GPU on the calibration machine).
-    let scores = match w.cpu_kernels {
-        true => 0,
-        false => {
-            let patches = rows / b.max(1);
-            2 * 4 * (rows * cfg.num_attention_heads as u64 * patches).min(SCORE_BLOCK)
-        }
-    };
     // Weights held narrower than the compute dtype: one layer's widened while it runs
     // (and, without checkpointing, kept by every layer's graph).
     let in_layers = layer_parameters(cfg);
@@ -116,14 +139,28 @@ pub fn estimate(cfg: &DitConfig, w: &Workload) -> Footprint {
         true => 0,
         false => in_layers / layers.max(1) * e,
     };
-    let layer = rows * (KEPT_HALF_HIDDEN * h / 2 + KEPT_MLP * mlp) * e + scores + w.rebuilt_weight_bytes + widened;
+    let per_layer = |layer: usize| match w.cpu_kernels {
+        true => rows * (KEPT_HALF_HIDDEN * h / 2 + KEPT_MLP * mlp) * e,
+        false => {
+            let patches = rows / b.max(1);
+            rows * (KEPT_HALF_HIDDEN_GPU * h / 2 + KEPT_MLP_GPU * mlp) * e
+                + KEPT_SCORE_BYTES_GPU * kept_scores(cfg, layer, b, patches, w.encoder_len as u64)
+        }
+    } + w.rebuilt_weight_bytes
+        + widened;
+    // Without the CPU kernels, what the embeddings, the head and the loss keep.
+    let around = match w.cpu_kernels {
+        true => 0,
+        false => rows * OUTSIDE_HALF_HIDDEN_GPU * h / 2 * e + OUTSIDE_GPU_BYTES,
+    };
     let lora_grads = w.lora_parameters * 4;
     // Plain: every layer's graph at once.
-    let activations_bytes = layers * layer + lora_grads;
+    let activations_bytes = (0..cfg.num_hidden_layers).map(per_layer).sum::<u64>() + around + lora_grads;
     // Checkpointed: each layer's input and each full-attention layer's output kept,
-    // then one layer recomputed and its backward.
+    // then one layer (the largest) recomputed and its backward.
     let kept = layers * rows * h * e + full_layers * rows * q * e;
-    let activations_checkpointed_bytes = kept + layer + lora_grads;
+    let largest = (0..cfg.num_hidden_layers).map(per_layer).max().unwrap_or(0);
+    let activations_checkpointed_bytes = kept + largest + around + lora_grads;
 
     let frames = b * w.frames as u64;
     let latent = cfg.audio_acoustic_hidden_dim as u64;

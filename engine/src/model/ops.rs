@@ -6,6 +6,7 @@
 //! Everything else the model uses (exp, sum, sqrt, narrow, cat, reshape, transpose,
 //! `silu`) is candle's own and records a backward.
 
+mod device;
 mod pruned;
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor, D};
@@ -17,12 +18,17 @@ use crate::trace;
 pub use pruned::{add, linear, matmul, mul, sub};
 
 /// RMSNorm over the last dimension, `x / sqrt(mean(x^2) + eps) * weight`, computed in
-/// f32 as the reference does. On the CPU kernels a fused op (one pass forward, one
-/// backward, input gradient only: the weight is frozen); elsewhere built from ops that
-/// all record a backward.
+/// f32 as the reference does. For a frozen weight a fused op each way (the input
+/// gradient only): the CPU kernels' or, without them, candle-nn's forward with the
+/// backward in candle ops (`device`); otherwise built from ops that all record a
+/// backward.
 pub fn rms_norm(k: KernelPolicy, x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
-    if k.on_host(x) && weight.dtype() == DType::F32 && !weight.track_op() {
+    let frozen = !weight.track_op();
+    if k.on_host(x) && weight.dtype() == DType::F32 && frozen {
         return x.contiguous()?.apply_op2(weight, RmsNorm { eps: eps as f32, shift: None, k });
+    }
+    if frozen && weight.dtype() == x.dtype() && weight.dims() == [x.dim(D::Minus1)?] {
+        return device::rms_norm(x, weight, eps);
     }
     rms_norm_composed(x, weight, eps)
 }
@@ -72,21 +78,13 @@ fn rms_norm_composed(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     mul(&normed, weight)
 }
 
-/// Softmax over the last dimension. On the CPU kernels a fused op (forward and
-/// backward one pass per row each); elsewhere composed, with the row maximum taken
-/// without a graph (a constant shift: the result and its gradient do not depend on it).
+/// Softmax over the last dimension: a fused op each way, the CPU kernels' or, without
+/// them, candle-nn's forward with the backward in candle ops (`device`).
 pub fn softmax_last_dim(k: KernelPolicy, x: &Tensor) -> Result<Tensor> {
     if k.on_host(x) {
         return x.contiguous()?.apply_op1(Softmax(k));
     }
-    softmax_composed(x)
-}
-
-fn softmax_composed(x: &Tensor) -> Result<Tensor> {
-    let max = x.detach().max_keepdim(D::Minus1)?;
-    let e = sub(x, &max)?.exp()?;
-    let sum = e.sum_keepdim(D::Minus1)?;
-    e.broadcast_div(&sum)
+    device::softmax_last_dim(k, x)
 }
 
 /// Rows of a contiguous f32 tensor: (slice, row length).

@@ -116,7 +116,6 @@ impl Loop {
     ) -> Result<Self> {
         // 1. Device, model, dataset.
         let selected = device::select(config.force_cpu)?;
-        config.precision.check_on(&selected.device).map_err(|m| crate::Error::setting("precision", m))?;
         let dtype = config.precision.dtype(&selected.device);
         let LoadedModel {
             dit,

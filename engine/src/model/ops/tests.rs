@@ -3,6 +3,15 @@ use candle_core::{DType, Device, Var};
 
 const CPU: KernelPolicy = KernelPolicy::cpu();
 
+/// Softmax composed from candle's ops, with the row maximum taken without a graph (a
+/// constant shift: the result and its gradient do not depend on it): the reference.
+fn softmax_composed(x: &Tensor) -> Result<Tensor> {
+    let max = x.detach().max_keepdim(D::Minus1)?;
+    let e = sub(x, &max)?.exp()?;
+    let sum = e.sum_keepdim(D::Minus1)?;
+    e.broadcast_div(&sum)
+}
+
 fn close(a: &Tensor, b: &Tensor) -> f32 {
     max_abs(&(a - b).unwrap())
 }
@@ -60,6 +69,35 @@ fn fused_ops_match_composed_forms() -> Result<()> {
         eprintln!("{name}: gradient error {err:e}");
         assert!(err < 1e-5, "{name} gradient differs by {err:e}");
         assert_eq!(gf.get_ids().count(), 1, "{name}: only the input gets a gradient");
+    }
+    Ok(())
+}
+
+/// Without the CPU kernels, RMSNorm and softmax (candle-nn's forwards, backwards in
+/// candle ops) give the composed forms' values and input gradients, in f32 and in the
+/// bf16 a GPU computes in (where each rounds differently: one bf16 ulp is 2^-8).
+#[test]
+fn device_ops_match_composed_forms() -> Result<()> {
+    let dev = Device::Cpu;
+    let gpu = KernelPolicy::gpu();
+    for (dtype, tolerance) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
+        let x = Var::from_tensor(&Tensor::randn(0f32, 3., (3, 5, 64), &dev)?.to_dtype(dtype)?)?;
+        let g = Tensor::randn(0f32, 1., (3, 5, 64), &dev)?.to_dtype(dtype)?;
+        let w = Tensor::randn(1f32, 0.2, 64, &dev)?.to_dtype(dtype)?;
+        let scores = Var::from_tensor(&Tensor::randn(0f32, 3., (3, 5, 64), &dev)?)?;
+        for (name, input, fused, composed) in [
+            ("rms_norm", &x, rms_norm(gpu, x.as_tensor(), &w, 1e-6)?, rms_norm_composed(x.as_tensor(), &w, 1e-6)?),
+            ("softmax", &scores, softmax_last_dim(gpu, scores.as_tensor())?, softmax_composed(scores.as_tensor())?),
+        ] {
+            let (gf, gc) = (mul(&fused, &g.to_dtype(fused.dtype())?)?, mul(&composed, &g.to_dtype(fused.dtype())?)?);
+            let err = rel_err(&fused.to_dtype(DType::F32)?, &composed.to_dtype(DType::F32)?);
+            let (gf, gc) = (gf.sum_all()?.backward()?, gc.sum_all()?.backward()?);
+            let grad = |s: &candle_core::backprop::GradStore| s.get(input).unwrap().to_dtype(DType::F32);
+            let grad_err = rel_err(&grad(&gf)?, &grad(&gc)?);
+            eprintln!("{name} {dtype:?}: forward error {err:e}, gradient error {grad_err:e}");
+            assert!(err < tolerance && grad_err < tolerance, "{name} {dtype:?}: {err:e}, {grad_err:e}");
+            assert_eq!(gf.get_ids().count(), 1, "{name}: only the input gets a gradient");
+        }
     }
     Ok(())
 }

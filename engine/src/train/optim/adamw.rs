@@ -4,8 +4,9 @@
 //! so a run could neither train f32 state under 16-bit parameters nor resume exactly.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
-use candle_core::{Tensor, Var};
+use candle_core::{DType, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
 use super::saved::{self, Saved};
@@ -44,13 +45,28 @@ impl AdamWConfig {
 /// AdamW with PyTorch semantics: decoupled weight decay `p -= lr * wd * p` first, then
 /// the bias-corrected Adam update. Moments are f32 whatever the parameter dtype; the
 /// update is computed in f32 and cast back to the parameter's dtype.
+///
+/// The update is elementwise, so it runs over runs of parameters laid end to end (and
+/// their moments kept that way): a GPU launches a dozen kernels per run rather than per
+/// adapted tensor, with the same result bit for bit; a run's size bounds what the
+/// update holds at once.
 pub struct AdamW {
     vars: Vec<Var>,
     config: AdamWConfig,
-    m: Vec<Tensor>,
-    v: Vec<Tensor>,
+    runs: Vec<Run>,
     step: u64,
 }
+
+/// Consecutive parameters updated as one vector, with both their moments.
+struct Run {
+    vars: Range<usize>,
+    m: Tensor,
+    v: Tensor,
+}
+
+/// The elements a run gathers before it closes (16 MiB of f32): a step's update then
+/// holds a few such vectors beside the moments, not a few copies of the whole adapter.
+const RUN_ELEMENTS: usize = 1 << 22;
 
 const STEP_KEY: &str = "adamw.step";
 
@@ -62,12 +78,46 @@ fn v_key(i: usize) -> String {
     format!("adamw.v.{i}")
 }
 
+/// `vars` split into runs of consecutive parameters of at most [`RUN_ELEMENTS`] (or one
+/// larger parameter).
+fn runs_of(vars: &[Var]) -> Vec<Range<usize>> {
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    let mut elements = 0;
+    for (i, var) in vars.iter().enumerate() {
+        match runs.last_mut() {
+            Some(run) if elements + var.elem_count() <= RUN_ELEMENTS => {
+                run.end = i + 1;
+                elements += var.elem_count();
+            }
+            _ => {
+                runs.push(i..i + 1);
+                elements = var.elem_count();
+            }
+        }
+    }
+    runs
+}
+
+/// Tensors laid end to end as one f32 vector.
+fn flat(tensors: impl Iterator<Item = Result<Tensor>>) -> Result<Tensor> {
+    let parts = tensors.map(|t| Ok(t?.to_dtype(DType::F32)?.flatten_all()?)).collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&parts, 0)?)
+}
+
+/// The slices of the flat `all` that belong to each of `vars`, shaped as it.
+fn unflat<'a>(vars: &'a [Var], all: &'a Tensor) -> impl Iterator<Item = Result<Tensor>> + 'a {
+    let mut start = 0;
+    vars.iter().map(move |var| {
+        let n = var.elem_count();
+        start += n;
+        Ok(all.narrow(0, start - n, n)?.reshape(var.shape())?)
+    })
+}
+
 impl AdamW {
     /// A fresh optimizer: zero moments, step 0.
     pub fn new(vars: Vec<Var>, config: AdamWConfig) -> Result<Self> {
-        let m = vars.iter().map(saved::zeros_like).collect::<Result<Vec<_>>>()?;
-        let v = vars.iter().map(saved::zeros_like).collect::<Result<Vec<_>>>()?;
-        Ok(Self { vars, config, m, v, step: 0 })
+        Self::with_moments(vars, config, 0, |_, var| saved::zeros_like(var))
     }
 
     /// Rebuilds an optimizer from `state_tensors()` output (e.g. read back from a
@@ -76,18 +126,37 @@ impl AdamW {
     pub fn from_state(vars: Vec<Var>, config: AdamWConfig, state: &HashMap<String, Tensor>) -> Result<Self> {
         let saved = Saved(state);
         let step = saved.count(STEP_KEY)?;
-        let m = (vars.iter().enumerate()).map(|(i, var)| saved.like(&m_key(i), var)).collect::<Result<Vec<_>>>()?;
-        let v = (vars.iter().enumerate()).map(|(i, var)| saved.like(&v_key(i), var)).collect::<Result<Vec<_>>>()?;
-        Ok(Self { vars, config, m, v, step })
+        Self::with_moments(vars, config, step, |key, var| saved.like(key, var))
     }
 
-    /// The state to checkpoint: `adamw.m.<i>`, `adamw.v.<i>` (f32, parameter order) and
-    /// `adamw.step` (a one-element i64 tensor, on the CPU).
+    /// An optimizer at `step` whose moments are `moment(key, var)`, gathered into runs.
+    fn with_moments(
+        vars: Vec<Var>,
+        config: AdamWConfig,
+        step: u64,
+        moment: impl Fn(&str, &Var) -> Result<Tensor>,
+    ) -> Result<Self> {
+        let runs = runs_of(&vars)
+            .into_iter()
+            .map(|range| {
+                let m = flat(range.clone().map(|i| moment(&m_key(i), &vars[i])))?;
+                let v = flat(range.clone().map(|i| moment(&v_key(i), &vars[i])))?;
+                Ok(Run { vars: range, m, v })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { vars, config, runs, step })
+    }
+
+    /// The state to checkpoint: `adamw.m.<i>`, `adamw.v.<i>` (f32, each shaped as its
+    /// parameter, in parameter order) and `adamw.step` (a one-element i64 tensor, on the CPU).
     pub fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = vec![saved::count(STEP_KEY, self.step)?];
-        for (i, (m, v)) in self.m.iter().zip(&self.v).enumerate() {
-            out.push((m_key(i), m.clone()));
-            out.push((v_key(i), v.clone()));
+        for run in &self.runs {
+            let vars = &self.vars[run.vars.clone()];
+            for (i, (m, v)) in run.vars.clone().zip(unflat(vars, &run.m).zip(unflat(vars, &run.v))) {
+                out.push((m_key(i), m?));
+                out.push((v_key(i), v?));
+            }
         }
         Ok(out)
     }
@@ -107,6 +176,9 @@ impl AdamW {
         if grads.len() != self.vars.len() {
             return Err(Error::GradientCount { params: self.vars.len(), grads: grads.len() });
         }
+        if let Some((i, g)) = grads.iter().enumerate().find(|(i, g)| g.dims() != self.vars[*i].dims()) {
+            return Err(Error::GradientShape { index: i, grad: g.dims().to_vec(), param: self.vars[i].dims().to_vec() });
+        }
         self.step += 1;
         let AdamWConfig { beta1, beta2, eps, weight_decay } = self.config;
         // PyTorch's formulation: p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
@@ -114,16 +186,18 @@ impl AdamW {
         let bias_correction1 = 1.0 - beta1.powi(t);
         let bias_correction2_sqrt = (1.0 - beta2.powi(t)).sqrt();
         let step_size = lr / bias_correction1;
-        for (i, (var, grad)) in self.vars.iter().zip(grads).enumerate() {
-            let g = grad.detach().to_dtype(candle_core::DType::F32)?;
-            let m = ((&self.m[i] * beta1)? + (&g * (1.0 - beta1))?)?;
-            let v = ((&self.v[i] * beta2)? + (g.sqr()? * (1.0 - beta2))?)?;
-            let p = (saved::value_f32(var)? * (1.0 - lr * weight_decay))?;
+        for run in &mut self.runs {
+            let vars = &self.vars[run.vars.clone()];
+            let g = flat(grads[run.vars.clone()].iter().map(|g| Ok(g.detach())))?;
+            let m = ((&run.m * beta1)? + (&g * (1.0 - beta1))?)?;
+            let v = ((&run.v * beta2)? + (g.sqr()? * (1.0 - beta2))?)?;
+            let p = (flat(vars.iter().map(saved::value_f32))? * (1.0 - lr * weight_decay))?;
             let denom = v.sqrt()?.affine(1.0 / bias_correction2_sqrt, eps)?;
             let p = (p - (m.div(&denom)? * step_size)?)?;
-            saved::set(var, &p)?;
-            self.m[i] = m;
-            self.v[i] = v;
+            for (var, value) in vars.iter().zip(unflat(vars, &p)) {
+                saved::set(var, &value?)?;
+            }
+            (run.m, run.v) = (m, v);
         }
         Ok(())
     }
@@ -139,7 +213,7 @@ mod tests {
     }
 
     fn vec(t: &Tensor) -> Vec<f32> {
-        t.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap()
+        t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
     }
 
     /// The AdamW update rule written out in f64, straight from the paper's form.
@@ -186,6 +260,44 @@ mod tests {
             }
         }
         assert_eq!(opt.step_count(), 4);
+    }
+
+    #[test]
+    fn parameters_of_several_shapes_update_as_each_alone() {
+        let config = AdamWConfig { beta1: 0.8, beta2: 0.95, eps: 1e-6, weight_decay: 0.1 };
+        let (a, b) = ([1.0f32, -0.5], [[0.25f32, 2.0, -1.0]]);
+        let vars = vec![var(&a), Var::from_tensor(&Tensor::new(&b, &Device::Cpu).unwrap()).unwrap()];
+        let mut together = AdamW::new(vars, config).unwrap();
+        let mut alone = [AdamW::new(vec![var(&a)], config).unwrap(), AdamW::new(vec![var(&b[0])], config).unwrap()];
+        for (k, g) in GRADS.iter().enumerate() {
+            let lr = 0.01 * (k + 1) as f64;
+            let (ga, gb) = (Tensor::new(&g[..2], &Device::Cpu).unwrap(), Tensor::new(&[*g], &Device::Cpu).unwrap());
+            together.step(&[ga.clone(), gb.clone()], lr).unwrap();
+            alone[0].step(&[ga], lr).unwrap();
+            alone[1].step(&[gb.flatten_all().unwrap()], lr).unwrap();
+        }
+        assert_eq!(together.vars()[1].dims(), [1, 3]);
+        for (i, one) in alone.iter().enumerate() {
+            assert_eq!(vec(together.vars()[i].as_tensor()), vec(one.vars()[0].as_tensor()), "parameter {i}");
+        }
+        let state: HashMap<_, _> = together.state_tensors().unwrap().into_iter().collect();
+        assert_eq!(state["adamw.m.1"].dims(), [1, 3], "each moment saved shaped as its parameter");
+        assert_eq!(vec(&state["adamw.v.0"]), vec(&alone[0].state_tensors().unwrap()[2].1));
+    }
+
+    #[test]
+    fn runs_close_at_their_size() {
+        let zeros = |n: usize| Var::zeros(n, DType::F32, &Device::Cpu).unwrap();
+        let vars = [3, RUN_ELEMENTS - 3, 1, RUN_ELEMENTS + 1, 2].map(zeros);
+        assert_eq!(runs_of(&vars), [0..2, 2..3, 3..4, 4..5]);
+    }
+
+    #[test]
+    fn a_gradient_of_the_wrong_shape_is_refused() {
+        let mut opt = AdamW::new(vec![var(&[1.0, 2.0])], AdamWConfig::default()).unwrap();
+        let err = opt.step(&[Tensor::new(&[[1.0f32, 2.0]], &Device::Cpu).unwrap()], 0.1).unwrap_err();
+        assert!(matches!(err, Error::GradientShape { index: 0, .. }), "{err}");
+        assert_eq!(opt.step_count(), 0, "nothing applied");
     }
 
     #[test]

@@ -120,14 +120,15 @@ impl Prodigy {
         let params = vars
             .iter()
             .map(|var| {
-                // A copy: the parameter's storage changes in place.
                 let p = saved::value_f32(var)?;
                 let nonzero = trace::read_back("prodigy start", &p.abs()?.sum_all()?)?[0] != 0.0;
                 Ok(ParamState {
                     m: (config.beta1 > 0.0).then(|| saved::zeros_like(var)).transpose()?,
                     v: saved::zeros_like(var)?,
                     s: saved::zeros_like(var)?,
-                    p0: nonzero.then(|| p.copy()).transpose()?,
+                    // A copy in storage of its own: the parameter's changes in place, and
+                    // `Tensor::copy` shares its buffer on Metal (candle's `try_clone` there).
+                    p0: nonzero.then(|| p.force_contiguous()).transpose()?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -1,0 +1,89 @@
+//! RMSNorm and softmax without the CPU kernels (Metal, CUDA, the CPU under the GPU
+//! policy): candle-nn's one-kernel forwards, which every backend has, and on the graph
+//! one node each whose backward is written out in candle ops. The composed forms took
+//! about ten ops each way and kept f32 copies of their input for the backward; these
+//! take one kernel forward (and a copy into the node) and keep only what the gradient needs.
+
+use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, MetalStorage, Result, Shape, Tensor, D};
+
+use super::softmax_backward;
+use crate::kernels::handover::{on_cpu, on_cuda, on_metal, Handover};
+use crate::model::policy::KernelPolicy;
+
+/// `x / sqrt(mean(x^2) + eps) * weight` over the last dimension, for a frozen 1-D
+/// `weight` in `x`'s dtype (the caller checks); the input gradient only.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let y = candle_nn::ops::rms_norm(&x.detach().contiguous()?, weight, eps as f32)?;
+    match x.track_op() {
+        false => Ok(y),
+        true => x.apply_op1(RmsNormNode { result: Handover::new(y, "rms-norm-node"), weight: weight.clone(), eps }),
+    }
+}
+
+/// Softmax over the last dimension.
+pub fn softmax_last_dim(k: KernelPolicy, x: &Tensor) -> Result<Tensor> {
+    let y = candle_nn::ops::softmax_last_dim(&x.detach().contiguous()?)?;
+    match x.track_op() {
+        false => Ok(y),
+        true => x.apply_op1(SoftmaxNode { result: Handover::new(y, "softmax-node"), k }),
+    }
+}
+
+/// The forward's result as every backend's forward, for the ops below.
+macro_rules! handed_over {
+    () => {
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            self.result.take(on_cpu)
+        }
+
+        fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
+            self.result.take(on_cuda)
+        }
+
+        fn metal_fwd(&self, _: &MetalStorage, _: &Layout) -> Result<(MetalStorage, Shape)> {
+            self.result.take(on_metal)
+        }
+    };
+}
+
+struct RmsNormNode {
+    result: Handover,
+    weight: Tensor,
+    eps: f64,
+}
+
+impl CustomOp1 for RmsNormNode {
+    fn name(&self) -> &'static str {
+        "rms-norm-node"
+    }
+
+    handed_over!();
+
+    /// With `inv = 1 / sqrt(mean(x^2) + eps)` and `gw = g * weight`:
+    /// `dx = inv * (gw - x * inv^2 * mean(gw * x))`, in f32.
+    fn bwd(&self, x: &Tensor, _y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        let x32 = x.detach().to_dtype(DType::F32)?;
+        let gw = g.to_dtype(DType::F32)?.broadcast_mul(&self.weight.to_dtype(DType::F32)?)?;
+        let inv = (x32.sqr()?.mean_keepdim(D::Minus1)? + self.eps)?.sqrt()?.recip()?;
+        let dot = (&gw * &x32)?.mean_keepdim(D::Minus1)?;
+        let dx = (gw - x32.broadcast_mul(&(inv.sqr()? * dot)?)?)?.broadcast_mul(&inv)?;
+        Ok(Some(dx.to_dtype(x.dtype())?))
+    }
+}
+
+struct SoftmaxNode {
+    result: Handover,
+    k: KernelPolicy,
+}
+
+impl CustomOp1 for SoftmaxNode {
+    fn name(&self) -> &'static str {
+        "softmax-node"
+    }
+
+    handed_over!();
+
+    fn bwd(&self, _x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(softmax_backward(self.k, y, g)?))
+    }
+}
