@@ -170,16 +170,11 @@ impl CustomOp2 for SoftmaxBwd {
     }
 }
 
-/// Rotate-half RoPE, `scale * (x * cos + rotate_half(x) * sin)`, for `x [.., P, H, D]`
-/// with tables `[P, 1, D]` laid out `cat([f, f])`, composed from ops that record a
-/// backward. (On the CPU kernels the attention path applies it inside
-/// `heads::split`.)
+/// Rotate-half RoPE, `scale * (x * cos + rotate_half(x) * sin)`, for `x [B, P, H, D]`
+/// with tables `[P, 1, D]` laid out `cat([f, f])`: candle-nn's kernel each way
+/// (`device`). (On the CPU kernels the attention path applies it inside `heads::split`.)
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, scale: f64) -> Result<Tensor> {
-    let d = x.dim(D::Minus1)?;
-    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
-    let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
-    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-    let y = add(&mul(x, cos)?, &mul(&rotated, sin)?)?;
+    let y = device::rope(x, cos, sin)?;
     if scale == 1.0 {
         Ok(y)
     } else {

@@ -2,17 +2,19 @@
 //! set) and carried by the model, its layers' context and the codec encoders, so no
 //! switch is read while ops run.
 //!
-//! The engine's custom ops (candle `CustomOp1/2/3`), 17 of them. Five have Metal and
+//! The engine's custom ops (candle `CustomOp1/2/3`), 19 of them. Seven have Metal and
 //! CUDA forwards and run on every device:
 //! `pruned-{add,sub,mul,matmul,linear}` (one op, `ops`), `lora-linear` and its
 //! backward's `thin-matmul` (`lora_linear`), `recompute-attention` (`attention`),
-//! `seeded-backward` (`roots`). The other twelve have a CPU forward only; without CPU
-//! kernels (Metal, CUDA, and the CPU under [`KernelPolicy::gpu`]) each is replaced by:
+//! `seeded-backward` (`roots`), `rms-norm-node` and `softmax-node` (`ops::device`:
+//! candle-nn's forwards, backwards in candle ops). The other twelve have a CPU forward
+//! only; without CPU kernels (Metal, CUDA, and the CPU under [`KernelPolicy::gpu`]) each
+//! is replaced by:
 //!
 //! | CPU-only op | path without CPU kernels |
 //! | --- | --- |
-//! | `fused-softmax`, `fused-softmax-bwd` | exp / sum / div after a max shift; candle's backward |
-//! | `fused-rms-norm`, `fused-rms-norm-bwd` | sqr / mean / sqrt / recip, times the weight (pruned mul) |
+//! | `fused-softmax`, `fused-softmax-bwd` | `softmax-node` |
+//! | `fused-rms-norm`, `fused-rms-norm-bwd` | `rms-norm-node` (a tracked weight: sqr / mean / sqrt / recip, times the weight) |
 //! | `fused-gated-add` | pruned add of a pruned mul |
 //! | `fused-swiglu`, `fused-swiglu-bwd` | candle's silu, pruned mul |
 //! | `split-heads`, `split-heads-bwd` | reshape, the composed RMSNorm and rotate-half RoPE, transpose |

@@ -1,4 +1,4 @@
-//! RMSNorm and softmax without the CPU kernels (Metal, CUDA, the CPU under the GPU
+//! RMSNorm, softmax and RoPE without the CPU kernels (Metal, CUDA, the CPU under the GPU
 //! policy): candle-nn's one-kernel forwards, which every backend has, and on the graph
 //! one node each whose backward is written out in candle ops. The composed forms took
 //! about ten ops each way and kept f32 copies of their input for the backward; these
@@ -26,6 +26,21 @@ pub fn softmax_last_dim(k: KernelPolicy, x: &Tensor) -> Result<Tensor> {
     match x.track_op() {
         false => Ok(y),
         true => x.apply_op1(SoftmaxNode { result: Handover::new(y, "softmax-node"), k }),
+    }
+}
+
+/// Rotate-half RoPE on `x [B, P, H, D]` with tables `[P, 1, D]` laid out `cat([f, f])`:
+/// candle-nn's kernel each way, the backward being the same rotation by `-sin`.
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let half = |t: &Tensor| -> Result<Tensor> {
+        let d = t.dim(D::Minus1)?;
+        t.narrow(D::Minus1, 0, d / 2)?.squeeze(1)?.contiguous()
+    };
+    let (cos, sin) = (half(cos)?, half(sin)?);
+    let y = candle_nn::rotary_emb::rope_thd(&x.detach().contiguous()?, &cos, &sin)?;
+    match x.track_op() {
+        false => Ok(y),
+        true => x.apply_op1(RopeNode { result: Handover::new(y, "rope-node"), cos, neg_sin: sin.neg()? }),
     }
 }
 
@@ -85,5 +100,25 @@ impl CustomOp1 for SoftmaxNode {
 
     fn bwd(&self, _x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         Ok(Some(softmax_backward(self.k, y, g)?))
+    }
+}
+
+struct RopeNode {
+    result: Handover,
+    cos: Tensor,
+    neg_sin: Tensor,
+}
+
+impl CustomOp1 for RopeNode {
+    fn name(&self) -> &'static str {
+        "rope-node"
+    }
+
+    handed_over!();
+
+    /// Per pair `(x1, x2)`: `y = (x1 c - x2 s, x2 c + x1 s)`, whose transpose is
+    /// `(g1 c + g2 s, g2 c - g1 s)`: the rotation by `-s`.
+    fn bwd(&self, _x: &Tensor, _y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(candle_nn::rotary_emb::rope_thd(&g.contiguous()?, &self.cos, &self.neg_sin)?))
     }
 }

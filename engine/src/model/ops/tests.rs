@@ -73,7 +73,14 @@ fn fused_ops_match_composed_forms() -> Result<()> {
     Ok(())
 }
 
-/// Without the CPU kernels, RMSNorm and softmax (candle-nn's forwards, backwards in
+/// Rotate-half RoPE composed from candle's ops: the reference.
+fn rope_composed(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let d = x.dim(D::Minus1)?;
+    let rotated = Tensor::cat(&[&x.narrow(D::Minus1, d / 2, d / 2)?.neg()?, &x.narrow(D::Minus1, 0, d / 2)?], D::Minus1)?;
+    x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?
+}
+
+/// Without the CPU kernels, RMSNorm, softmax and RoPE (candle-nn's forwards, backwards in
 /// candle ops) give the composed forms' values and input gradients, in f32 and in the
 /// bf16 a GPU computes in (where each rounds differently: one bf16 ulp is 2^-8).
 #[test]
@@ -85,7 +92,18 @@ fn device_ops_match_composed_forms() -> Result<()> {
         let g = Tensor::randn(0f32, 1., (3, 5, 64), &dev)?.to_dtype(dtype)?;
         let w = Tensor::randn(1f32, 0.2, 64, &dev)?.to_dtype(dtype)?;
         let scores = Var::from_tensor(&Tensor::randn(0f32, 3., (3, 5, 64), &dev)?)?;
+        // RoPE over 5 positions of 2 heads of 32, tables [P, 1, D] as cat([f, f]).
+        let heads = Var::from_tensor(&x.as_tensor().reshape((3, 5, 2, 32))?)?;
+        let angles = Tensor::randn(0f32, 2., (5, 1, 16), &dev)?;
+        let (cos, sin) = (Tensor::cat(&[&angles, &angles], 2)?.cos()?, Tensor::cat(&[&angles, &angles], 2)?.sin()?);
+        let (cos, sin) = (cos.to_dtype(dtype)?, sin.to_dtype(dtype)?);
         for (name, input, fused, composed) in [
+            (
+                "rope",
+                &heads,
+                rope(heads.as_tensor(), &cos, &sin, 1.0)?.reshape((3, 5, 64))?,
+                rope_composed(heads.as_tensor(), &cos, &sin)?.reshape((3, 5, 64))?,
+            ),
             ("rms_norm", &x, rms_norm(gpu, x.as_tensor(), &w, 1e-6)?, rms_norm_composed(x.as_tensor(), &w, 1e-6)?),
             ("softmax", &scores, softmax_last_dim(gpu, scores.as_tensor())?, softmax_composed(scores.as_tensor())?),
         ] {
