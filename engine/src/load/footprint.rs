@@ -88,22 +88,21 @@ fn layer_parameters(cfg: &DitConfig) -> u64 {
 const KEPT_HALF_HIDDEN: u64 = 41;
 const KEPT_MLP: u64 = 2;
 
-/// The same without the CPU kernels (Metal, CUDA): candle's composed norms, softmax,
-/// SwiGLU and head split keep their intermediates (some in f32), so a layer holds
-/// about three times as much per patch, and attention keeps its scores wherever it
-/// does not recompute them ([`kept_scores`]), at this many bytes a score (the scores,
-/// the shifted and exponentiated ones, the probabilities, some in f32). Around the
-/// layers, the embeddings, head and loss keep `OUTSIDE_HALF_HIDDEN_GPU` per patch,
-/// plus a constant. Fitted by least squares to the heap peaks of small-30s (2, 4 and 8
-/// layers) and small-240s (4 and 8) in both modes, run as a GPU runs them on the CPU
-/// (bf16, no CPU kernels; all ten within 1%), and checked on full-layer (0.93-0.95)
-/// and on the H200's whole-GPU figures for the real-size 2B on a 4-minute song
-/// (bench/NOTES.md).
-const KEPT_HALF_HIDDEN_GPU: u64 = 153;
+/// The same without the CPU kernels (Metal, CUDA): candle's composed ops keep more of
+/// their intermediates (the MLP's, the projections' and heads' copies, some in f32), so
+/// a layer holds about 1.7 times as much per patch, and attention keeps its scores
+/// wherever it does not recompute them ([`kept_scores`]), at this many bytes a score
+/// (the f32 scores and probabilities, and the bf16 probabilities). Around the layers,
+/// the embeddings, head and loss keep `OUTSIDE_HALF_HIDDEN_GPU` per patch, plus a
+/// constant. Fitted by least squares to the heap peaks of small-30s (2, 4 and 8 layers)
+/// and small-240s (4 and 8) in both modes, run as a GPU runs them on the CPU (bf16, no
+/// CPU kernels; all ten within 1.1%), and checked on full-layer and full-pair-240s
+/// (0.91-0.94; bench/NOTES.md).
+const KEPT_HALF_HIDDEN_GPU: u64 = 65;
 const KEPT_MLP_GPU: u64 = 4;
-const KEPT_SCORE_BYTES_GPU: u64 = 22;
-const OUTSIDE_HALF_HIDDEN_GPU: u64 = 74;
-const OUTSIDE_GPU_BYTES: u64 = 27 << 20;
+const KEPT_SCORE_BYTES_GPU: u64 = 14;
+const OUTSIDE_HALF_HIDDEN_GPU: u64 = 77;
+const OUTSIDE_GPU_BYTES: u64 = 24 << 20;
 
 /// Scores a layer's attention keeps for its backward off the CPU kernels, over a batch
 /// of `batch`, as `model::attention` decides: a sliding layer's whole square where it
