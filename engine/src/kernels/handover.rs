@@ -55,3 +55,34 @@ impl Handover {
         Ok((storage_on(&guard, pick, self.op)?.try_clone(layout)?, layout.shape().clone()))
     }
 }
+
+/// The three forwards of a `CustomOp1` whose result is the [`Handover`] in its field
+/// `$field`: the op only attaches a backward to a result computed without a graph.
+macro_rules! handed_over_forwards {
+    ($field:ident) => {
+        fn cpu_fwd(
+            &self,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+            self.$field.take($crate::kernels::handover::on_cpu)
+        }
+
+        fn cuda_fwd(
+            &self,
+            _: &candle_core::CudaStorage,
+            _: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+            self.$field.take($crate::kernels::handover::on_cuda)
+        }
+
+        fn metal_fwd(
+            &self,
+            _: &candle_core::MetalStorage,
+            _: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::MetalStorage, candle_core::Shape)> {
+            self.$field.take($crate::kernels::handover::on_metal)
+        }
+    };
+}
+pub(crate) use handed_over_forwards;

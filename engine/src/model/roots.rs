@@ -3,9 +3,9 @@
 //! `sum(out * grad_out)`, a root keeps no product and leaves no gradient for
 //! `grad_out` in candle's store. (Not empty: CUDA refuses a zero-byte allocation.)
 
-use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, MetalStorage, Result, Shape, Tensor};
+use candle_core::{CustomOp1, DType, Result, Tensor};
 
-use crate::kernels::handover::{on_cpu, on_cuda, on_metal, Handover};
+use crate::kernels::handover::{handed_over_forwards, Handover};
 
 /// A root whose backward hands `out` the gradient `grad_out` (same shape).
 pub fn seeded(out: &Tensor, grad_out: &Tensor) -> Result<Tensor> {
@@ -23,17 +23,7 @@ impl CustomOp1 for Seed {
         "seeded-backward"
     }
 
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.zero.take(on_cpu)
-    }
-
-    fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
-        self.zero.take(on_cuda)
-    }
-
-    fn metal_fwd(&self, _: &MetalStorage, _: &Layout) -> Result<(MetalStorage, Shape)> {
-        self.zero.take(on_metal)
-    }
+    handed_over_forwards!(zero);
 
     fn bwd(&self, _: &Tensor, _: &Tensor, _: &Tensor) -> Result<Option<Tensor>> {
         Ok(Some(self.grad_out.clone()))

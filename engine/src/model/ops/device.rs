@@ -4,10 +4,10 @@
 //! about ten ops each way and kept f32 copies of their input for the backward; these
 //! take one kernel forward (and a copy into the node) and keep only what the gradient needs.
 
-use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, MetalStorage, Result, Shape, Tensor, D};
+use candle_core::{CustomOp1, DType, Result, Tensor, D};
 
 use super::softmax_backward;
-use crate::kernels::handover::{on_cpu, on_cuda, on_metal, Handover};
+use crate::kernels::handover::{handed_over_forwards, Handover};
 use crate::model::policy::KernelPolicy;
 
 /// `x / sqrt(mean(x^2) + eps) * weight` over the last dimension, for a frozen 1-D
@@ -44,23 +44,6 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// The forward's result as every backend's forward, for the ops below.
-macro_rules! handed_over {
-    () => {
-        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-            self.result.take(on_cpu)
-        }
-
-        fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
-            self.result.take(on_cuda)
-        }
-
-        fn metal_fwd(&self, _: &MetalStorage, _: &Layout) -> Result<(MetalStorage, Shape)> {
-            self.result.take(on_metal)
-        }
-    };
-}
-
 struct RmsNormNode {
     result: Handover,
     weight: Tensor,
@@ -72,7 +55,7 @@ impl CustomOp1 for RmsNormNode {
         "rms-norm-node"
     }
 
-    handed_over!();
+    handed_over_forwards!(result);
 
     /// With `inv = 1 / sqrt(mean(x^2) + eps)` and `gw = g * weight`:
     /// `dx = inv * (gw - x * inv^2 * mean(gw * x))`, in f32.
@@ -96,7 +79,7 @@ impl CustomOp1 for SoftmaxNode {
         "softmax-node"
     }
 
-    handed_over!();
+    handed_over_forwards!(result);
 
     fn bwd(&self, _x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         Ok(Some(softmax_backward(self.k, y, g)?))
@@ -114,7 +97,7 @@ impl CustomOp1 for RopeNode {
         "rope-node"
     }
 
-    handed_over!();
+    handed_over_forwards!(result);
 
     /// Per pair `(x1, x2)`: `y = (x1 c - x2 s, x2 c + x1 s)`, whose transpose is
     /// `(g1 c + g2 s, g2 c - g1 s)`: the rotation by `-s`.

@@ -76,7 +76,8 @@ fn fused_ops_match_composed_forms() -> Result<()> {
 /// Rotate-half RoPE composed from candle's ops: the reference.
 fn rope_composed(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let d = x.dim(D::Minus1)?;
-    let rotated = Tensor::cat(&[&x.narrow(D::Minus1, d / 2, d / 2)?.neg()?, &x.narrow(D::Minus1, 0, d / 2)?], D::Minus1)?;
+    let rotated =
+        Tensor::cat(&[&x.narrow(D::Minus1, d / 2, d / 2)?.neg()?, &x.narrow(D::Minus1, 0, d / 2)?], D::Minus1)?;
     x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?
 }
 

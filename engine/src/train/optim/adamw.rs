@@ -177,7 +177,11 @@ impl AdamW {
             return Err(Error::GradientCount { params: self.vars.len(), grads: grads.len() });
         }
         if let Some((i, g)) = grads.iter().enumerate().find(|(i, g)| g.dims() != self.vars[*i].dims()) {
-            return Err(Error::GradientShape { index: i, grad: g.dims().to_vec(), param: self.vars[i].dims().to_vec() });
+            return Err(Error::GradientShape {
+                index: i,
+                grad: g.dims().to_vec(),
+                param: self.vars[i].dims().to_vec(),
+            });
         }
         self.step += 1;
         let AdamWConfig { beta1, beta2, eps, weight_decay } = self.config;
