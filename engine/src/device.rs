@@ -188,8 +188,9 @@ pub struct Selected {
     pub reason: String,
 }
 
-/// Metal on macOS, CUDA when built with the `cuda` feature, else the CPU; `force_cpu`
-/// for tests and benchmarks that must compare like with like.
+/// Metal on macOS 14 and later ([`metal_trains`]), CUDA when built with the `cuda`
+/// feature, else the CPU (with the reason); `force_cpu` for tests and benchmarks that
+/// must compare like with like.
 pub fn select(force_cpu: bool) -> Result<Selected> {
     if force_cpu {
         return Ok(cpu("CPU requested".into()));
