@@ -97,7 +97,7 @@ const KEPT_MLP: u64 = 2;
 /// constant. Fitted by least squares to the heap peaks of small-30s (2, 4 and 8 layers)
 /// and small-240s (4 and 8) in both modes, run as a GPU runs them on the CPU (bf16, no
 /// CPU kernels; all ten within 1.1%), and checked on full-layer and full-pair-240s
-/// (0.91-0.94; bench/NOTES.md).
+/// (0.91-0.95; bench/NOTES.md).
 const KEPT_HALF_HIDDEN_GPU: u64 = 65;
 const KEPT_MLP_GPU: u64 = 4;
 const KEPT_SCORE_BYTES_GPU: u64 = 14;
